@@ -1,0 +1,1 @@
+"""Standalone workload scripts (run as ``python <file> --impl kvcore|vllm``; see kvcore.bench)."""

@@ -1,0 +1,358 @@
+"""BlockPool: every KV-cache block, the LRU free queue, the null block and the prefix-cache maps.
+
+One pool serves every KV-cache group of a model.  Blocks move between two states:
+
+* **free** (``ref_cnt == 0``, linked in the free queue).  A free block may still carry a hash and
+  sit in its group's map: it is a prefix-cache entry that a hit can *resurrect* with ``touch``.
+  It loses the hash only when ``get_new_blocks`` reuses it (lazy eviction).
+* **in use** (``ref_cnt > 0``, not linked).
+
+``free_blocks`` returns hashed blocks to the tail (evicted last, LRU) and unhashed blocks to the
+head (reused first), so a request freeing its blocks tail-first leaves its prefix to live longest.
+Block 0 is the null block, taken at construction; the first allocation returns ids 1, 2, ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+from kvcore.blocks import BlockHash, FreeBlockQueue, KVCacheBlock, NullBlock
+from kvcore.errors import (
+    BlockStateError,
+    DoubleFreeError,
+    InvalidArgumentError,
+    InvalidGroupError,
+    NoFreeBlocksError,
+    NullBlockError,
+)
+from kvcore.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+    untag_extra_keys,
+)
+from kvcore.hashing import block_extra_keys
+
+if TYPE_CHECKING:
+    from kvcore.request import KVRequest
+
+
+def _check_count(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidArgumentError(f"{name} must be a non-negative int, got {value!r}")
+    return value
+
+
+class BlockPool:
+    """Owns ``num_blocks`` blocks (ids ``0..num_blocks-1``; 0 is the null block).
+
+    Args:
+        num_blocks: total blocks, the null block included (so ``num_blocks - 1`` are usable).
+        enable_caching: keep prefix-cache maps; when off, blocks are never hashed.
+        num_groups: number of KV-cache groups; each has its own hash map, so a hash cached in
+            group 0 never hits in group 1.
+        enable_events: record :mod:`kvcore.events` for ``take_events``.
+        store_token_ids: remember each cached block's token ids (``verify_hits``).
+    """
+
+    def __init__(self, num_blocks: int, *, enable_caching: bool = True, num_groups: int = 1,
+                 enable_events: bool = False, store_token_ids: bool = False) -> None:
+        if not isinstance(num_blocks, int) or isinstance(num_blocks, bool) or num_blocks < 2:
+            raise InvalidArgumentError(
+                f"num_blocks must be an int >= 2 (block 0 is the null block), got {num_blocks!r}")
+        if not isinstance(num_groups, int) or num_groups < 1:
+            raise InvalidArgumentError(f"num_groups must be a positive int, got {num_groups!r}")
+        self.num_blocks = num_blocks
+        self.num_groups = num_groups
+        self.enable_caching = enable_caching
+        self.enable_events = enable_events
+        self.store_token_ids = store_token_ids and enable_caching
+        self.null_block: KVCacheBlock = NullBlock(0)
+        self.blocks: list[KVCacheBlock] = [self.null_block]
+        self.blocks.extend(KVCacheBlock(i) for i in range(1, num_blocks))
+        self.free_queue = FreeBlockQueue(self.blocks[1:])
+        # Per group: hash -> first block cached under it; further blocks with the same hash (a
+        # block table is append-only, so equal content may be cached twice) live in _dups, in
+        # insertion order.  Lookups hit only the first dict.
+        self._cached: list[dict[BlockHash, KVCacheBlock]] = [{} for _ in range(num_groups)]
+        self._dups: list[dict[BlockHash, dict[int, KVCacheBlock]]] = [{} for _ in range(num_groups)]
+        self._events: list[KVCacheEvent] = []
+        self.num_evicted_blocks = 0
+
+    # -- queries --------------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks that ``get_new_blocks`` can hand out (cached-but-free blocks included)."""
+        return len(self.free_queue)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of usable blocks in use, in [0, 1] (the null block is not counted)."""
+        return 1.0 - len(self.free_queue) / (self.num_blocks - 1)
+
+    def get_cached_block(self, block_hash: BlockHash,
+                         group_ids: Sequence[int]) -> list[KVCacheBlock] | None:
+        """One cached block per group in ``group_ids`` for ``block_hash``, or ``None`` if any
+        group misses.  With duplicates, the earliest cached block is returned."""
+        out = []
+        maps = self._cached
+        n = self.num_groups
+        for g in group_ids:
+            if not 0 <= g < n:
+                raise InvalidGroupError(f"group id {g} out of range [0, {n})")
+            block = maps[g].get(block_hash)
+            if block is None:
+                return None
+            out.append(block)
+        return out
+
+    def cached_blocks_map(self, group_id: int) -> dict[BlockHash, KVCacheBlock]:
+        """Group ``group_id``'s hash → block map (read-only view for hot lookups by managers)."""
+        if not 0 <= group_id < self.num_groups:
+            raise InvalidGroupError(f"group id {group_id} out of range [0, {self.num_groups})")
+        return self._cached[group_id]
+
+    def iter_cached(self, group_id: int) -> Iterator[tuple[BlockHash, KVCacheBlock]]:
+        """Every ``(hash, block)`` entry of a group's map, duplicates included."""
+        for h, block in self._cached[group_id].items():
+            yield h, block
+        for h, dups in self._dups[group_id].items():
+            for block in dups.values():
+                yield h, block
+
+    def num_cached_blocks(self) -> int:
+        """Blocks currently registered in some group's map."""
+        return (sum(len(m) for m in self._cached)
+                + sum(len(d) for dups in self._dups for d in dups.values()))
+
+    # -- allocation -----------------------------------------------------------------------------
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Pop ``num_blocks`` blocks from the head of the free queue, each with ``ref_cnt == 1``.
+
+        A popped block that still carries a hash is evicted from its group's map (lazy eviction,
+        emitting ``BlockRemoved``).  Raises :class:`NoFreeBlocksError` if too few are free.
+        """
+        if not isinstance(num_blocks, int) or num_blocks < 0:
+            raise InvalidArgumentError(f"num_blocks must be a non-negative int, got {num_blocks!r}")
+        if num_blocks > len(self.free_queue):
+            raise NoFreeBlocksError(
+                f"cannot allocate {num_blocks} blocks: only {len(self.free_queue)} are free")
+        blocks = self.free_queue.popleft_n(num_blocks)
+        if self.enable_caching:
+            evict = self._evict
+            for block in blocks:
+                if block.block_hash is not None:
+                    evict(block)
+                block.ref_cnt = 1
+        else:
+            for block in blocks:
+                block.ref_cnt = 1
+        return blocks
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Take one more reference on each block; a free (cached) block leaves the free queue.
+
+        Null blocks are skipped: their reference count is not tracked.
+        """
+        remove = self.free_queue.remove
+        for block in blocks:
+            if block.is_null:
+                continue
+            ref_cnt = block.ref_cnt
+            if ref_cnt == 0:
+                remove(block)
+            block.ref_cnt = ref_cnt + 1
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference on each block, ``ordered_blocks`` being in eviction priority order
+        (first = evict first).  Blocks reaching zero return to the free queue: unhashed ones to the
+        head, hashed ones to the tail.  Null blocks are skipped.
+
+        Freeing a block more often than it is referenced raises :class:`DoubleFreeError` and
+        leaves every reference count and the queue unchanged.
+        """
+        blocks = ordered_blocks if isinstance(ordered_blocks, list) else list(ordered_blocks)
+        to_head: list[KVCacheBlock] = []
+        to_tail: list[KVCacheBlock] = []
+        caching = self.enable_caching
+        for i, block in enumerate(blocks):
+            if block.is_null:
+                continue
+            ref_cnt = block.ref_cnt
+            if ref_cnt <= 0:
+                for undo in blocks[:i]:
+                    if not undo.is_null:
+                        undo.ref_cnt += 1
+                raise DoubleFreeError(f"block {block.block_id} freed with ref_cnt {ref_cnt}")
+            block.ref_cnt = ref_cnt - 1
+            if ref_cnt == 1:
+                if caching and block.block_hash is not None:
+                    to_tail.append(block)
+                else:
+                    to_head.append(block)
+        if to_head:
+            self.free_queue.prepend_n(to_head)
+        if to_tail:
+            self.free_queue.append_n(to_tail)
+
+    # -- prefix cache ---------------------------------------------------------------------------
+    def cache_full_blocks(
+        self,
+        request: KVRequest,
+        blocks: Sequence[KVCacheBlock],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        group_id: int,
+        block_hashes: Sequence[BlockHash] | None = None,
+    ) -> None:
+        """Register ``blocks[num_cached_blocks:num_full_blocks]`` (now full) in group
+        ``group_id``'s map under their hashes.
+
+        ``block_hashes`` are the request's hashes at this group's block size (default:
+        ``request.block_hashes``).  Null blocks are skipped.  A block already cached under the same
+        hash in the same group is left as it is; a block cached elsewhere (another group or
+        another hash) is rejected with :class:`InvalidGroupError` / :class:`BlockStateError`
+        before anything changes.  Emits one ``BlockStored`` for the call.
+        """
+        if not self.enable_caching:
+            return
+        if not 0 <= group_id < self.num_groups:
+            raise InvalidGroupError(f"group id {group_id} out of range [0, {self.num_groups})")
+        _check_count("num_cached_blocks", num_cached_blocks)
+        _check_count("num_full_blocks", num_full_blocks)
+        hashes = request.block_hashes if block_hashes is None else block_hashes
+        if num_full_blocks > len(blocks) or num_full_blocks > len(hashes):
+            raise InvalidArgumentError(
+                f"num_full_blocks={num_full_blocks} exceeds the request's {len(blocks)} blocks "
+                f"or {len(hashes)} block hashes")
+        if num_cached_blocks >= num_full_blocks:
+            return
+        new_blocks = blocks[num_cached_blocks:num_full_blocks]
+        for i, block in enumerate(new_blocks):
+            if block.is_null:
+                continue
+            if block.ref_cnt <= 0:
+                raise BlockStateError(f"block {block.block_id} is free; only blocks in use can be cached")
+            if block.block_hash is not None:
+                if block.group_id != group_id:
+                    raise InvalidGroupError(
+                        f"block {block.block_id} is cached in group {block.group_id}, "
+                        f"cannot cache it in group {group_id}")
+                if block.block_hash != hashes[num_cached_blocks + i]:
+                    raise BlockStateError(f"block {block.block_id} is already cached under another hash")
+
+        cached = self._cached[group_id]
+        store_tokens = self.store_token_ids
+        tokens = request.all_token_ids
+        stored: list[bytes] = []
+        for i, block in enumerate(new_blocks):
+            if block.is_null or block.block_hash is not None:
+                continue
+            idx = num_cached_blocks + i
+            h = hashes[idx]
+            block.block_hash = h
+            block.group_id = group_id
+            if store_tokens:
+                block.cached_token_ids = tuple(tokens[idx * block_size:(idx + 1) * block_size])
+            first = cached.get(h)
+            if first is None:
+                cached[h] = block
+            else:
+                self._dups[group_id].setdefault(h, {})[block.block_id] = block
+            stored.append(h)
+
+        if self.enable_events and stored:
+            self._events.append(self._stored_event(
+                request, new_blocks, hashes, num_cached_blocks, block_size, group_id, stored))
+
+    def _stored_event(self, request: KVRequest, new_blocks: Sequence[KVCacheBlock],
+                      hashes: Sequence[BlockHash], num_cached_blocks: int, block_size: int,
+                      group_id: int, stored: list[bytes]) -> BlockStored:
+        # Token ids cover the whole range (null-skipped blocks included), as vLLM publishes them.
+        start = num_cached_blocks * block_size
+        end = (num_cached_blocks + len(new_blocks)) * block_size
+        extra: list[tuple[object, ...] | None] = []
+        for i, block in enumerate(new_blocks):
+            if block.is_null or block.block_hash is None:
+                continue
+            s = (num_cached_blocks + i) * block_size
+            extra.append(untag_extra_keys(block_extra_keys(request, s, s + block_size)))
+        return BlockStored(
+            block_hashes=tuple(stored),
+            parent_block_hash=hashes[num_cached_blocks - 1] if num_cached_blocks > 0 else None,
+            token_ids=tuple(request.all_token_ids[start:end]),
+            block_size=block_size,
+            group_id=group_id,
+            lora_name=request.lora_name,
+            extra_keys=tuple(extra) if any(e is not None for e in extra) else None,
+        )
+
+    def _evict(self, block: KVCacheBlock) -> None:
+        """Remove ``block``'s hash from its group's map (the block itself stays where it is)."""
+        h = block.block_hash
+        g = block.group_id
+        assert h is not None
+        cached = self._cached[g]
+        dups = self._dups[g]
+        if cached.get(h) is block:
+            more = dups.get(h)
+            if more:
+                promoted_id = next(iter(more))
+                cached[h] = more.pop(promoted_id)
+                if not more:
+                    del dups[h]
+            else:
+                del cached[h]
+        else:
+            more = dups[h]
+            del more[block.block_id]
+            if not more:
+                del dups[h]
+        block.block_hash = None
+        block.group_id = -1
+        block.cached_token_ids = None
+        self.num_evicted_blocks += 1
+        if self.enable_events:
+            self._events.append(BlockRemoved(block_hashes=(h,), group_id=g))
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drop the listed blocks from the prefix cache (their reference counts are unchanged).
+
+        Unhashed blocks are ignored; an out-of-range id or the null block raises before anything
+        changes.
+        """
+        ids = list(block_ids)
+        for block_id in ids:
+            if not isinstance(block_id, int) or not 0 <= block_id < self.num_blocks:
+                raise InvalidArgumentError(f"block id {block_id!r} out of range [0, {self.num_blocks})")
+            if block_id == self.null_block.block_id:
+                raise NullBlockError("the null block is never cached, cannot evict it")
+        for block_id in ids:
+            block = self.blocks[block_id]
+            if block.block_hash is not None:
+                self._evict(block)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash.  Refuses (returns ``False``, changes nothing) while any
+        non-null block is in use; emits ``AllBlocksCleared`` on success."""
+        if len(self.free_queue) != self.num_blocks - 1:
+            return False
+        for g in range(self.num_groups):
+            self._cached[g] = {}
+            self._dups[g] = {}
+        for block in self.blocks:
+            block.block_hash = None
+            block.group_id = -1
+            block.cached_token_ids = None
+        if self.enable_events:
+            self._events.append(AllBlocksCleared())
+        return True
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """Return the events recorded since the last call, and forget them."""
+        events = self._events
+        self._events = []
+        return events

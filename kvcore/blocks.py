@@ -1,0 +1,234 @@
+"""Block metadata and the intrusive LRU free queue.
+
+``KVCacheBlock`` is the per-block record the pool hands out; ``FreeBlockQueue`` is a doubly linked
+list threaded *through* the blocks (``prev_free`` / ``next_free``), bracketed by two sentinel
+blocks so that no operation branches on "empty".  Every operation is O(1) per block and allocates
+nothing but the list it returns.
+
+Queue order is eviction order: the head is reused first.
+
+    head ⇄ b7 ⇄ b2 ⇄ b9 ⇄ tail          popleft → b7;  append(b4) → ... b9 ⇄ b4 ⇄ tail
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import NewType
+
+from kvcore.errors import BlockStateError, InvalidArgumentError, NoFreeBlocksError, NullBlockError
+
+BlockHash = NewType("BlockHash", bytes)
+"""A chained block hash (see ``kvcore.hashing``)."""
+
+_SENTINEL_ID = -1
+
+
+class KVCacheBlock:
+    """Metadata of one KV-cache block.
+
+    ``block_hash`` is set while the block is registered in its group's prefix-cache map, and
+    ``group_id`` names that group.  ``cached_token_ids`` holds the block's tokens when the pool
+    verifies hits.  ``prev_free`` / ``next_free`` are owned by :class:`FreeBlockQueue`; both are
+    ``None`` exactly when the block is not in a queue.
+    """
+
+    __slots__ = ("block_hash", "block_id", "cached_token_ids", "group_id", "is_null",
+                 "next_free", "prev_free", "ref_cnt")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self.block_hash: BlockHash | None = None
+        self.group_id = -1
+        self.cached_token_ids: tuple[int, ...] | None = None
+        self.prev_free: KVCacheBlock | None = None
+        self.next_free: KVCacheBlock | None = None
+        self.is_null = False
+
+    def __repr__(self) -> str:
+        prev_id = self.prev_free.block_id if self.prev_free is not None else None
+        next_id = self.next_free.block_id if self.next_free is not None else None
+        h = self.block_hash.hex()[:12] if self.block_hash is not None else None
+        return (f"KVCacheBlock(id={self.block_id}, ref_cnt={self.ref_cnt}, hash={h}, "
+                f"group={self.group_id}, prev={prev_id}, next={next_id})")
+
+
+class NullBlock(KVCacheBlock):
+    """The placeholder block (id 0) that block tables hold where a position has no KV.
+
+    It is never queued, never hashed, and its reference count is not tracked: it reads as 0 and any
+    attempt to change it raises :class:`NullBlockError`.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, block_id: int = 0) -> None:
+        super().__init__(block_id)
+        self.is_null = True
+
+    @property
+    def ref_cnt(self) -> int:
+        return 0
+
+    @ref_cnt.setter
+    def ref_cnt(self, value: int) -> None:
+        if value != 0:  # the base initialiser writes 0; anything else is a bug in the caller
+            raise NullBlockError(
+                f"the null block's reference count is not tracked (tried to set {value})")
+
+
+class FreeBlockQueue:
+    """Intrusive doubly linked list of free blocks, in eviction order (head first).
+
+    The constructor links ``blocks`` in the given order.  The length is a cached counter (the hot
+    path needs it); ``kvcore.invariants`` checks it against a walk of the list.
+    """
+
+    __slots__ = ("_head", "_num_free", "_tail")
+
+    def __init__(self, blocks: Sequence[KVCacheBlock] = ()) -> None:
+        self._head = KVCacheBlock(_SENTINEL_ID)
+        self._tail = KVCacheBlock(_SENTINEL_ID)
+        self._head.next_free = self._tail
+        self._tail.prev_free = self._head
+        self._num_free = 0
+        self.append_n(blocks)
+
+    # -- queries --------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._num_free
+
+    def __iter__(self) -> Iterator[KVCacheBlock]:
+        """Blocks in eviction order (head first)."""
+        tail = self._tail
+        node = self._head.next_free
+        while node is not tail and node is not None:
+            yield node
+            node = node.next_free
+
+    @property
+    def head(self) -> KVCacheBlock:
+        """The head sentinel (its ``next_free`` is the first free block, or the tail sentinel)."""
+        return self._head
+
+    @property
+    def tail(self) -> KVCacheBlock:
+        """The tail sentinel."""
+        return self._tail
+
+    def first(self) -> KVCacheBlock | None:
+        """The block ``popleft`` would return, or ``None`` if empty."""
+        node = self._head.next_free
+        return None if node is self._tail else node
+
+    # -- removal --------------------------------------------------------------------------------
+    def popleft(self) -> KVCacheBlock:
+        """Remove and return the head block; raises :class:`NoFreeBlocksError` when empty."""
+        head = self._head
+        block = head.next_free
+        if block is self._tail or block is None:
+            raise NoFreeBlocksError("popleft from an empty free queue")
+        nxt = block.next_free
+        head.next_free = nxt
+        nxt.prev_free = head  # type: ignore[union-attr]
+        block.prev_free = block.next_free = None
+        self._num_free -= 1
+        return block
+
+    def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        """Remove and return the first ``n`` blocks, in queue order."""
+        if n <= 0:
+            if n == 0:
+                return []
+            raise InvalidArgumentError(f"popleft_n: n must be >= 0, got {n}")
+        if n > self._num_free:
+            raise NoFreeBlocksError(f"popleft_n({n}) with only {self._num_free} free blocks")
+        out: list[KVCacheBlock] = [self._head] * n
+        node = self._head.next_free
+        for i in range(n):
+            out[i] = node  # type: ignore[assignment]
+            nxt = node.next_free  # type: ignore[union-attr]
+            node.prev_free = node.next_free = None  # type: ignore[union-attr]
+            node = nxt
+        self._head.next_free = node
+        node.prev_free = self._head  # type: ignore[union-attr]
+        self._num_free -= n
+        return out
+
+    def remove(self, block: KVCacheBlock) -> None:
+        """Unlink ``block`` from the middle of the queue in O(1).
+
+        Raises :class:`BlockStateError` (and changes nothing) if the block is not linked.
+        """
+        prev = block.prev_free
+        nxt = block.next_free
+        if prev is None or nxt is None:
+            raise BlockStateError(f"remove: block {block.block_id} is not in the free queue")
+        prev.next_free = nxt
+        nxt.prev_free = prev
+        block.prev_free = block.next_free = None
+        self._num_free -= 1
+
+    # -- insertion ------------------------------------------------------------------------------
+    def append(self, block: KVCacheBlock) -> None:
+        """Link ``block`` at the tail (evicted last)."""
+        if block.prev_free is not None or block.next_free is not None or block.is_null:
+            raise _bad_insert(block)
+        tail = self._tail
+        last = tail.prev_free
+        last.next_free = block  # type: ignore[union-attr]
+        block.prev_free = last
+        block.next_free = tail
+        tail.prev_free = block
+        self._num_free += 1
+
+    def append_n(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Link ``blocks`` at the tail, keeping their order (``blocks[-1]`` ends up last)."""
+        if not blocks:
+            return
+        tail = self._tail
+        anchor = tail.prev_free
+        first = self._chain(blocks, anchor)  # type: ignore[arg-type]
+        last = blocks[-1]
+        anchor.next_free = first  # type: ignore[union-attr]
+        last.next_free = tail
+        tail.prev_free = last
+        self._num_free += len(blocks)
+
+    def prepend_n(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Link ``blocks`` at the head, keeping their order (``blocks[0]`` is popped next)."""
+        if not blocks:
+            return
+        head = self._head
+        old_first = head.next_free
+        first = self._chain(blocks, head)
+        last = blocks[-1]
+        head.next_free = first
+        last.next_free = old_first
+        old_first.prev_free = last  # type: ignore[union-attr]
+        self._num_free += len(blocks)
+
+    @staticmethod
+    def _chain(blocks: Sequence[KVCacheBlock], anchor: KVCacheBlock) -> KVCacheBlock:
+        """Link ``blocks`` to each other (first one's ``prev_free`` = ``anchor``) without touching
+        the queue itself, so a bad block (already linked, repeated, or null) is found before the
+        queue changes: a repeated block still has the ``prev_free`` its first occurrence set.  The
+        last block's ``next_free`` is left for the caller to set."""
+        prev = anchor
+        for i, block in enumerate(blocks):
+            if block.prev_free is not None or block.next_free is not None or block.is_null:
+                for undo in blocks[:i]:
+                    undo.prev_free = undo.next_free = None
+                raise _bad_insert(block)
+            block.prev_free = prev
+            if i:
+                prev.next_free = block
+            prev = block
+        return blocks[0]
+
+
+def _bad_insert(block: KVCacheBlock) -> BlockStateError:
+    if block.is_null:
+        return NullBlockError("the null block never enters the free queue")
+    return BlockStateError(f"block {block.block_id} is already in a free queue "
+                           f"(or repeated in one batch)")

@@ -1,0 +1,65 @@
+"""Typed exceptions raised by kvcore.
+
+Every user-facing error is a subclass of :class:`KVCoreError` and of the builtin
+that best describes it (``ValueError`` for bad values, ``KeyError`` for unknown
+identifiers), so callers can catch either.  An operation that raises one of these
+leaves every structure exactly as it was before the call.
+"""
+
+from __future__ import annotations
+
+
+class KVCoreError(Exception):
+    """Base class of every exception kvcore raises on purpose."""
+
+
+class InvalidArgumentError(KVCoreError, ValueError):
+    """An argument has the wrong type or is out of range (negative or oversized counts, ...)."""
+
+
+class NoFreeBlocksError(KVCoreError, ValueError):
+    """More blocks were asked for than the free queue holds."""
+
+
+class BlockStateError(KVCoreError, ValueError):
+    """A block operation does not fit the block's state (freeing a free block, removing an unlinked
+    block from the free queue, linking a block twice, ...)."""
+
+
+class DoubleFreeError(BlockStateError):
+    """A block was freed more times than it was referenced."""
+
+
+class NullBlockError(BlockStateError):
+    """Something tried to change the null block (its reference count, its hash, its queue links)."""
+
+
+class InvalidGroupError(KVCoreError, ValueError):
+    """A KV-cache group id is out of range, or a block is used with a group it does not belong to."""
+
+
+class UnknownHashAlgorithmError(KVCoreError, ValueError):
+    """The requested block-hash algorithm is not one kvcore implements."""
+
+
+class UnknownRequestError(KVCoreError, KeyError):
+    """A request id is not known to the manager (never allocated, or already freed)."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable.
+        return str(self.args[0]) if self.args else ""
+
+
+class InvariantError(KVCoreError, AssertionError):
+    """A structural invariant (see DESIGN.md, "Invariants") does not hold.
+
+    ``rule`` names the broken rule, ``block_id`` the block it was observed on (or ``None``), and
+    ``observed`` a short description of the offending values.
+    """
+
+    def __init__(self, rule: str, message: str, *, block_id: int | None = None,
+                 observed: object = None) -> None:
+        self.rule = rule
+        self.block_id = block_id
+        self.observed = observed
+        where = f" (block {block_id})" if block_id is not None else ""
+        super().__init__(f"[{rule}]{where} {message}")

@@ -1,0 +1,167 @@
+"""Structural invariants of the block pool (DESIGN.md, "Invariants").
+
+``check_invariants(pool, owners)`` walks the whole pool and raises :class:`InvariantError` naming
+the first broken rule, the block and the observed values:
+
+``block-id``        ``pool.blocks[i].block_id == i`` and block 0 is the null block
+``null-block``      the null block is never queued, hashed, mapped or referenced
+``queue-links``     the free queue is a proper doubly linked list from head to tail sentinel
+``queue-foreign``   every queued block is one of this pool's blocks
+``queue-cycle``     walking the queue never revisits a block (a cycle normally trips
+                    ``queue-links`` first: a revisited block cannot match both predecessors)
+``queue-length``    the queue's cached length equals the number of linked blocks
+``block-state``     every other block is either queued with ref_cnt 0 or unlinked with ref_cnt > 0
+``ref-count``       with ``owners``: ref_cnt == number of references from all owners' block lists
+``map-entry``       every map entry's block carries exactly that hash and group
+``hashed-unmapped`` every hashed block is in its group's map (exactly once)
+``caching-off``     with caching disabled no block carries a hash
+``token-ids``       stored token ids only on hashed blocks (and on all of them when verifying hits)
+
+It is O(num_blocks + map size): cheap enough to call after every step of a property test.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+
+from kvcore.block_pool import BlockPool
+from kvcore.blocks import KVCacheBlock
+from kvcore.errors import InvariantError
+
+BlockLists = Iterable[KVCacheBlock] | Iterable[Iterable[KVCacheBlock]]
+
+
+def _fail(rule: str, message: str, block: KVCacheBlock | None = None,
+          observed: object = None) -> InvariantError:
+    return InvariantError(rule, message, block_id=None if block is None else block.block_id,
+                          observed=observed)
+
+
+def _count_references(pool: BlockPool, owners: Mapping[object, BlockLists]) -> Counter[int]:
+    refs: Counter[int] = Counter()
+    blocks = pool.blocks
+    for owner, lists in owners.items():
+        for item in lists:
+            group = (item,) if isinstance(item, KVCacheBlock) else item
+            for block in group:
+                if block.is_null:
+                    continue
+                bid = block.block_id
+                if not (0 <= bid < len(blocks)) or blocks[bid] is not block:
+                    raise _fail("ref-count", f"owner {owner!r} holds a block that is not this "
+                                f"pool's", block, observed=bid)
+                refs[bid] += 1
+    return refs
+
+
+def _check_queue(pool: BlockPool) -> set[int]:
+    queue = pool.free_queue
+    head, tail = queue.head, queue.tail
+    if head.prev_free is not None or tail.next_free is not None:
+        raise _fail("queue-links", "a sentinel has an outer link")
+    blocks = pool.blocks
+    seen: set[int] = set()
+    prev = head
+    node = head.next_free
+    while node is not tail:
+        if node is None:
+            raise _fail("queue-links", "the chain from the head sentinel ends before the tail",
+                        prev if prev is not head else None)
+        if node.prev_free is not prev:
+            got = node.prev_free.block_id if node.prev_free is not None else None
+            raise _fail("queue-links", f"prev_free is {got}, expected "
+                        f"{prev.block_id if prev is not head else 'head'}", node,
+                        observed=got)
+        bid = node.block_id
+        if not (0 <= bid < len(blocks)) or blocks[bid] is not node:
+            raise _fail("queue-foreign", "the queue holds a block that is not this pool's", node)
+        if bid in seen:
+            raise _fail("queue-cycle", "the queue visits this block twice", node)
+        seen.add(bid)
+        prev = node
+        node = node.next_free
+    if tail.prev_free is not prev:
+        raise _fail("queue-links", "the tail sentinel's prev_free is not the last block", prev)
+    if len(queue) != len(seen):
+        raise _fail("queue-length", f"len(queue) is {len(queue)} but {len(seen)} blocks are "
+                    "linked", observed=(len(queue), len(seen)))
+    return seen
+
+
+def _check_maps(pool: BlockPool) -> None:
+    mapped: Counter[int] = Counter()
+    for g in range(pool.num_groups):
+        for h, block in pool.iter_cached(g):
+            if block.is_null:
+                raise _fail("null-block", f"the null block is in group {g}'s map", block)
+            if block.block_hash != h or block.group_id != g:
+                raise _fail("map-entry", f"entry (group {g}, hash {h.hex()[:12]}) points to a "
+                            f"block carrying group {block.group_id}, hash "
+                            f"{block.block_hash.hex()[:12] if block.block_hash else None}", block,
+                            observed=(block.group_id, block.block_hash))
+            mapped[block.block_id] += 1
+    for block in pool.blocks:
+        n = mapped.get(block.block_id, 0)
+        if block.block_hash is not None and n != 1:
+            raise _fail("hashed-unmapped", f"hashed block appears {n} times in group "
+                        f"{block.group_id}'s map", block, observed=n)
+        if block.block_hash is None and block.group_id != -1:
+            raise _fail("map-entry", f"unhashed block names group {block.group_id}", block)
+
+
+def check_invariants(pool: BlockPool, owners: Mapping[object, BlockLists] | None = None) -> None:
+    """Raise :class:`InvariantError` if any pool invariant is broken.
+
+    ``owners`` maps each owner (e.g. a request id) to its block lists (one list, or one list per
+    group); when given, every block's ``ref_cnt`` must equal its number of references.
+    """
+    blocks = pool.blocks
+    for i, block in enumerate(blocks):
+        if block.block_id != i:
+            raise _fail("block-id", f"pool.blocks[{i}] has block_id {block.block_id}", block)
+    null = pool.null_block
+    if blocks[0] is not null or not null.is_null:
+        raise _fail("block-id", "block 0 is not the null block", blocks[0])
+    if null.prev_free is not None or null.next_free is not None:
+        raise _fail("null-block", "the null block is linked into a queue", null)
+    if null.block_hash is not None:
+        raise _fail("null-block", "the null block carries a hash", null)
+    if null.ref_cnt != 0:
+        raise _fail("null-block", f"the null block's ref_cnt is {null.ref_cnt}", null)
+
+    queued = _check_queue(pool)
+    for block in blocks[1:]:
+        if block.is_null:
+            raise _fail("null-block", "a second block is marked null", block)
+        linked = block.prev_free is not None or block.next_free is not None
+        if block.block_id in queued:
+            if block.ref_cnt != 0:
+                raise _fail("block-state", f"block is in the free queue with ref_cnt "
+                            f"{block.ref_cnt}", block, observed=block.ref_cnt)
+        elif linked:
+            raise _fail("block-state", "block has free-queue links but is not reachable from "
+                        "the queue", block)
+        elif block.ref_cnt <= 0:
+            raise _fail("block-state", f"block is neither queued nor in use (ref_cnt "
+                        f"{block.ref_cnt}): it leaked", block, observed=block.ref_cnt)
+
+    if owners is not None:
+        refs = _count_references(pool, owners)
+        for block in blocks[1:]:
+            want = refs.get(block.block_id, 0)
+            if block.ref_cnt != want:
+                raise _fail("ref-count", f"ref_cnt is {block.ref_cnt} but owners hold {want} "
+                            "references", block, observed=(block.ref_cnt, want))
+
+    if not pool.enable_caching:
+        for block in blocks:
+            if block.block_hash is not None:
+                raise _fail("caching-off", "block carries a hash with caching disabled", block)
+    _check_maps(pool)
+    for block in blocks:
+        if block.cached_token_ids is not None and block.block_hash is None:
+            raise _fail("token-ids", "unhashed block holds cached token ids", block)
+        if pool.store_token_ids and block.block_hash is not None and block.cached_token_ids is None:
+            raise _fail("token-ids", "hashed block lacks its token ids while hits are verified",
+                        block)

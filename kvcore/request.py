@@ -1,0 +1,146 @@
+"""The request type kvcore's manager reads, and the protocol it needs from any request type.
+
+``KVRequest`` is what ``KVCacheManager`` and ``BlockPool`` read from a request; a scheduler can
+use its own type if it provides these attributes.  :class:`Request` is the default
+implementation: it keeps prompt and output tokens in one list and, when built with a
+:class:`~kvcore.hashing.RequestBlockHasher`, keeps ``block_hashes`` up to date as tokens arrive.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import TYPE_CHECKING, Protocol
+
+from kvcore.blocks import BlockHash
+from kvcore.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from kvcore.hashing import RequestBlockHasher
+
+
+@dataclass(frozen=True, slots=True)
+class MultiModalItem:
+    """A multimodal input occupying prompt positions ``[offset, offset + length)``; ``identifier``
+    is a content hash of the item, so equal images give equal KV."""
+
+    identifier: str
+    offset: int
+    length: int
+
+
+class KVRequest(Protocol):
+    """What the KV-cache manager reads from a request."""
+
+    request_id: str
+    all_token_ids: list[int]
+    block_hashes: list[BlockHash]
+    num_computed_tokens: int
+    num_preemptions: int
+    skip_reading_prefix_cache: bool
+    lora_name: str | None
+    cache_salt: str | None
+    mm_items: tuple[MultiModalItem, ...]
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def num_prompt_tokens(self) -> int: ...
+
+
+def _check_tokens(token_ids: Iterable[int], what: str) -> list[int]:
+    """Copy ``token_ids`` into a list, checking in C that each is an int in [0, 2**32)."""
+    out = list(token_ids)
+    try:
+        array("I", out)
+    except (OverflowError, TypeError):
+        bad = next(t for t in out if not isinstance(t, int) or not 0 <= t < 1 << 32)
+        raise InvalidArgumentError(f"{what} must be ints in [0, 2**32), got {bad!r}") from None
+    return out
+
+
+class Request:
+    """A generation request as the KV-cache layer sees it.
+
+    ``all_token_ids`` is prompt followed by output; ``num_computed_tokens`` counts tokens whose KV
+    is in the cache (the scheduler advances it); ``block_hashes`` holds one hash per full block of
+    ``all_token_ids`` when a block hasher was given.
+    """
+
+    __slots__ = ("_block_hasher", "all_token_ids", "block_hashes", "cache_salt", "lora_name",
+                 "max_tokens", "mm_items", "num_computed_tokens", "num_preemptions",
+                 "num_prompt_tokens", "request_id", "skip_reading_prefix_cache")
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        *,
+        block_hasher: RequestBlockHasher | None = None,
+        max_tokens: int | None = None,
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+        mm_items: Sequence[MultiModalItem] = (),
+        skip_reading_prefix_cache: bool = False,
+    ) -> None:
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidArgumentError(f"request_id must be a non-empty str, got {request_id!r}")
+        prompt = _check_tokens(prompt_token_ids, "prompt token ids")
+        if not prompt:
+            raise InvalidArgumentError(f"request {request_id!r}: the prompt is empty")
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 0):
+            raise InvalidArgumentError(f"max_tokens must be a non-negative int, got {max_tokens!r}")
+        items = tuple(mm_items)
+        for prev, item in pairwise(items):
+            if item.offset < prev.offset:
+                raise InvalidArgumentError("multimodal items must be sorted by offset")
+        for item in items:
+            if item.offset < 0 or item.length <= 0 or item.offset + item.length > len(prompt):
+                raise InvalidArgumentError(f"multimodal item {item} lies outside the prompt")
+        self.request_id = request_id
+        self.all_token_ids: list[int] = prompt
+        self.num_prompt_tokens = len(prompt)
+        self.max_tokens = max_tokens
+        self.cache_salt = cache_salt
+        self.lora_name = lora_name
+        self.mm_items = items
+        self.skip_reading_prefix_cache = skip_reading_prefix_cache
+        self.num_computed_tokens = 0
+        self.num_preemptions = 0
+        self.block_hashes: list[BlockHash] = []
+        self._block_hasher = block_hasher
+        if block_hasher is not None:
+            self.block_hashes.extend(block_hasher(self))
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.all_token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - self.num_prompt_tokens
+
+    def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
+        """Append generated tokens and hash any block they complete."""
+        if isinstance(token_ids, int):
+            new = _check_tokens((token_ids,), "output token ids")
+        else:
+            new = _check_tokens(token_ids, "output token ids")
+        self.all_token_ids.extend(new)
+        if self._block_hasher is not None:
+            self.block_hashes.extend(self._block_hasher(self))
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens}, hashes={len(self.block_hashes)})")

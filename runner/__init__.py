@@ -1,0 +1,1 @@
+"""runner: a paged-attention engine on kvcore."""

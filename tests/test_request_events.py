@@ -1,0 +1,123 @@
+"""Request bookkeeping and KV-event encoding."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from kvcore import (
+    AllBlocksCleared,
+    BlockPool,
+    BlockRemoved,
+    BlockStored,
+    InvalidArgumentError,
+    MultiModalItem,
+    Request,
+    decode_event_batch,
+    encode_event_batch,
+)
+from tests.factories import make_request
+
+
+def test_request_fields_and_appending() -> None:
+    r = Request("r1", [5, 6, 7], max_tokens=4)
+    assert (r.request_id, r.num_tokens, r.num_prompt_tokens) == ("r1", 3, 3)
+    assert r.prompt_token_ids == [5, 6, 7] and r.output_token_ids == []
+    assert r.num_computed_tokens == 0 and r.num_preemptions == 0 and r.block_hashes == []
+    assert not r.skip_reading_prefix_cache and r.cache_salt is None and r.lora_name is None
+    r.append_output_token_ids(8)
+    r.append_output_token_ids([9, 10])
+    assert r.output_token_ids == [8, 9, 10] and r.num_tokens == 6 and r.num_output_tokens == 3
+    assert r.all_token_ids == [5, 6, 7, 8, 9, 10]
+    assert "r1" in repr(r)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"request_id": "", "prompt_token_ids": [1]},
+    {"request_id": "a", "prompt_token_ids": []},
+    {"request_id": "a", "prompt_token_ids": [1, -1]},
+    {"request_id": "a", "prompt_token_ids": [1, "2"]},
+    {"request_id": "a", "prompt_token_ids": [1], "max_tokens": -1},
+    {"request_id": "a", "prompt_token_ids": [1, 2], "mm_items": [MultiModalItem("i", 1, 5)]},
+    {"request_id": "a", "prompt_token_ids": [1] * 9,
+     "mm_items": [MultiModalItem("i", 4, 1), MultiModalItem("j", 1, 1)]},
+])
+def test_bad_request_arguments(kwargs: dict) -> None:  # type: ignore[type-arg]
+    with pytest.raises(InvalidArgumentError):
+        Request(**kwargs)
+
+
+def test_bad_output_tokens_change_nothing() -> None:
+    r = make_request("a", [1, 2, 3], 2)
+    hashes = list(r.block_hashes)
+    with pytest.raises(InvalidArgumentError):
+        r.append_output_token_ids([4, -5])
+    assert r.all_token_ids == [1, 2, 3] and r.block_hashes == hashes
+
+
+def _sample_events() -> list:  # type: ignore[type-arg]
+    return [
+        BlockStored(block_hashes=(b"\x01" * 16, b"\x02" * 16), parent_block_hash=None,
+                    token_ids=tuple(range(8)), block_size=4, group_id=0),
+        BlockStored(block_hashes=(b"\x03" * 16,), parent_block_hash=b"\x02" * 16,
+                    token_ids=(1, 2, 3, 4), block_size=4, group_id=1, lora_name="ad",
+                    extra_keys=(("ad", ("img", 3), "salt"),)),
+        BlockRemoved(block_hashes=(b"\x01" * 16,), group_id=0),
+        AllBlocksCleared(),
+    ]
+
+
+def test_event_batch_round_trip() -> None:
+    events = _sample_events()
+    data = encode_event_batch(events, ts=12.5, data_parallel_rank=3)
+    ts, decoded, rank = decode_event_batch(data)
+    assert (ts, rank) == (12.5, 3)
+    assert decoded == events
+    ts, decoded, rank = decode_event_batch(encode_event_batch(events, ts=1.0))
+    assert rank is None and decoded == events
+
+
+def test_event_wire_layout_matches_vllm_shape() -> None:
+    """vLLM's KVEventBatch is an array [ts, events]; each event is a map tagged by "type" with
+    the fields in declaration order and defaults omitted."""
+    raw = msgspec.msgpack.decode(encode_event_batch(_sample_events(), ts=2.0))
+    assert raw[0] == 2.0 and len(raw) == 2
+    stored, stored2, removed, cleared = raw[1]
+    assert list(stored) == ["type", "block_hashes", "parent_block_hash", "token_ids",
+                            "block_size", "lora_id", "medium", "lora_name", "group_idx"]
+    assert stored["type"] == "BlockStored" and stored["medium"] == "GPU"
+    assert stored2["extra_keys"] == [["ad", ["img", 3], "salt"]]
+    assert removed == {"type": "BlockRemoved", "block_hashes": [b"\x01" * 16], "medium": "GPU",
+                       "group_idx": 0}
+    assert cleared == {"type": "AllBlocksCleared"}
+
+
+def test_decode_rejects_garbage() -> None:
+    with pytest.raises(ValueError):
+        decode_event_batch(msgspec.msgpack.encode({"a": 1}))
+    with pytest.raises(ValueError):
+        decode_event_batch(msgspec.msgpack.encode([1.0, [{"type": "Nope"}]]))
+
+
+def test_pool_events_carry_untagged_extra_keys_and_lora() -> None:
+    pool = BlockPool(6, enable_events=True)
+    req = make_request("a", list(range(8)), 4, lora_name="ad", cache_salt="s",
+                       mm_items=(MultiModalItem("img", 5, 2),))
+    blocks = pool.get_new_blocks(2)
+    pool.cache_full_blocks(req, blocks, 0, 2, 4, 0)
+    (ev,) = pool.take_events()
+    assert isinstance(ev, BlockStored)
+    assert ev.lora_name == "ad"
+    assert ev.extra_keys == (("ad", "s"), ("ad", ("img", 1)))
+    assert decode_event_batch(encode_event_batch([ev]))[1] == [ev]
+
+
+def test_events_disabled_records_nothing() -> None:
+    pool = BlockPool(6)
+    req = make_request("a", list(range(8)), 4)
+    blocks = pool.get_new_blocks(2)
+    pool.cache_full_blocks(req, blocks, 0, 2, 4, 0)
+    pool.free_blocks(blocks)
+    pool.get_new_blocks(5)
+    assert pool.reset_prefix_cache() is False
+    assert pool.take_events() == []
