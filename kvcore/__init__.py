@@ -27,8 +27,22 @@ from kvcore.events import (
     encode_event_batch,
 )
 from kvcore.hashing import HASH_ALGORITHMS, BlockHasher, RequestBlockHasher, random_seed
-from kvcore.invariants import check_invariants
+from kvcore.invariants import check_invariants, check_manager_invariants
+from kvcore.manager import KVCacheBlocks, KVCacheManager
 from kvcore.request import KVRequest, MultiModalItem, Request
+from kvcore.specs import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroup,
+    KVCacheSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+    kv_cache_config_from_hf,
+    num_blocks_for_memory,
+)
+from kvcore.stats import PrefixCacheStats
 
 __all__ = [
     "HASH_ALGORITHMS",
@@ -39,25 +53,39 @@ __all__ = [
     "BlockRemoved",
     "BlockStateError",
     "BlockStored",
+    "ChunkedLocalAttentionSpec",
+    "CrossAttentionSpec",
     "DoubleFreeError",
     "FreeBlockQueue",
+    "FullAttentionSpec",
     "InvalidArgumentError",
     "InvalidGroupError",
     "InvariantError",
     "KVCacheBlock",
+    "KVCacheBlocks",
+    "KVCacheConfig",
     "KVCacheEvent",
+    "KVCacheGroup",
+    "KVCacheManager",
+    "KVCacheSpec",
     "KVCoreError",
     "KVRequest",
+    "MambaSpec",
     "MultiModalItem",
     "NoFreeBlocksError",
     "NullBlock",
     "NullBlockError",
+    "PrefixCacheStats",
     "Request",
     "RequestBlockHasher",
+    "SlidingWindowSpec",
     "UnknownHashAlgorithmError",
     "UnknownRequestError",
     "check_invariants",
+    "check_manager_invariants",
     "decode_event_batch",
     "encode_event_batch",
+    "kv_cache_config_from_hf",
+    "num_blocks_for_memory",
     "random_seed",
 ]

@@ -80,6 +80,7 @@ class BlockPool:
         self._dups: list[dict[BlockHash, dict[int, KVCacheBlock]]] = [{} for _ in range(num_groups)]
         self._events: list[KVCacheEvent] = []
         self.num_evicted_blocks = 0
+        self.num_rejected_hits = 0  # hits refused because stored tokens differed (verify mode)
 
     # -- queries --------------------------------------------------------------------------------
     @property
@@ -207,12 +208,14 @@ class BlockPool:
         block_size: int,
         group_id: int,
         block_hashes: Sequence[BlockHash] | None = None,
+        block_mask: Sequence[bool] | None = None,
     ) -> None:
         """Register ``blocks[num_cached_blocks:num_full_blocks]`` (now full) in group
         ``group_id``'s map under their hashes.
 
         ``block_hashes`` are the request's hashes at this group's block size (default:
-        ``request.block_hashes``).  Null blocks are skipped.  A block already cached under the same
+        ``request.block_hashes``).  Null blocks are skipped, and so are blocks whose entry in
+        ``block_mask`` (aligned with the new blocks) is false.  A block already cached under the same
         hash in the same group is left as it is; a block cached elsewhere (another group or
         another hash) is rejected with :class:`InvalidGroupError` / :class:`BlockStateError`
         before anything changes.  Emits one ``BlockStored`` for the call.
@@ -231,8 +234,11 @@ class BlockPool:
         if num_cached_blocks >= num_full_blocks:
             return
         new_blocks = blocks[num_cached_blocks:num_full_blocks]
+        if block_mask is not None and len(block_mask) != len(new_blocks):
+            raise InvalidArgumentError(
+                f"block_mask has {len(block_mask)} entries for {len(new_blocks)} new blocks")
         for i, block in enumerate(new_blocks):
-            if block.is_null:
+            if block.is_null or (block_mask is not None and not block_mask[i]):
                 continue
             if block.ref_cnt <= 0:
                 raise BlockStateError(f"block {block.block_id} is free; only blocks in use can be cached")
@@ -247,9 +253,11 @@ class BlockPool:
         cached = self._cached[group_id]
         store_tokens = self.store_token_ids
         tokens = request.all_token_ids
-        stored: list[bytes] = []
+        stored: list[int] = []  # indices into new_blocks
         for i, block in enumerate(new_blocks):
             if block.is_null or block.block_hash is not None:
+                continue
+            if block_mask is not None and not block_mask[i]:
                 continue
             idx = num_cached_blocks + i
             h = hashes[idx]
@@ -262,26 +270,25 @@ class BlockPool:
                 cached[h] = block
             else:
                 self._dups[group_id].setdefault(h, {})[block.block_id] = block
-            stored.append(h)
+            stored.append(i)
 
         if self.enable_events and stored:
             self._events.append(self._stored_event(
-                request, new_blocks, hashes, num_cached_blocks, block_size, group_id, stored))
+                request, len(new_blocks), hashes, num_cached_blocks, block_size, group_id, stored))
 
-    def _stored_event(self, request: KVRequest, new_blocks: Sequence[KVCacheBlock],
-                      hashes: Sequence[BlockHash], num_cached_blocks: int, block_size: int,
-                      group_id: int, stored: list[bytes]) -> BlockStored:
-        # Token ids cover the whole range (null-skipped blocks included), as vLLM publishes them.
+    def _stored_event(self, request: KVRequest, num_new_blocks: int, hashes: Sequence[BlockHash],
+                      num_cached_blocks: int, block_size: int, group_id: int,
+                      stored: list[int]) -> BlockStored:
+        # Token ids cover the whole range (skipped blocks included), as vLLM publishes them;
+        # hashes and extra keys only the blocks stored now.
         start = num_cached_blocks * block_size
-        end = (num_cached_blocks + len(new_blocks)) * block_size
+        end = (num_cached_blocks + num_new_blocks) * block_size
         extra: list[tuple[object, ...] | None] = []
-        for i, block in enumerate(new_blocks):
-            if block.is_null or block.block_hash is None:
-                continue
+        for i in stored:
             s = (num_cached_blocks + i) * block_size
             extra.append(untag_extra_keys(block_extra_keys(request, s, s + block_size)))
         return BlockStored(
-            block_hashes=tuple(stored),
+            block_hashes=tuple(hashes[num_cached_blocks + i] for i in stored),
             parent_block_hash=hashes[num_cached_blocks - 1] if num_cached_blocks > 0 else None,
             token_ids=tuple(request.all_token_ids[start:end]),
             block_size=block_size,

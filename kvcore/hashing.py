@@ -17,11 +17,12 @@ block (id, offset of the item relative to the block start) and the cache salt (f
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import struct
 from array import array
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, overload
 
 import cbor2
 import xxhash
@@ -188,3 +189,47 @@ class RequestBlockHasher:
             out.append(parent)
             start = end
         return out
+
+
+class BlockHashView(Sequence[BlockHash]):
+    """A request's hashes seen at a coarser block size.
+
+    Hashes are computed every ``hash_block_size`` tokens and each one chains over the whole
+    prefix, so the hash of a ``scale * hash_block_size`` block is simply the fine hash at its last
+    boundary: view[i] = hashes[(i + 1) * scale - 1].  The view is live (it follows the list).
+    """
+
+    __slots__ = ("_hashes", "_scale")
+
+    def __init__(self, hashes: Sequence[BlockHash], scale: int) -> None:
+        self._hashes = hashes
+        self._scale = scale
+
+    def __len__(self) -> int:
+        return len(self._hashes) // self._scale
+
+    @overload
+    def __getitem__(self, idx: int) -> BlockHash: ...
+
+    @overload
+    def __getitem__(self, idx: slice) -> list[BlockHash]: ...
+
+    def __getitem__(self, idx: int | slice) -> BlockHash | list[BlockHash]:
+        if isinstance(idx, slice):
+            return [self[i] for i in range(*idx.indices(len(self)))]
+        if idx < 0:
+            idx += len(self)
+        if not 0 <= idx < len(self):
+            raise IndexError(idx)
+        return self._hashes[(idx + 1) * self._scale - 1]
+
+    def __iter__(self) -> Iterator[BlockHash]:
+        return itertools.islice(self._hashes, self._scale - 1, None, self._scale)
+
+
+def hashes_at(hashes: Sequence[BlockHash], hash_block_size: int,
+              block_size: int) -> Sequence[BlockHash]:
+    """``hashes`` (one per ``hash_block_size`` tokens) seen at ``block_size``."""
+    if block_size == hash_block_size:
+        return hashes
+    return BlockHashView(hashes, block_size // hash_block_size)

@@ -24,10 +24,15 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from kvcore.block_pool import BlockPool
 from kvcore.blocks import KVCacheBlock
 from kvcore.errors import InvariantError
+from kvcore.hashing import hashes_at
+
+if TYPE_CHECKING:
+    from kvcore.manager import KVCacheManager
 
 BlockLists = Iterable[KVCacheBlock] | Iterable[Iterable[KVCacheBlock]]
 
@@ -165,3 +170,70 @@ def check_invariants(pool: BlockPool, owners: Mapping[object, BlockLists] | None
         if pool.store_token_ids and block.block_hash is not None and block.cached_token_ids is None:
             raise _fail("token-ids", "hashed block lacks its token ids while hits are verified",
                         block)
+
+
+def check_manager_invariants(manager: KVCacheManager) -> None:
+    """Pool invariants with exact ownership, plus per-request block-table rules:
+
+    ``request-registry``  a request has blocks in some group iff the manager tracks it
+    ``null-placement``    null blocks only in groups whose type allows them, as a leading run
+    ``block-count``       every computed token has a slot; no table exceeds max_model_len
+    ``cached-count``      the cached-block watermark lies within the table and the full blocks
+    ``block-hash``        a hashed block below the watermark carries the request's hash for that
+                          position in this group; blocks above it carry none
+    """
+    coord = manager.coordinator
+    requests = manager.requests()
+    owners: dict[object, list[list[KVCacheBlock]]] = {}
+    for g, m in enumerate(coord.managers):
+        for rid in m.req_to_blocks:
+            if rid not in requests:
+                raise InvariantError("request-registry", f"group {g} holds blocks of untracked "
+                                     f"request {rid!r}")
+    for rid in requests:
+        owners[rid] = [m.req_to_blocks.get(rid, []) for m in coord.managers]
+    check_invariants(manager.pool, owners)
+
+    hbs = manager.hash_block_size
+    for rid, request in requests.items():
+        for g, m in enumerate(coord.managers):
+            blocks = m.req_to_blocks.get(rid, [])
+            bs = m.block_size
+            seen_real = False
+            for i, block in enumerate(blocks):
+                if block.is_null:
+                    if not m.allows_null_blocks:
+                        raise InvariantError("null-placement", f"request {rid!r} has the null block "
+                                             f"at {i} in group {g} ({type(m).__name__})", block_id=0)
+                    if seen_real:
+                        raise InvariantError("null-placement", f"request {rid!r}: null block at {i} "
+                                             f"after real blocks in group {g}", block_id=0)
+                else:
+                    seen_real = True
+            if m.spec.cacheable:
+                needed = -(-request.num_computed_tokens // bs)
+                if len(blocks) < needed:
+                    raise InvariantError("block-count", f"request {rid!r} has {len(blocks)} blocks "
+                                         f"in group {g} for {request.num_computed_tokens} computed "
+                                         "tokens", observed=(len(blocks), needed))
+                if len(blocks) > -(-manager.max_model_len // bs):
+                    raise InvariantError("block-count", f"request {rid!r} has {len(blocks)} blocks "
+                                         f"in group {g}, more than max_model_len allows")
+            num_cached = m.num_cached_block.get(rid, 0)
+            if num_cached > len(blocks) or num_cached * bs > request.num_tokens:
+                raise InvariantError("cached-count", f"request {rid!r} group {g}: {num_cached} cached "
+                                     f"blocks of {len(blocks)} for {request.num_tokens} tokens",
+                                     observed=num_cached)
+            hashes = hashes_at(request.block_hashes, hbs, bs)
+            for i, block in enumerate(blocks):
+                if block.is_null or block.block_hash is None:
+                    continue
+                if i >= num_cached:
+                    raise InvariantError("block-hash", f"request {rid!r} group {g}: block at {i} is "
+                                         f"hashed above the watermark {num_cached}",
+                                         block_id=block.block_id)
+                if i >= len(hashes) or block.block_hash != hashes[i] or block.group_id != g:
+                    raise InvariantError("block-hash", f"request {rid!r} group {g}: block at {i} "
+                                         "carries a hash that is not the request's",
+                                         block_id=block.block_id,
+                                         observed=(block.group_id, block.block_hash))

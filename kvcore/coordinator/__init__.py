@@ -1,0 +1,28 @@
+"""Coordinators (none | unitary | hybrid) and the factory that picks one for a config."""
+
+from __future__ import annotations
+
+from kvcore.coordinator.base import GroupBlocks, KVCacheCoordinator
+from kvcore.coordinator.hybrid import HybridCoordinator
+from kvcore.coordinator.no_prefix_cache import NoPrefixCacheCoordinator
+from kvcore.coordinator.unitary import UnitaryCoordinator
+from kvcore.managers import ManagerClasses
+from kvcore.specs import KVCacheConfig
+
+
+def make_coordinator(config: KVCacheConfig, *, enable_caching: bool = True,
+                     enable_events: bool = False, verify_hits: bool = False,
+                     manager_classes: ManagerClasses | None = None) -> KVCacheCoordinator:
+    """No prefix cache when caching is off; unitary for one group; hybrid otherwise."""
+    if not enable_caching:
+        return NoPrefixCacheCoordinator(config, enable_events=enable_events,
+                                        manager_classes=manager_classes)
+    if config.num_groups == 1:
+        return UnitaryCoordinator(config, enable_events=enable_events, verify_hits=verify_hits,
+                                  manager_classes=manager_classes)
+    return HybridCoordinator(config, enable_events=enable_events, verify_hits=verify_hits,
+                             manager_classes=manager_classes)
+
+
+__all__ = ["GroupBlocks", "HybridCoordinator", "KVCacheCoordinator", "NoPrefixCacheCoordinator",
+           "UnitaryCoordinator", "make_coordinator"]

@@ -1,0 +1,121 @@
+"""KVCacheCoordinator: drives one single-type manager per KV-cache group over one shared pool.
+
+The coordinator sums what every group needs, hands hits to every group in two phases (touch all
+groups' hits before any group allocates, so one group's allocation can never evict another
+group's not-yet-taken hit), and decides how hits of different groups combine
+(``find_longest_cache_hit``, per subclass).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvcore.block_pool import BlockPool
+from kvcore.blocks import BlockHash, KVCacheBlock
+from kvcore.managers import ManagerClasses, SingleTypeKVCacheManager, make_manager
+from kvcore.managers.cross_attention import CrossAttentionManager
+from kvcore.request import KVRequest
+from kvcore.specs import KVCacheConfig
+
+GroupBlocks = tuple[list[KVCacheBlock], ...]
+
+
+class KVCacheCoordinator:
+    """Base: everything except how a prefix hit is found."""
+
+    def __init__(self, config: KVCacheConfig, *, enable_caching: bool, enable_events: bool,
+                 verify_hits: bool, alignment_tokens: int,
+                 manager_classes: ManagerClasses | None = None) -> None:
+        self.config = config
+        self.enable_caching = enable_caching
+        self.verify_hits = verify_hits and enable_caching
+        self.pool = BlockPool(config.num_blocks, enable_caching=enable_caching,
+                              num_groups=config.num_groups, enable_events=enable_events,
+                              store_token_ids=self.verify_hits)
+        self.hash_block_size = config.hash_block_size
+        self.alignment_tokens = alignment_tokens
+        self.managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
+            make_manager(g.spec, self.pool, i, enable_caching=enable_caching,
+                         hash_block_size=self.hash_block_size, alignment_tokens=alignment_tokens,
+                         overrides=manager_classes)
+            for i, g in enumerate(config.groups))
+        self._is_cross = tuple(isinstance(m, CrossAttentionManager) for m in self.managers)
+
+    # -- hits -------------------------------------------------------------------------------------
+    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int,
+                               token_ids: Sequence[int] | None) -> tuple[GroupBlocks, int]:
+        """Per-group hit blocks and the hit length in tokens (at most ``max_length``)."""
+        raise NotImplementedError
+
+    def num_cacheable_tokens(self, num_tokens: int) -> int:
+        """How many of the first ``num_tokens`` tokens may be cached (hybrid: aligned down)."""
+        return num_tokens
+
+    # -- accounting -------------------------------------------------------------------------------
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
+                                   new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
+                                   num_encoder_tokens: int, total_computed_tokens: int,
+                                   max_blocks: Sequence[int] | None = None) -> int:
+        """Free blocks all groups need together; ``max_blocks`` caps each group's per-request
+        holding (admission of the whole sequence)."""
+        n = 0
+        for i, manager in enumerate(self.managers):
+            cap = None if max_blocks is None else max_blocks[i]
+            if self._is_cross[i]:
+                n += manager.get_num_blocks_to_allocate(request_id, num_encoder_tokens, (), 0, cap)
+            else:
+                n += manager.get_num_blocks_to_allocate(request_id, num_tokens,
+                                                        new_computed_blocks[i],
+                                                        total_computed_tokens, cap)
+        return n
+
+    def get_num_freeable_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> int:
+        return sum(m.get_num_freeable_skipped_blocks(request_id, num_computed_tokens)
+                   for m in self.managers)
+
+    # -- mutation ---------------------------------------------------------------------------------
+    def add_computed_blocks(self, request_id: str,
+                            new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
+                            num_local_computed_tokens: int,
+                            num_external_computed_tokens: int) -> None:
+        """Phase 1: every group takes its hit blocks.  Phase 2: blocks for external tokens."""
+        total = num_local_computed_tokens + num_external_computed_tokens
+        for i, manager in enumerate(self.managers):
+            manager.add_computed_blocks(request_id, new_computed_blocks[i], total)
+        if num_external_computed_tokens > 0:
+            for i, manager in enumerate(self.managers):
+                if not self._is_cross[i]:
+                    manager.allocate_external_computed_blocks(
+                        request_id, num_local_computed_tokens, num_external_computed_tokens)
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int,
+                            num_encoder_tokens: int) -> GroupBlocks:
+        return tuple(
+            m.allocate_new_blocks(request_id, num_encoder_tokens if self._is_cross[i] else num_tokens)
+            for i, m in enumerate(self.managers))
+
+    def cache_blocks(self, request: KVRequest, num_tokens: int) -> None:
+        num_tokens = self.num_cacheable_tokens(num_tokens)
+        for manager in self.managers:
+            if manager.enable_caching:
+                manager.cache_blocks(request, num_tokens)
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        for manager in self.managers:
+            manager.remove_skipped_blocks(request_id, num_computed_tokens)
+
+    def free(self, request_id: str) -> None:
+        for manager in self.managers:
+            manager.free(request_id)
+
+    def get_blocks(self, request_id: str) -> GroupBlocks:
+        return tuple(m.req_to_blocks.get(request_id) or [] for m in self.managers)
+
+    def new_step(self) -> None:
+        for manager in self.managers:
+            new_step = getattr(manager, "new_step", None)
+            if new_step is not None:
+                new_step()
+
+    def reset_prefix_cache(self) -> bool:
+        return self.pool.reset_prefix_cache()

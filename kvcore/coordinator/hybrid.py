@@ -1,0 +1,92 @@
+"""Coordinator for several KV-cache groups of different types and block sizes.
+
+A hit must be valid for every group.  Groups with equal specs are searched together (a block hit
+must exist in all of them).  Hit lengths are multiples of the lcm of the block sizes.  The search
+is a fixed point: each type either accepts the current candidate length or shrinks it, and any
+shrink restarts the round, until a round changes nothing.  Full attention goes first, since its
+left-to-right hit bounds everything else and is downward closed (a shorter prefix of a full-
+attention hit is still a hit), so with one other type a single round suffices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvcore.blocks import BlockHash, KVCacheBlock
+from kvcore.coordinator.base import GroupBlocks, KVCacheCoordinator
+from kvcore.hashing import hashes_at
+from kvcore.managers import ManagerClasses, SingleTypeKVCacheManager
+from kvcore.managers.base import cdiv
+from kvcore.managers.full_attention import FullAttentionManager
+from kvcore.specs import KVCacheConfig, KVCacheSpec
+
+
+@dataclass
+class _SpecGroup:
+    spec: KVCacheSpec
+    group_ids: list[int]
+    manager_cls: type[SingleTypeKVCacheManager]
+
+    @property
+    def is_full(self) -> bool:
+        return issubclass(self.manager_cls, FullAttentionManager)
+
+
+class HybridCoordinator(KVCacheCoordinator):
+    def __init__(self, config: KVCacheConfig, *, enable_events: bool = False,
+                 verify_hits: bool = False, manager_classes: ManagerClasses | None = None) -> None:
+        super().__init__(config, enable_caching=True, enable_events=enable_events,
+                         verify_hits=verify_hits, alignment_tokens=config.alignment_tokens,
+                         manager_classes=manager_classes)
+        spec_groups: list[_SpecGroup] = []
+        for i, manager in enumerate(self.managers):
+            if not manager.enable_caching:
+                continue  # cross attention: never part of a hit
+            for sg in spec_groups:
+                if sg.spec == manager.spec and sg.manager_cls is type(manager):
+                    sg.group_ids.append(i)
+                    break
+            else:
+                spec_groups.append(_SpecGroup(manager.spec, [i], type(manager)))
+        spec_groups.sort(key=lambda sg: not sg.is_full)  # stable: full attention first
+        self._spec_groups = spec_groups
+        self._single_round = len(spec_groups) == 2 and spec_groups[0].is_full
+
+    def num_cacheable_tokens(self, num_tokens: int) -> int:
+        return num_tokens - num_tokens % self.alignment_tokens
+
+    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int,
+                               token_ids: Sequence[int] | None) -> tuple[GroupBlocks, int]:
+        n = len(self.managers)
+        hit_blocks: list[list[KVCacheBlock] | None] = [None] * n
+        hit_lengths = [0] * n
+        hit_length = max_length
+        hbs = self.hash_block_size
+        while True:
+            curr = hit_length
+            for sg in self._spec_groups:
+                first = sg.group_ids[0]
+                if sg.is_full and hit_blocks[first] is not None:
+                    curr = min(curr, hit_lengths[first])  # downward closed: just trim later
+                    continue
+                blocks, length = sg.manager_cls.find_longest_cache_hit(
+                    hashes_at(block_hashes, hbs, sg.spec.block_size), curr, sg.group_ids,
+                    self.pool, sg.spec, self.alignment_tokens, token_ids)
+                curr = length
+                for gid, group_blocks in zip(sg.group_ids, blocks):
+                    hit_blocks[gid] = group_blocks
+                    hit_lengths[gid] = length
+            if curr >= hit_length:
+                break
+            hit_length = curr
+            if self._single_round:
+                break
+        for sg in self._spec_groups:
+            if sg.is_full:
+                keep = cdiv(hit_length, sg.spec.block_size)
+                for gid in sg.group_ids:
+                    trimmed = hit_blocks[gid]
+                    if trimmed is not None:
+                        del trimmed[keep:]
+        return tuple(b if b is not None else [] for b in hit_blocks), hit_length

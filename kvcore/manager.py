@@ -1,0 +1,319 @@
+"""KVCacheManager: the scheduler's contract with the KV cache.
+
+A scheduler admits a request with ``get_computed_blocks`` (its prefix hit) and
+``allocate_slots`` (slots for the tokens it will compute this step), grows it with further
+``allocate_slots`` calls, and ends it with ``free``.  ``allocate_slots`` returning ``None`` means
+"not enough free blocks: preempt someone" and changes nothing at all.
+
+Token layout of one ``allocate_slots`` call::
+
+    | computed | new_computed | external_computed | new | lookahead |
+    |<- request.num_computed_tokens
+               |<- local prefix hit (blocks from get_computed_blocks)
+                              |<- computed elsewhere (a KV connector)
+                                                  |<- computed this step
+                                                        |<- draft slots
+               |<------------------ slots allocated ------------------>|
+    |<------- cached: up to the request's real tokens ------->|
+
+Blocks are cached only up to ``request.num_tokens`` (draft/lookahead tokens never).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from kvcore.blocks import KVCacheBlock
+from kvcore.coordinator import KVCacheCoordinator, make_coordinator
+from kvcore.errors import InvalidArgumentError, UnknownRequestError
+from kvcore.events import KVCacheEvent
+from kvcore.hashing import BlockHasher, RequestBlockHasher, Seed
+from kvcore.managers import ManagerClasses
+from kvcore.request import KVRequest, Request
+from kvcore.specs import KVCacheConfig
+from kvcore.stats import PrefixCacheStats
+
+
+class KVCacheBlocks(tuple):
+    """One block list per KV-cache group (``blocks[g][i]``: group ``g``'s ``i``-th block)."""
+
+    __slots__ = ()
+
+    def __new__(cls, groups: Iterable[Sequence[KVCacheBlock]]) -> KVCacheBlocks:
+        return super().__new__(cls, groups)
+
+    @property
+    def blocks(self) -> tuple[Sequence[KVCacheBlock], ...]:
+        """The per-group lists (vLLM's attribute name)."""
+        return tuple(self)
+
+    def get_block_ids(self) -> tuple[list[int], ...]:
+        return tuple([b.block_id for b in group] for group in self)
+
+    def get_unhashed_block_ids(self) -> list[int]:
+        """Ids of one-group blocks not in the prefix cache (nulls excluded)."""
+        if len(self) != 1:
+            raise InvalidArgumentError("get_unhashed_block_ids needs exactly one group")
+        return [b.block_id for b in self[0] if b.block_hash is None and not b.is_null]
+
+    def __add__(self, other: Any) -> KVCacheBlocks:
+        """Concatenate group by group."""
+        if not isinstance(other, KVCacheBlocks) or len(other) != len(self):
+            return NotImplemented
+        return KVCacheBlocks([*a, *b] for a, b in zip(self, other))
+
+    def new_empty(self) -> KVCacheBlocks:
+        return KVCacheBlocks(() for _ in self)
+
+
+def _count(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidArgumentError(f"{name} must be a non-negative int, got {value!r}")
+    return value
+
+
+class KVCacheManager:
+    """Block tables for every running request, over one shared pool with prefix caching.
+
+    Args:
+        config: the model's KV-cache groups and the pool size.
+        max_model_len: the longest sequence a request may reach.
+        enable_caching: prefix caching on/off.
+        hash_algo, hash_seed: block-hash algorithm and seed (see ``kvcore.hashing``).
+        verify_hits: cached blocks keep their token ids and every hit is confirmed against the
+            request's tokens, so a hash collision cannot produce a wrong-KV hit.
+        enable_events: record KV events for ``take_events``.
+        log_stats: collect :class:`PrefixCacheStats`.
+        max_num_batched_tokens: the scheduler's per-step token budget; bounds the blocks a
+            sliding-window / chunked-local request needs at once for ``full_sequence_must_fit``.
+        manager_classes: extra spec type -> manager class entries (custom attention types).
+    """
+
+    def __init__(self, config: KVCacheConfig, max_model_len: int, *, enable_caching: bool = True,
+                 hash_algo: str = "xxh3_128", hash_seed: Seed = None, verify_hits: bool = False,
+                 enable_events: bool = False, log_stats: bool = True,
+                 max_num_batched_tokens: int | None = None,
+                 manager_classes: ManagerClasses | None = None) -> None:
+        if not isinstance(max_model_len, int) or max_model_len <= 0:
+            raise InvalidArgumentError(f"max_model_len must be a positive int, got {max_model_len!r}")
+        if max_num_batched_tokens is not None:
+            _count("max_num_batched_tokens", max_num_batched_tokens)
+        self.config = config
+        self.max_model_len = max_model_len
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.enable_caching = enable_caching
+        self.verify_hits = verify_hits and enable_caching
+        self.block_hasher = RequestBlockHasher(config.hash_block_size,
+                                               BlockHasher(hash_algo, hash_seed))
+        self.coordinator: KVCacheCoordinator = make_coordinator(
+            config, enable_caching=enable_caching, enable_events=enable_events,
+            verify_hits=verify_hits, manager_classes=manager_classes)
+        self.pool = self.coordinator.pool
+        self.hash_block_size = config.hash_block_size
+        self.num_groups = config.num_groups
+        self.log_stats = log_stats
+        self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
+        self._requests: dict[str, KVRequest] = {}
+        self._empty = KVCacheBlocks(() for _ in range(self.num_groups))
+        self._admission_caps = tuple(
+            g.spec.max_blocks_per_request(max_model_len, max_num_batched_tokens)
+            for g in config.groups)
+
+    # -- requests -------------------------------------------------------------------------------
+    def make_request(self, request_id: str, prompt_token_ids: Sequence[int],
+                     **kwargs: Any) -> Request:
+        """A :class:`Request` hashed with this manager's algorithm, seed and block size."""
+        return Request(request_id, prompt_token_ids, block_hasher=self.block_hasher, **kwargs)
+
+    def _sync_hashes(self, request: KVRequest) -> None:
+        # Requests built without this manager's hasher get their missing hashes here.
+        hashes = request.block_hashes
+        if len(hashes) < len(request.all_token_ids) // self.hash_block_size:
+            hashes.extend(self.block_hasher(request))
+
+    @property
+    def num_running_requests(self) -> int:
+        return len(self._requests)
+
+    # -- the scheduler's calls ------------------------------------------------------------------
+    def get_computed_blocks(self, request: KVRequest) -> tuple[KVCacheBlocks, int]:
+        """The request's prefix hit: per-group blocks and the number of hit tokens.
+
+        Reference counts are not changed (``allocate_slots`` takes the blocks).  The hit never
+        covers the last token, whose logits must be computed.
+        """
+        if not self.enable_caching or request.skip_reading_prefix_cache:
+            return self._empty, 0
+        self._sync_hashes(request)
+        blocks, num_hit_tokens = self.coordinator.find_longest_cache_hit(
+            request.block_hashes, request.num_tokens - 1,
+            request.all_token_ids if self.verify_hits else None)
+        if self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.record(request.num_tokens, num_hit_tokens,
+                                           request.num_preemptions > 0)
+        if not any(blocks):
+            return self._empty, num_hit_tokens
+        return KVCacheBlocks(blocks), num_hit_tokens
+
+    def allocate_slots(
+        self,
+        request: KVRequest,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+    ) -> KVCacheBlocks | None:
+        """Slots for ``num_new_tokens`` (+ lookahead) tokens after the computed ones (see the
+        module docstring's layout).  Returns the newly allocated blocks per group, or ``None``
+        (nothing changed) when the pool cannot supply them."""
+        _count("num_new_tokens", num_new_tokens)
+        _count("num_new_computed_tokens", num_new_computed_tokens)
+        _count("num_lookahead_tokens", num_lookahead_tokens)
+        _count("num_external_computed_tokens", num_external_computed_tokens)
+        _count("num_encoder_tokens", num_encoder_tokens)
+        if num_new_tokens == 0 and num_new_computed_tokens == 0 and num_external_computed_tokens == 0:
+            raise InvalidArgumentError("allocate_slots needs new tokens or computed tokens to adopt")
+        rid = request.request_id
+        running = rid in self._requests
+        hits: Sequence[Sequence[KVCacheBlock]] = (
+            self._empty if new_computed_blocks is None else new_computed_blocks)
+        if len(hits) != self.num_groups:
+            raise InvalidArgumentError(
+                f"new_computed_blocks has {len(hits)} groups, the manager has {self.num_groups}")
+        has_hits = any(hits)
+        if running and (has_hits or num_new_computed_tokens):
+            raise InvalidArgumentError(f"request {rid!r} is running: it cannot take a new prefix hit")
+        num_local_computed = request.num_computed_tokens + num_new_computed_tokens
+        total_computed = num_local_computed + num_external_computed_tokens
+        if total_computed + num_new_tokens > self.max_model_len:
+            raise InvalidArgumentError(
+                f"request {rid!r}: {total_computed} computed + {num_new_tokens} new tokens exceed "
+                f"max_model_len={self.max_model_len}")
+        coord = self.coordinator
+        free = self.pool.num_free_blocks
+
+        if full_sequence_must_fit:
+            num_full = min(request.num_tokens, self.max_model_len)
+            need = coord.get_num_blocks_to_allocate(rid, num_full, hits, num_encoder_tokens,
+                                                    total_computed, self._admission_caps)
+            if need > free:
+                return None
+
+        num_slots = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        # Blocks that left the attention window are released first (they count as free), but
+        # only once we know the allocation succeeds: a None result changes nothing.
+        freeable = coord.get_num_freeable_skipped_blocks(rid, total_computed) if running else 0
+        need = coord.get_num_blocks_to_allocate(rid, num_slots, hits, num_encoder_tokens,
+                                                total_computed)
+        if need > free + freeable:
+            return None
+        if running:
+            coord.remove_skipped_blocks(rid, total_computed)
+        elif has_hits or num_external_computed_tokens:
+            coord.add_computed_blocks(rid, hits, num_local_computed, num_external_computed_tokens)
+        new_blocks = coord.allocate_new_blocks(rid, num_slots, num_encoder_tokens)
+        self._requests[rid] = request
+        if self.enable_caching and not delay_cache_blocks:
+            self._sync_hashes(request)
+            coord.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
+        if not any(new_blocks):
+            return self._empty
+        return KVCacheBlocks(new_blocks)
+
+    def free(self, request: KVRequest) -> None:
+        """Release every block of the request, tail first, so its prefix is evicted last."""
+        rid = request.request_id
+        if rid not in self._requests:
+            raise UnknownRequestError(f"request {rid!r} holds no blocks (never allocated, or "
+                                      "already freed)")
+        self.coordinator.free(rid)
+        del self._requests[rid]
+
+    def cache_blocks(self, request: KVRequest, num_computed_tokens: int) -> None:
+        """Cache the request's blocks that are full within its first ``num_computed_tokens``
+        tokens (e.g. after a delayed KV transfer completed)."""
+        _count("num_computed_tokens", num_computed_tokens)
+        if request.request_id not in self._requests:
+            raise UnknownRequestError(f"request {request.request_id!r} holds no blocks")
+        if self.enable_caching:
+            self._sync_hashes(request)
+            self.coordinator.cache_blocks(request, min(num_computed_tokens, request.num_tokens))
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        """Release the request's blocks that left the attention window at ``num_computed_tokens``
+        (``allocate_slots`` does this itself when it succeeds)."""
+        _count("num_computed_tokens", num_computed_tokens)
+        self._known(request_id)
+        self.coordinator.remove_skipped_blocks(request_id, num_computed_tokens)
+
+    def new_step(self) -> None:
+        """Mark a scheduling step boundary (Mamba states cached last step become hittable)."""
+        self.coordinator.new_step()
+
+    # -- queries --------------------------------------------------------------------------------
+    def _known(self, request_id: str) -> None:
+        if request_id not in self._requests:
+            raise UnknownRequestError(f"request {request_id!r} holds no blocks")
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        self._known(request_id)
+        return KVCacheBlocks(self.coordinator.get_blocks(request_id))
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """The request's block ids, one list per group."""
+        self._known(request_id)
+        return tuple([b.block_id for b in blocks] for blocks in self.coordinator.get_blocks(request_id))
+
+    def get_num_common_prefix_blocks(self, request_id: str) -> list[int]:
+        """Per group, how many leading blocks of this request every running request shares
+        (the cascade-attention prefix)."""
+        self._known(request_id)
+        n = len(self._requests)
+        return [m.get_num_common_prefix_blocks(request_id, n) for m in self.coordinator.managers]
+
+    @property
+    def usage(self) -> float:
+        return self.pool.usage
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop the whole prefix cache; refuses (``False``) while any request holds blocks."""
+        if not self.coordinator.reset_prefix_cache():
+            return False
+        if self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.reset = True
+        return True
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drop these blocks from the prefix cache (reference counts unchanged)."""
+        self.pool.evict_blocks(block_ids)
+
+    def take_events(self) -> list[KVCacheEvent]:
+        return self.pool.take_events()
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """The stats collected since the last call (and start a new interval); ``None`` when
+        ``log_stats`` is off."""
+        if self.prefix_cache_stats is None:
+            return None
+        stats = self.prefix_cache_stats
+        self.prefix_cache_stats = PrefixCacheStats()
+        return stats
+
+    def check_invariants(self) -> None:
+        """Raise :class:`~kvcore.errors.InvariantError` if any pool or manager invariant fails."""
+        from kvcore.invariants import check_manager_invariants
+
+        check_manager_invariants(self)
+
+    def requests(self) -> dict[str, KVRequest]:
+        """The requests holding blocks, by id (a copy)."""
+        return dict(self._requests)

@@ -1,0 +1,71 @@
+"""Single-type managers, one per KV-cache group, chosen by spec type through a registry.
+
+A new attention type is one new file here plus one line in ``MANAGER_REGISTRY``; code outside
+kvcore can pass its own spec -> manager mapping to ``KVCacheManager(manager_classes=...)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from kvcore.block_pool import BlockPool
+from kvcore.errors import InvalidArgumentError
+from kvcore.managers.base import SingleTypeKVCacheManager
+from kvcore.managers.chunked_local import ChunkedLocalAttentionManager
+from kvcore.managers.cross_attention import CrossAttentionManager
+from kvcore.managers.full_attention import FullAttentionManager
+from kvcore.managers.mamba import MambaManager
+from kvcore.managers.sliding_window import SlidingWindowManager
+from kvcore.specs import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
+
+ManagerClasses = Mapping[type[KVCacheSpec], type[SingleTypeKVCacheManager]]
+
+MANAGER_REGISTRY: ManagerClasses = MappingProxyType({
+    FullAttentionSpec: FullAttentionManager,
+    SlidingWindowSpec: SlidingWindowManager,
+    ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager,
+    MambaSpec: MambaManager,
+    CrossAttentionSpec: CrossAttentionManager,
+})
+
+
+def manager_class_for(spec: KVCacheSpec,
+                      overrides: ManagerClasses | None = None) -> type[SingleTypeKVCacheManager]:
+    """The manager class for ``spec``'s type (or its nearest registered base class);
+    ``overrides`` is consulted before the built-in registry."""
+    for cls in type(spec).__mro__:
+        if overrides is not None and cls in overrides:
+            return overrides[cls]
+        if cls in MANAGER_REGISTRY:
+            return MANAGER_REGISTRY[cls]
+    raise InvalidArgumentError(f"no manager registered for spec type {type(spec).__name__}")
+
+
+def make_manager(spec: KVCacheSpec, pool: BlockPool, group_id: int, *, enable_caching: bool,
+                 hash_block_size: int, alignment_tokens: int,
+                 overrides: ManagerClasses | None = None) -> SingleTypeKVCacheManager:
+    return manager_class_for(spec, overrides)(spec, pool, group_id, enable_caching=enable_caching,
+                                              hash_block_size=hash_block_size,
+                                              alignment_tokens=alignment_tokens)
+
+
+__all__ = [
+    "MANAGER_REGISTRY",
+    "ChunkedLocalAttentionManager",
+    "CrossAttentionManager",
+    "FullAttentionManager",
+    "MambaManager",
+    "ManagerClasses",
+    "SingleTypeKVCacheManager",
+    "SlidingWindowManager",
+    "make_manager",
+    "manager_class_for",
+]

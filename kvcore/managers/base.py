@@ -1,0 +1,227 @@
+"""SingleTypeKVCacheManager: the block tables of one KV-cache group.
+
+One manager per group; all share one :class:`~kvcore.block_pool.BlockPool`.  A manager knows its
+attention type's rules — which cached blocks make a hit (``find_longest_cache_hit``), which
+blocks a request no longer needs (``get_num_skipped_tokens``) — and keeps, per request, its block
+list and how many of those blocks are already in the prefix cache.
+
+A request's block list has one entry per ``block_size`` tokens; positions that hold no KV (left
+the sliding window, before the current chunk, old Mamba states) hold the null block, always as a
+leading run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from kvcore.block_pool import BlockPool
+from kvcore.blocks import BlockHash, KVCacheBlock
+from kvcore.hashing import hashes_at
+from kvcore.request import KVRequest
+from kvcore.specs import KVCacheSpec
+
+HitBlocks = list[list[KVCacheBlock]]
+"""One list of hit blocks per group id passed to ``find_longest_cache_hit``."""
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def lookup(pool: BlockPool, block_hash: BlockHash, group_ids: Sequence[int],
+           token_ids: Sequence[int] | None, start: int, block_size: int) -> list[KVCacheBlock] | None:
+    """Cached blocks for ``block_hash`` in every group, or ``None``.
+
+    With ``token_ids`` (``verify_hits``), a block whose stored tokens differ from
+    ``token_ids[start:start + block_size]`` is a hash collision and counts as a miss.
+    """
+    found = pool.get_cached_block(block_hash, group_ids)
+    if found is None or token_ids is None:
+        return found
+    want = tuple(token_ids[start:start + block_size])
+    for block in found:
+        if block.cached_token_ids != want:
+            pool.num_rejected_hits += 1
+            return None
+    return found
+
+
+class SingleTypeKVCacheManager:
+    """Block tables of one group.  Subclasses set the attention type's rules."""
+
+    allows_null_blocks: ClassVar[bool] = False
+    """Whether block lists may hold the null block (as a leading run)."""
+
+    def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_id: int, *,
+                 enable_caching: bool, hash_block_size: int, alignment_tokens: int) -> None:
+        self.spec = spec
+        self.block_size = spec.block_size
+        self.pool = pool
+        self.group_id = group_id
+        self.enable_caching = enable_caching and spec.cacheable
+        self.hash_block_size = hash_block_size
+        self.alignment_tokens = alignment_tokens
+        self.null_block = pool.null_block
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.num_cached_block: dict[str, int] = {}
+
+    # -- the attention type's rules ---------------------------------------------------------------
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[BlockHash],
+        max_length: int,
+        group_ids: Sequence[int],
+        pool: BlockPool,
+        spec: KVCacheSpec,
+        alignment_tokens: int,
+        token_ids: Sequence[int] | None = None,
+    ) -> tuple[HitBlocks, int]:
+        """The longest prefix hit of at most ``max_length`` tokens, common to ``group_ids``.
+
+        ``block_hashes`` are at ``spec.block_size``.  Returns one block list per group (positions
+        the type does not need hold the null block) and the hit length in tokens, a multiple of
+        ``alignment_tokens``.
+        """
+        raise NotImplementedError
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """Leading tokens whose KV the next token no longer reads (0: keep everything)."""
+        return 0
+
+    def cache_mask(self, start_block: int, end_block: int) -> list[bool] | None:
+        """Which of the newly full blocks ``[start_block, end_block)`` to put in the prefix cache
+        (``None``: all).  Types whose hits only use some blocks keep the others out."""
+        return None
+
+    # -- accounting -------------------------------------------------------------------------------
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
+                                   new_computed_blocks: Sequence[KVCacheBlock],
+                                   total_computed_tokens: int, max_blocks: int | None = None) -> int:
+        """Free blocks this request needs to have slots for ``num_tokens`` tokens, counting the
+        evictable (free but cached) hit blocks it is about to take out of the free queue.
+        ``max_blocks`` caps the blocks the request can hold at once (admission checks of types
+        that release blocks as they go)."""
+        num_required = cdiv(num_tokens, self.block_size)
+        if max_blocks is not None and num_required > max_blocks:
+            num_required = max_blocks
+        blocks = self.req_to_blocks.get(request_id)
+        if blocks:  # running: no new hits, only growth
+            return max(num_required - len(blocks), 0)
+        num_skipped = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+        num_new = max(num_required - max(num_skipped, len(new_computed_blocks)), 0)
+        evictable = 0
+        for block in new_computed_blocks[num_skipped:]:
+            if block.ref_cnt == 0 and not block.is_null:
+                evictable += 1
+        return num_new + evictable
+
+    def get_num_freeable_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> int:
+        """Blocks ``remove_skipped_blocks`` would return to the free queue (without doing it)."""
+        num_skipped = self.get_num_skipped_tokens(num_computed_tokens) // self.block_size
+        blocks = self.req_to_blocks.get(request_id)
+        if num_skipped <= 0 or not blocks:
+            return 0
+        n = 0
+        for i in range(min(num_skipped, len(blocks)) - 1, -1, -1):
+            block = blocks[i]
+            if block.is_null:
+                break
+            if block.ref_cnt == 1:
+                n += 1
+        return n
+
+    # -- mutation ---------------------------------------------------------------------------------
+    def add_computed_blocks(self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock],
+                            num_total_computed_tokens: int) -> None:
+        """Start a request's block list with its prefix hit: touch the hit blocks (null-padding
+        the positions the type skips) and mark them cached."""
+        num_skipped = self.get_num_skipped_tokens(num_total_computed_tokens) // self.block_size
+        hits = new_computed_blocks[num_skipped:] if num_skipped else new_computed_blocks
+        if hits:
+            self.pool.touch(hits)
+        blocks = [self.null_block] * num_skipped
+        blocks.extend(hits)
+        self.req_to_blocks[request_id] = blocks
+        self.num_cached_block[request_id] = len(blocks)
+
+    def allocate_external_computed_blocks(self, request_id: str, num_local_computed_tokens: int,
+                                          num_external_computed_tokens: int) -> None:
+        """Give tokens computed elsewhere (a KV connector) fresh blocks, except those already
+        outside the attention window."""
+        total = num_local_computed_tokens + num_external_computed_tokens
+        num_skipped_tokens = self.get_num_skipped_tokens(total)
+        if num_skipped_tokens > 0:
+            num_external_computed_tokens = min(total - num_skipped_tokens,
+                                               num_external_computed_tokens)
+        if num_external_computed_tokens <= 0:
+            return
+        blocks = self.req_to_blocks.setdefault(request_id, [])
+        num_new = cdiv(total, self.block_size) - len(blocks)
+        if num_new > 0:
+            blocks.extend(self.pool.get_new_blocks(num_new))
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+        """Grow the request's list to ``cdiv(num_tokens, block_size)`` blocks; return the new ones."""
+        blocks = self.req_to_blocks.get(request_id)
+        if blocks is None:
+            blocks = self.req_to_blocks[request_id] = []
+        num_new = cdiv(num_tokens, self.block_size) - len(blocks)
+        if num_new <= 0:
+            return []
+        new = self.pool.get_new_blocks(num_new)
+        blocks.extend(new)
+        return new
+
+    def cache_blocks(self, request: KVRequest, num_tokens: int) -> None:
+        """Put the request's blocks that are full within its first ``num_tokens`` tokens into the
+        prefix cache (only the ones not cached yet)."""
+        rid = request.request_id
+        num_cached = self.num_cached_block.get(rid, 0)
+        num_full = num_tokens // self.block_size
+        if num_cached >= num_full:
+            return
+        hashes = hashes_at(request.block_hashes, self.hash_block_size, self.block_size)
+        self.pool.cache_full_blocks(request, self.req_to_blocks[rid], num_cached, num_full,
+                                    self.block_size, self.group_id, hashes,
+                                    block_mask=self.cache_mask(num_cached, num_full))
+        self.num_cached_block[rid] = num_full
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        """Release the blocks wholly outside the attention window, replacing them with the null
+        block.  They are released newest first (vLLM's order), so among them the oldest is
+        evicted last."""
+        num_skipped_tokens = self.get_num_skipped_tokens(num_computed_tokens)
+        if num_skipped_tokens <= 0:
+            return
+        blocks = self.req_to_blocks.get(request_id)
+        if not blocks:
+            return
+        null = self.null_block
+        freed: list[KVCacheBlock] = []
+        for i in range(min(num_skipped_tokens // self.block_size, len(blocks)) - 1, -1, -1):
+            block = blocks[i]
+            if block.is_null:
+                break
+            freed.append(block)
+            blocks[i] = null
+        if freed:
+            self.pool.free_blocks(freed)
+
+    def free(self, request_id: str) -> None:
+        """Release all of the request's blocks, tail first (so its prefix is evicted last)."""
+        blocks = self.req_to_blocks.pop(request_id, None)
+        self.num_cached_block.pop(request_id, None)
+        if blocks:
+            blocks.reverse()
+            self.pool.free_blocks(blocks)
+
+    def get_num_common_prefix_blocks(self, request_id: str, num_running_requests: int) -> int:
+        """Leading blocks of this request that every running request shares."""
+        n = 0
+        for block in self.req_to_blocks.get(request_id, ()):
+            if block.ref_cnt != num_running_requests:
+                break
+            n += 1
+        return n

@@ -1,0 +1,73 @@
+"""Mamba / linear-attention state: block ``i`` holds the state after token ``(i+1)*block_size``,
+so only the latest block matters.  A hit is the right-most cached block (earlier positions null);
+older blocks are released as the request advances.
+
+A state cached during the current step is not written yet (the scan produces it at the end of
+the step), so another request cannot use it as a hit until ``new_step()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvcore.block_pool import BlockPool
+from kvcore.blocks import BlockHash, KVCacheBlock
+from kvcore.managers.base import HitBlocks, SingleTypeKVCacheManager, lookup
+from kvcore.request import KVRequest
+from kvcore.specs import KVCacheSpec
+
+
+class MambaManager(SingleTypeKVCacheManager):
+    allows_null_blocks = True
+
+    def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_id: int, *, enable_caching: bool,
+                 hash_block_size: int, alignment_tokens: int) -> None:
+        super().__init__(spec, pool, group_id, enable_caching=enable_caching,
+                         hash_block_size=hash_block_size, alignment_tokens=alignment_tokens)
+        self.cached_this_step: set[int] = set()  # block ids cached since new_step()
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[BlockHash],
+        max_length: int,
+        group_ids: Sequence[int],
+        pool: BlockPool,
+        spec: KVCacheSpec,
+        alignment_tokens: int,
+        token_ids: Sequence[int] | None = None,
+    ) -> tuple[HitBlocks, int]:
+        bs = spec.block_size
+        null = pool.null_block
+        for i in range(max_length // bs - 1, -1, -1):
+            found = lookup(pool, block_hashes[i], group_ids, token_ids, i * bs, bs)
+            if found is None:
+                continue
+            if bs != alignment_tokens and (i + 1) * bs % alignment_tokens:
+                continue
+            return [[null] * i + [block] for block in found], (i + 1) * bs
+        return [[] for _ in group_ids], 0
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return max(0, num_computed_tokens - 1)
+
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
+                                   new_computed_blocks: Sequence[KVCacheBlock],
+                                   total_computed_tokens: int, max_blocks: int | None = None) -> int:
+        if new_computed_blocks and new_computed_blocks[-1].block_id in self.cached_this_step:
+            # The hit state is still being computed: make the allocation impossible this step.
+            return self.pool.num_blocks + 1
+        return super().get_num_blocks_to_allocate(request_id, num_tokens, new_computed_blocks,
+                                                  total_computed_tokens, max_blocks)
+
+    def cache_blocks(self, request: KVRequest, num_tokens: int) -> None:
+        before = self.num_cached_block.get(request.request_id, 0)
+        super().cache_blocks(request, num_tokens)
+        after = self.num_cached_block.get(request.request_id, 0)
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        for block in blocks[before:after]:
+            if not block.is_null and block.block_hash is not None:
+                self.cached_this_step.add(block.block_id)
+
+    def new_step(self) -> None:
+        self.cached_this_step.clear()

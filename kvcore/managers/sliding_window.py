@@ -1,0 +1,85 @@
+"""Sliding-window attention (window ``w``: a token sees itself and the ``w - 1`` before it).
+
+A hit needs only the last ``cdiv(w - 1, block_size)`` blocks before the hit boundary, so the
+search runs right to left for the right-most run of that many contiguous cached blocks; earlier
+positions become the null block.  Blocks wholly outside the window are released as the request
+advances.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvcore.block_pool import BlockPool
+from kvcore.blocks import BlockHash
+from kvcore.managers.base import HitBlocks, SingleTypeKVCacheManager, cdiv, lookup
+from kvcore.specs import KVCacheSpec, SlidingWindowSpec
+
+
+class SlidingWindowManager(SingleTypeKVCacheManager):
+    allows_null_blocks = True
+
+    def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_id: int, *, enable_caching: bool,
+                 hash_block_size: int, alignment_tokens: int) -> None:
+        assert isinstance(spec, SlidingWindowSpec)
+        super().__init__(spec, pool, group_id, enable_caching=enable_caching,
+                         hash_block_size=hash_block_size, alignment_tokens=alignment_tokens)
+        self.sliding_window = spec.sliding_window
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[BlockHash],
+        max_length: int,
+        group_ids: Sequence[int],
+        pool: BlockPool,
+        spec: KVCacheSpec,
+        alignment_tokens: int,
+        token_ids: Sequence[int] | None = None,
+    ) -> tuple[HitBlocks, int]:
+        assert isinstance(spec, SlidingWindowSpec)
+        bs = spec.block_size
+        need = cdiv(spec.sliding_window - 1, bs)
+        max_blocks = max_length // bs
+        null = pool.null_block
+        out: HitBlocks = [[null] * max_blocks for _ in group_ids]
+        run = 0
+        matched = False
+        for i in range(max_blocks - 1, -1, -1):
+            found = lookup(pool, block_hashes[i], group_ids, token_ids, i * bs, bs)
+            if found is None:
+                run = 0
+                continue
+            if run == 0 and bs != alignment_tokens and (i + 1) * bs % alignment_tokens:
+                continue  # a run must end on an aligned boundary
+            for blocks, block in zip(out, found):
+                blocks[i] = block
+            run += 1
+            if run >= need:
+                for blocks in out:
+                    del blocks[i + run:]
+                matched = True
+                break
+        if not matched:
+            # No full window anywhere: only a run starting at block 0 is a hit.
+            for blocks in out:
+                del blocks[run:]
+            while bs != alignment_tokens and len(out[0]) * bs % alignment_tokens:
+                for blocks in out:
+                    blocks.pop()
+        return out, len(out[0]) * bs
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return max(0, num_computed_tokens - self.sliding_window + 1)
+
+    def cache_mask(self, start_block: int, end_block: int) -> list[bool] | None:
+        # With hybrid alignment (a hit must end on a multiple of alignment_tokens), only the
+        # `need` blocks before each aligned boundary can ever be part of a hit.
+        bs = self.block_size
+        if self.alignment_tokens == bs or self.alignment_tokens % bs:
+            return None
+        need = cdiv(self.sliding_window - 1, bs)
+        per_segment = self.alignment_tokens // bs
+        if need >= per_segment:
+            return None
+        return [i % per_segment >= per_segment - need for i in range(start_block, end_block)]

@@ -1,0 +1,325 @@
+"""KV-cache specs (what one layer stores per block), groups and the whole-model config.
+
+A *spec* describes one attention type's block format; a *group* is a set of layers that share one
+block table (so one spec); a *config* is the groups plus the number of blocks in the shared pool.
+
+As in vLLM, layers with equal specs are split into groups of **equal layer count** (30 sliding +
+6 full layers -> five sliding groups and one full group of 6 layers each; counts that do not
+divide leave the last group short), so a runner can give layer ``i`` of every group the same KV
+tensor: block ids are disjoint across groups because they come from one pool.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from kvcore.errors import InvalidArgumentError
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _dtype_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _positive(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise InvalidArgumentError(f"{name} must be a positive int, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class KVCacheSpec:
+    """Block format of one layer type.  ``block_size`` is in tokens."""
+
+    block_size: int
+    num_kv_heads: int
+    head_size: int
+    dtype: torch.dtype = torch.float16
+
+    kind: ClassVar[str] = "abstract"
+    cacheable: ClassVar[bool] = True
+    """Whether blocks of this type can be shared through the prefix cache."""
+
+    def __post_init__(self) -> None:
+        _positive("block_size", self.block_size)
+        _positive("num_kv_heads", self.num_kv_heads)
+        _positive("head_size", self.head_size)
+        if not isinstance(self.dtype, torch.dtype):
+            raise InvalidArgumentError(f"dtype must be a torch.dtype, got {self.dtype!r}")
+
+    @property
+    def page_size_bytes(self) -> int:
+        """Bytes of one block of one layer (K and V)."""
+        return 2 * self.block_size * self.num_kv_heads * self.head_size * _dtype_size(self.dtype)
+
+    def max_blocks_per_request(self, max_model_len: int,
+                               max_num_batched_tokens: int | None = None) -> int:
+        """The most blocks one request can hold at once."""
+        return _cdiv(max_model_len, self.block_size)
+
+    def max_memory_usage_bytes(self, max_model_len: int,
+                               max_num_batched_tokens: int | None = None) -> int:
+        """Peak bytes one request needs in one layer of this type."""
+        return self.max_blocks_per_request(max_model_len, max_num_batched_tokens) * self.page_size_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class FullAttentionSpec(KVCacheSpec):
+    """Causal attention over the whole context: a request holds all its blocks until it ends."""
+
+    kind: ClassVar[str] = "full_attention"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlidingWindowSpec(KVCacheSpec):
+    """Each token attends to the last ``sliding_window`` tokens (itself included)."""
+
+    sliding_window: int
+    kind: ClassVar[str] = "sliding_window"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _positive("sliding_window", self.sliding_window)
+
+    def max_blocks_per_request(self, max_model_len: int,
+                               max_num_batched_tokens: int | None = None) -> int:
+        # The last window-1 computed tokens plus one step's new tokens are live; +1 because the
+        # window need not start on a block boundary.
+        step = max_model_len if max_num_batched_tokens is None else max_num_batched_tokens
+        return _cdiv(min(self.sliding_window - 1 + step, max_model_len), self.block_size) + 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChunkedLocalAttentionSpec(KVCacheSpec):
+    """Tokens attend only within their ``attention_chunk_size``-aligned chunk (Llama-4 style)."""
+
+    attention_chunk_size: int
+    kind: ClassVar[str] = "chunked_local_attention"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _positive("attention_chunk_size", self.attention_chunk_size)
+
+    def max_blocks_per_request(self, max_model_len: int,
+                               max_num_batched_tokens: int | None = None) -> int:
+        step = max_model_len if max_num_batched_tokens is None else max_num_batched_tokens
+        return _cdiv(min(self.attention_chunk_size + step, max_model_len), self.block_size)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MambaSpec(KVCacheSpec):
+    """A recurrent state: a block holds the state after its last token, so only the most recent
+    block matters; earlier ones are released as the request advances.  ``shapes``/``dtypes``
+    describe the state tensors of one layer (conv state, SSM state, ...)."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[torch.dtype, ...]
+    num_kv_heads: int = 1
+    head_size: int = 1
+    kind: ClassVar[str] = "mamba"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.shapes or len(self.shapes) != len(self.dtypes):
+            raise InvalidArgumentError("MambaSpec needs one dtype per state shape")
+
+    @property
+    def page_size_bytes(self) -> int:
+        return sum(math.prod(s) * _dtype_size(d) for s, d in zip(self.shapes, self.dtypes))
+
+    def max_blocks_per_request(self, max_model_len: int,
+                               max_num_batched_tokens: int | None = None) -> int:
+        step = max_model_len if max_num_batched_tokens is None else max_num_batched_tokens
+        return min(_cdiv(max_model_len, self.block_size), _cdiv(step, self.block_size) + 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CrossAttentionSpec(KVCacheSpec):
+    """Encoder-decoder cross attention: blocks for the encoder output, allocated once per request
+    and never shared through the prefix cache."""
+
+    kind: ClassVar[str] = "cross_attention"
+    cacheable: ClassVar[bool] = False
+
+
+@dataclass(frozen=True)
+class KVCacheGroup:
+    """Layers that share one block table (and therefore one spec)."""
+
+    layer_names: tuple[str, ...]
+    spec: KVCacheSpec
+
+    def __post_init__(self) -> None:
+        if not self.layer_names:
+            raise InvalidArgumentError("a KV-cache group needs at least one layer")
+        object.__setattr__(self, "layer_names", tuple(self.layer_names))
+
+
+@dataclass(frozen=True)
+class KVCacheConfig:
+    """The groups of a model and the number of blocks in their shared pool (null block included)."""
+
+    num_blocks: int
+    groups: tuple[KVCacheGroup, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_blocks, int) or self.num_blocks < 2:
+            raise InvalidArgumentError(
+                f"num_blocks must be an int >= 2 (block 0 is the null block), got {self.num_blocks!r}")
+        object.__setattr__(self, "groups", tuple(self.groups))
+        if not self.groups:
+            raise InvalidArgumentError("a KV-cache config needs at least one group")
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.groups)
+
+    @property
+    def hash_block_size(self) -> int:
+        """Token granularity of block hashes: the gcd of the cacheable groups' block sizes."""
+        sizes = [g.spec.block_size for g in self.groups if g.spec.cacheable]
+        return math.gcd(*sizes) if sizes else self.groups[0].spec.block_size
+
+    @property
+    def alignment_tokens(self) -> int:
+        """Granularity of a hybrid hit: the lcm of the cacheable groups' block sizes."""
+        sizes = [g.spec.block_size for g in self.groups if g.spec.cacheable]
+        return math.lcm(*sizes) if sizes else self.groups[0].spec.block_size
+
+
+def bytes_per_block(groups: Sequence[KVCacheGroup]) -> int:
+    """Memory one block id costs when layer ``i`` of every group shares slot ``i``'s tensor."""
+    return (max(g.spec.page_size_bytes for g in groups)
+            * max(len(g.layer_names) for g in groups))
+
+
+def num_blocks_for_memory(groups: Sequence[KVCacheGroup], memory_bytes: int) -> int:
+    """How many blocks (null block included) fit in ``memory_bytes``."""
+    if not groups:
+        raise InvalidArgumentError("num_blocks_for_memory needs at least one group")
+    if not isinstance(memory_bytes, int) or memory_bytes < 0:
+        raise InvalidArgumentError(f"memory_bytes must be a non-negative int, got {memory_bytes!r}")
+    n = memory_bytes // bytes_per_block(groups)
+    if n < 2:
+        raise InvalidArgumentError(
+            f"{memory_bytes} bytes hold {n} blocks of {bytes_per_block(groups)} bytes; need >= 2")
+    return n
+
+
+def group_layers(layer_specs: Sequence[tuple[str, KVCacheSpec]]) -> tuple[KVCacheGroup, ...]:
+    """Split layers into groups of equal size: one size for all (the smallest per-spec layer
+    count), layers of equal spec kept in model order.  Types are ordered by first appearance."""
+    by_spec: dict[KVCacheSpec, list[str]] = {}
+    for name, spec in layer_specs:
+        by_spec.setdefault(spec, []).append(name)
+    if not by_spec:
+        raise InvalidArgumentError("no attention layers to group")
+    size = min(len(names) for names in by_spec.values())
+    groups = []
+    for spec, names in by_spec.items():
+        for i in range(0, len(names), size):
+            groups.append(KVCacheGroup(tuple(names[i:i + size]), spec))
+    return tuple(groups)
+
+
+# -- transformers configs -------------------------------------------------------------------------
+
+_SLIDING = {"sliding_attention", "sliding_window", "local_attention"}
+_FULL = {"full_attention", "global_attention", "attention"}
+_CHUNKED = {"chunked_attention"}
+
+
+def _layer_types(hf_config: Any, num_layers: int) -> list[str]:
+    """Per-layer attention type: ``full``, ``sliding`` or ``chunked``."""
+    declared = getattr(hf_config, "layer_types", None)
+    if declared:
+        out = []
+        for i, t in enumerate(declared[:num_layers]):
+            if t in _SLIDING:
+                out.append("sliding")
+            elif t in _FULL:
+                out.append("full")
+            elif t in _CHUNKED:
+                out.append("chunked")
+            else:
+                raise InvalidArgumentError(f"layer {i} has unsupported attention type {t!r}")
+        if len(out) != num_layers:
+            raise InvalidArgumentError(
+                f"config.layer_types has {len(declared)} entries for {num_layers} layers")
+        return out
+    window = getattr(hf_config, "sliding_window", None)
+    model_type = getattr(hf_config, "model_type", "")
+    if model_type.startswith("qwen2") or model_type.startswith("qwen3"):
+        if window and getattr(hf_config, "use_sliding_window", False):
+            first = getattr(hf_config, "max_window_layers", 0)
+            return ["sliding" if i >= first else "full" for i in range(num_layers)]
+        return ["full"] * num_layers
+    if model_type == "gemma2" and window:
+        return ["sliding" if i % 2 == 0 else "full" for i in range(num_layers)]
+    if model_type in ("gemma3", "gemma3_text") and window:
+        pattern = getattr(hf_config, "sliding_window_pattern", 6) or 6
+        return ["full" if (i + 1) % pattern == 0 else "sliding" for i in range(num_layers)]
+    if getattr(hf_config, "attention_chunk_size", None):
+        return ["chunked"] * num_layers
+    return ["sliding" if window else "full"] * num_layers
+
+
+def _config_dtype(hf_config: Any) -> torch.dtype:
+    for attr in ("dtype", "torch_dtype"):
+        value = getattr(hf_config, attr, None)
+        if isinstance(value, torch.dtype):
+            return value
+        if isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype):
+            return getattr(torch, value)
+    return torch.bfloat16
+
+
+def kv_cache_config_from_hf(
+    hf_config: Any,
+    block_size: int = 16,
+    num_blocks: int | None = None,
+    memory_bytes: int | None = None,
+    dtype: torch.dtype | None = None,
+) -> KVCacheConfig:
+    """Build the KV-cache groups of a ``transformers`` config (Llama, Qwen2/3, Mistral, Gemma-2/3,
+    GPT-OSS, and anything declaring ``layer_types``).  Give either ``num_blocks`` or
+    ``memory_bytes``; ``dtype`` defaults to the config's dtype."""
+    text = getattr(hf_config, "text_config", None) or hf_config
+    num_layers = getattr(text, "num_hidden_layers", None)
+    num_heads = getattr(text, "num_attention_heads", None)
+    if not num_layers or not num_heads:
+        raise InvalidArgumentError("config has no num_hidden_layers / num_attention_heads")
+    num_kv_heads = getattr(text, "num_key_value_heads", None) or num_heads
+    head_size = getattr(text, "head_dim", None) or text.hidden_size // num_heads
+    dtype = dtype or _config_dtype(text)
+    window = getattr(text, "sliding_window", None)
+    chunk = getattr(text, "attention_chunk_size", None)
+    layer_specs: list[tuple[str, KVCacheSpec]] = []
+    for i, kind in enumerate(_layer_types(text, num_layers)):
+        common = dict(block_size=block_size, num_kv_heads=num_kv_heads, head_size=head_size,
+                      dtype=dtype)
+        spec: KVCacheSpec
+        if kind == "sliding":
+            if not window:
+                raise InvalidArgumentError(f"layer {i} is sliding but config.sliding_window is unset")
+            spec = SlidingWindowSpec(sliding_window=int(window), **common)
+        elif kind == "chunked":
+            if not chunk:
+                raise InvalidArgumentError(f"layer {i} is chunked but attention_chunk_size is unset")
+            spec = ChunkedLocalAttentionSpec(attention_chunk_size=int(chunk), **common)
+        else:
+            spec = FullAttentionSpec(**common)
+        layer_specs.append((f"model.layers.{i}.self_attn", spec))
+    groups = group_layers(layer_specs)
+    if num_blocks is None:
+        if memory_bytes is None:
+            raise InvalidArgumentError("give num_blocks or memory_bytes")
+        num_blocks = num_blocks_for_memory(groups, memory_bytes)
+    return KVCacheConfig(num_blocks=num_blocks, groups=groups)
