@@ -171,6 +171,12 @@ class KVCacheManager:
         """Slots for ``num_new_tokens`` (+ lookahead) tokens after the computed ones (see the
         module docstring's layout).  Returns the newly allocated blocks per group, or ``None``
         (nothing changed) when the pool cannot supply them."""
+        if (num_new_tokens.__class__ is int and num_new_tokens > 0 and new_computed_blocks is None
+                and num_new_computed_tokens.__class__ is int and not num_new_computed_tokens
+                and not num_lookahead_tokens and not num_external_computed_tokens
+                and not num_encoder_tokens and not full_sequence_must_fit
+                and request.request_id in self._requests):
+            return self._grow(request, num_new_tokens, delay_cache_blocks)
         _count("num_new_tokens", num_new_tokens)
         _count("num_new_computed_tokens", num_new_computed_tokens)
         _count("num_lookahead_tokens", num_lookahead_tokens)
@@ -221,6 +227,28 @@ class KVCacheManager:
         if self.enable_caching and not delay_cache_blocks:
             self._sync_hashes(request)
             coord.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
+        if not any(new_blocks):
+            return self._empty
+        return KVCacheBlocks(new_blocks)
+
+    def _grow(self, request: KVRequest, num_new_tokens: int,
+              delay_cache_blocks: bool) -> KVCacheBlocks | None:
+        """``allocate_slots`` for a running request with only new tokens (chunked prefill and
+        decode): the hot path, same semantics as the general one."""
+        rid = request.request_id
+        total_computed = request.num_computed_tokens
+        if total_computed + num_new_tokens > self.max_model_len:
+            raise InvalidArgumentError(
+                f"request {rid!r}: {total_computed} computed + {num_new_tokens} new tokens exceed "
+                f"max_model_len={self.max_model_len}")
+        num_slots = total_computed + num_new_tokens
+        cache_upto: int | None = None
+        if self.enable_caching and not delay_cache_blocks:
+            self._sync_hashes(request)
+            cache_upto = min(num_slots, len(request.all_token_ids))
+        new_blocks = self.coordinator.grow(request, total_computed, num_slots, cache_upto)
+        if new_blocks is None:
+            return None
         if not any(new_blocks):
             return self._empty
         return KVCacheBlocks(new_blocks)

@@ -133,13 +133,15 @@ class Request:
 
     def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
         """Append generated tokens and hash any block they complete."""
-        if isinstance(token_ids, int):
-            new = _check_tokens((token_ids,), "output token ids")
+        tokens = self.all_token_ids
+        if token_ids.__class__ is int and 0 <= token_ids < 0x1_0000_0000:  # type: ignore[operator]
+            tokens.append(token_ids)  # type: ignore[arg-type]
         else:
-            new = _check_tokens(token_ids, "output token ids")
-        self.all_token_ids.extend(new)
-        if self._block_hasher is not None:
-            self.block_hashes.extend(self._block_hasher(self))
+            tokens.extend(_check_tokens(
+                (token_ids,) if isinstance(token_ids, int) else token_ids, "output token ids"))
+        hasher = self._block_hasher
+        if hasher is not None and len(tokens) >= (len(self.block_hashes) + 1) * hasher.block_size:
+            self.block_hashes.extend(hasher(self))
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, tokens={self.num_tokens}, "

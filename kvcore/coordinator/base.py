@@ -40,6 +40,8 @@ class KVCacheCoordinator:
                          overrides=manager_classes)
             for i, g in enumerate(config.groups))
         self._is_cross = tuple(isinstance(m, CrossAttentionManager) for m in self.managers)
+        self._attention = tuple(m for m, cross in zip(self.managers, self._is_cross) if not cross)
+        self._caching = tuple(m for m in self.managers if m.enable_caching)
 
     # -- hits -------------------------------------------------------------------------------------
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int,
@@ -94,11 +96,32 @@ class KVCacheCoordinator:
             m.allocate_new_blocks(request_id, num_encoder_tokens if self._is_cross[i] else num_tokens)
             for i, m in enumerate(self.managers))
 
+    def grow(self, request: KVRequest, num_computed_tokens: int, num_slots: int,
+             num_tokens_to_cache: int | None) -> GroupBlocks | None:
+        """A running request gets slots up to ``num_slots`` tokens (no hits, no encoder):
+        release out-of-window blocks, allocate, cache — in that order for all groups, as the
+        general path does — or return ``None`` having changed nothing."""
+        rid = request.request_id
+        need = 0
+        for m in self._attention:
+            n = -(-num_slots // m.block_size) - len(m.req_to_blocks[rid])
+            if n > 0:
+                need += n
+        if need and need > (self.pool.num_free_blocks
+                            + self.get_num_freeable_skipped_blocks(rid, num_computed_tokens)):
+            return None
+        for m in self._attention:
+            m.remove_skipped_blocks(rid, num_computed_tokens)
+        out = tuple([] if cross else m.allocate_new_blocks(rid, num_slots)
+                    for m, cross in zip(self.managers, self._is_cross))
+        if num_tokens_to_cache is not None:
+            self.cache_blocks(request, num_tokens_to_cache)
+        return out
+
     def cache_blocks(self, request: KVRequest, num_tokens: int) -> None:
         num_tokens = self.num_cacheable_tokens(num_tokens)
-        for manager in self.managers:
-            if manager.enable_caching:
-                manager.cache_blocks(request, num_tokens)
+        for manager in self._caching:
+            manager.cache_blocks(request, num_tokens)
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         for manager in self.managers:

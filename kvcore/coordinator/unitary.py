@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvcore.blocks import BlockHash
+from kvcore.blocks import BlockHash, KVCacheBlock
 from kvcore.coordinator.base import GroupBlocks, KVCacheCoordinator
 from kvcore.errors import InvalidArgumentError
 from kvcore.managers import ManagerClasses
+from kvcore.request import KVRequest
 from kvcore.specs import KVCacheConfig
 
 
@@ -22,6 +23,44 @@ class UnitaryCoordinator(KVCacheCoordinator):
                          manager_classes=manager_classes)
         self._manager = self.managers[0]
         self._group_ids = (0,)
+        if not self._is_cross[0]:
+            # One group: skip the per-group loops of the base class (hot path).
+            self.get_num_blocks_to_allocate = self._get_num_blocks_to_allocate  # type: ignore[method-assign]
+            self.allocate_new_blocks = self._allocate_new_blocks  # type: ignore[method-assign]
+            self.cache_blocks = self._cache_blocks  # type: ignore[method-assign]
+            self.remove_skipped_blocks = self._manager.remove_skipped_blocks  # type: ignore[method-assign]
+            self.get_num_freeable_skipped_blocks = (  # type: ignore[method-assign]
+                self._manager.get_num_freeable_skipped_blocks)
+            self.grow = self._grow  # type: ignore[method-assign]
+
+    def _grow(self, request: KVRequest, num_computed_tokens: int, num_slots: int,
+              num_tokens_to_cache: int | None) -> GroupBlocks | None:
+        m = self._manager
+        rid = request.request_id
+        need = -(-num_slots // m.block_size) - len(m.req_to_blocks[rid])
+        if need > 0 and need > (self.pool.num_free_blocks
+                                + m.get_num_freeable_skipped_blocks(rid, num_computed_tokens)):
+            return None
+        m.remove_skipped_blocks(rid, num_computed_tokens)
+        new = m.allocate_new_blocks(rid, num_slots)
+        if num_tokens_to_cache is not None and m.enable_caching:
+            m.cache_blocks(request, num_tokens_to_cache)
+        return (new,)
+
+    def _get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
+                                    new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
+                                    num_encoder_tokens: int, total_computed_tokens: int,
+                                    max_blocks: Sequence[int] | None = None) -> int:
+        return self._manager.get_num_blocks_to_allocate(
+            request_id, num_tokens, new_computed_blocks[0], total_computed_tokens,
+            None if max_blocks is None else max_blocks[0])
+
+    def _allocate_new_blocks(self, request_id: str, num_tokens: int,
+                             num_encoder_tokens: int) -> GroupBlocks:
+        return (self._manager.allocate_new_blocks(request_id, num_tokens),)
+
+    def _cache_blocks(self, request: KVRequest, num_tokens: int) -> None:
+        self._manager.cache_blocks(request, num_tokens)
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int,
                                token_ids: Sequence[int] | None) -> tuple[GroupBlocks, int]:

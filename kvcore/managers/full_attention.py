@@ -49,3 +49,10 @@ class FullAttentionManager(SingleTypeKVCacheManager):
             for blocks in out:
                 del blocks[-(-hit_length // bs):]
         return out, hit_length
+
+    # Nothing ever leaves a full-attention window.
+    def get_num_freeable_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> int:
+        return 0
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        return None

@@ -1,0 +1,1 @@
+"""Adapters that let other engines' schedulers use kvcore unchanged."""
