@@ -134,8 +134,8 @@ class Request:
     def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
         """Append generated tokens and hash any block they complete."""
         tokens = self.all_token_ids
-        if token_ids.__class__ is int and 0 <= token_ids < 0x1_0000_0000:  # type: ignore[operator]
-            tokens.append(token_ids)  # type: ignore[arg-type]
+        if token_ids.__class__ is int and 0 <= token_ids < 0x1_0000_0000:
+            tokens.append(token_ids)
         else:
             tokens.extend(_check_tokens(
                 (token_ids,) if isinstance(token_ids, int) else token_ids, "output token ids"))
