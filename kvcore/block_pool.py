@@ -140,16 +140,14 @@ class BlockPool:
         if num_blocks > len(self.free_queue):
             raise NoFreeBlocksError(
                 f"cannot allocate {num_blocks} blocks: only {len(self.free_queue)} are free")
-        blocks = self.free_queue.popleft_n(num_blocks)
+        if not num_blocks:
+            return []
+        blocks = self.free_queue.take_n(num_blocks, 1)
         if self.enable_caching:
             evict = self._evict
             for block in blocks:
                 if block.block_hash is not None:
                     evict(block)
-                block.ref_cnt = 1
-        else:
-            for block in blocks:
-                block.ref_cnt = 1
         return blocks
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -174,25 +172,30 @@ class BlockPool:
         Freeing a block more often than it is referenced raises :class:`DoubleFreeError` and
         leaves every reference count and the queue unchanged.
         """
-        blocks = ordered_blocks if isinstance(ordered_blocks, list) else list(ordered_blocks)
+        blocks = ordered_blocks if ordered_blocks.__class__ is list else list(ordered_blocks)
         to_head: list[KVCacheBlock] = []
         to_tail: list[KVCacheBlock] = []
+        head_append, tail_append = to_head.append, to_tail.append
         caching = self.enable_caching
-        for i, block in enumerate(blocks):
-            if block.is_null:
-                continue
+        it = iter(blocks)
+        for block in it:
             ref_cnt = block.ref_cnt
-            if ref_cnt <= 0:
-                for undo in blocks[:i]:
+            if ref_cnt > 1:
+                block.ref_cnt = ref_cnt - 1
+            elif ref_cnt == 1:
+                block.ref_cnt = 0
+                if caching and block.block_hash is not None:
+                    tail_append(block)
+                else:
+                    head_append(block)
+            elif block.is_null:
+                continue
+            else:
+                failed_at = len(blocks) - sum(1 for _ in it) - 1
+                for undo in blocks[:failed_at]:
                     if not undo.is_null:
                         undo.ref_cnt += 1
                 raise DoubleFreeError(f"block {block.block_id} freed with ref_cnt {ref_cnt}")
-            block.ref_cnt = ref_cnt - 1
-            if ref_cnt == 1:
-                if caching and block.block_hash is not None:
-                    to_tail.append(block)
-                else:
-                    to_head.append(block)
         if to_head:
             self.free_queue.prepend_n(to_head)
         if to_tail:

@@ -135,6 +135,22 @@ class FreeBlockQueue:
         self._num_free -= 1
         return block
 
+    def take_n(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
+        """``popleft_n`` that also sets each block's ``ref_cnt`` in the same pass (the pool's
+        allocation hot path).  The caller has checked ``0 < n <= len(self)``."""
+        out: list[KVCacheBlock] = [self._head] * n
+        node = self._head.next_free
+        for i in range(n):
+            out[i] = node  # type: ignore[assignment]
+            nxt = node.next_free  # type: ignore[union-attr]
+            node.prev_free = node.next_free = None  # type: ignore[union-attr]
+            node.ref_cnt = ref_cnt  # type: ignore[union-attr]
+            node = nxt
+        self._head.next_free = node
+        node.prev_free = self._head  # type: ignore[union-attr]
+        self._num_free -= n
+        return out
+
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
         """Remove and return the first ``n`` blocks, in queue order."""
         if n <= 0:
@@ -143,7 +159,16 @@ class FreeBlockQueue:
             raise InvalidArgumentError(f"popleft_n: n must be >= 0, got {n}")
         if n > self._num_free:
             raise NoFreeBlocksError(f"popleft_n({n}) with only {self._num_free} free blocks")
-        out: list[KVCacheBlock] = [self._head] * n
+        head = self._head
+        if n == 1:
+            block = head.next_free
+            nxt = block.next_free  # type: ignore[union-attr]
+            head.next_free = nxt
+            nxt.prev_free = head  # type: ignore[union-attr]
+            block.prev_free = block.next_free = None  # type: ignore[union-attr]
+            self._num_free -= 1
+            return [block]  # type: ignore[list-item]
+        out: list[KVCacheBlock] = [head] * n
         node = self._head.next_free
         for i in range(n):
             out[i] = node  # type: ignore[assignment]
@@ -186,6 +211,9 @@ class FreeBlockQueue:
         """Link ``blocks`` at the tail, keeping their order (``blocks[-1]`` ends up last)."""
         if not blocks:
             return
+        if len(blocks) == 1:
+            self.append(blocks[0])
+            return
         tail = self._tail
         anchor = tail.prev_free
         first = self._chain(blocks, anchor)  # type: ignore[arg-type]
@@ -201,6 +229,16 @@ class FreeBlockQueue:
             return
         head = self._head
         old_first = head.next_free
+        if len(blocks) == 1:
+            block = blocks[0]
+            if block.prev_free is not None or block.next_free is not None or block.is_null:
+                raise _bad_insert(block)
+            block.prev_free = head
+            block.next_free = old_first
+            head.next_free = block
+            old_first.prev_free = block  # type: ignore[union-attr]
+            self._num_free += 1
+            return
         first = self._chain(blocks, head)
         last = blocks[-1]
         head.next_free = first
@@ -210,19 +248,25 @@ class FreeBlockQueue:
 
     @staticmethod
     def _chain(blocks: Sequence[KVCacheBlock], anchor: KVCacheBlock) -> KVCacheBlock:
-        """Link ``blocks`` to each other (first one's ``prev_free`` = ``anchor``) without touching
-        the queue itself, so a bad block (already linked, repeated, or null) is found before the
-        queue changes: a repeated block still has the ``prev_free`` its first occurrence set.  The
-        last block's ``next_free`` is left for the caller to set."""
+        """Link ``blocks`` after ``anchor`` in order.  A bad block (already linked, repeated, or
+        null) is found before the queue is left changed: a repeated block still has the
+        ``prev_free`` its first occurrence set, and on error the anchor's old link is restored
+        and the blocks linked so far are unlinked.  The last block's ``next_free`` (and the
+        other side of the splice) is left for the caller."""
+        saved = anchor.next_free
         prev = anchor
-        for i, block in enumerate(blocks):
+        for block in blocks:
             if block.prev_free is not None or block.next_free is not None or block.is_null:
-                for undo in blocks[:i]:
-                    undo.prev_free = undo.next_free = None
+                anchor.next_free = saved
+                if prev is not anchor:
+                    node: KVCacheBlock | None = blocks[0]
+                    while node is not None:
+                        nxt = node.next_free
+                        node.prev_free = node.next_free = None
+                        node = nxt
                 raise _bad_insert(block)
             block.prev_free = prev
-            if i:
-                prev.next_free = block
+            prev.next_free = block
             prev = block
         return blocks[0]
 

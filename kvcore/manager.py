@@ -21,6 +21,7 @@ Blocks are cached only up to ``request.num_tokens`` (draft/lookahead tokens neve
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -39,9 +40,6 @@ class KVCacheBlocks(tuple):
     """One block list per KV-cache group (``blocks[g][i]``: group ``g``'s ``i``-th block)."""
 
     __slots__ = ()
-
-    def __new__(cls, groups: Iterable[Sequence[KVCacheBlock]]) -> KVCacheBlocks:
-        return super().__new__(cls, groups)
 
     @property
     def blocks(self) -> tuple[Sequence[KVCacheBlock], ...]:
@@ -68,9 +66,10 @@ class KVCacheBlocks(tuple):
 
 
 def _count(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    """``value`` as a non-negative int (numpy integers accepted), else InvalidArgumentError."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
         raise InvalidArgumentError(f"{name} must be a non-negative int, got {value!r}")
-    return value
+    return int(value)
 
 
 class KVCacheManager:
@@ -171,17 +170,28 @@ class KVCacheManager:
         """Slots for ``num_new_tokens`` (+ lookahead) tokens after the computed ones (see the
         module docstring's layout).  Returns the newly allocated blocks per group, or ``None``
         (nothing changed) when the pool cannot supply them."""
-        if (num_new_tokens.__class__ is int and num_new_tokens > 0 and new_computed_blocks is None
+        if (num_new_tokens.__class__ is int and num_new_tokens > 0
                 and num_new_computed_tokens.__class__ is int and not num_new_computed_tokens
                 and not num_lookahead_tokens and not num_external_computed_tokens
                 and not num_encoder_tokens and not full_sequence_must_fit
-                and request.request_id in self._requests):
-            return self._grow(request, num_new_tokens, delay_cache_blocks)
-        _count("num_new_tokens", num_new_tokens)
-        _count("num_new_computed_tokens", num_new_computed_tokens)
-        _count("num_lookahead_tokens", num_lookahead_tokens)
-        _count("num_external_computed_tokens", num_external_computed_tokens)
-        _count("num_encoder_tokens", num_encoder_tokens)
+                and (new_computed_blocks is None or new_computed_blocks is self._empty)):
+            # Hot paths: a running request grows, or a fresh request without hits starts.
+            if request.request_id in self._requests:
+                return self._grow(request, num_new_tokens, delay_cache_blocks)
+            if not request.num_computed_tokens:
+                return self._start(request, num_new_tokens, delay_cache_blocks)
+        if not (num_new_tokens.__class__ is int and num_new_tokens >= 0
+                and num_new_computed_tokens.__class__ is int and num_new_computed_tokens >= 0
+                and num_lookahead_tokens.__class__ is int and num_lookahead_tokens >= 0
+                and num_external_computed_tokens.__class__ is int
+                and num_external_computed_tokens >= 0
+                and num_encoder_tokens.__class__ is int and num_encoder_tokens >= 0):
+            num_new_tokens = _count("num_new_tokens", num_new_tokens)
+            num_new_computed_tokens = _count("num_new_computed_tokens", num_new_computed_tokens)
+            num_lookahead_tokens = _count("num_lookahead_tokens", num_lookahead_tokens)
+            num_external_computed_tokens = _count("num_external_computed_tokens",
+                                                  num_external_computed_tokens)
+            num_encoder_tokens = _count("num_encoder_tokens", num_encoder_tokens)
         if num_new_tokens == 0 and num_new_computed_tokens == 0 and num_external_computed_tokens == 0:
             raise InvalidArgumentError("allocate_slots needs new tokens or computed tokens to adopt")
         rid = request.request_id
@@ -197,9 +207,7 @@ class KVCacheManager:
         num_local_computed = request.num_computed_tokens + num_new_computed_tokens
         total_computed = num_local_computed + num_external_computed_tokens
         if total_computed + num_new_tokens > self.max_model_len:
-            raise InvalidArgumentError(
-                f"request {rid!r}: {total_computed} computed + {num_new_tokens} new tokens exceed "
-                f"max_model_len={self.max_model_len}")
+            self._too_long(request, total_computed, num_new_tokens)
         coord = self.coordinator
         free = self.pool.num_free_blocks
 
@@ -235,23 +243,38 @@ class KVCacheManager:
               delay_cache_blocks: bool) -> KVCacheBlocks | None:
         """``allocate_slots`` for a running request with only new tokens (chunked prefill and
         decode): the hot path, same semantics as the general one."""
-        rid = request.request_id
         total_computed = request.num_computed_tokens
-        if total_computed + num_new_tokens > self.max_model_len:
-            raise InvalidArgumentError(
-                f"request {rid!r}: {total_computed} computed + {num_new_tokens} new tokens exceed "
-                f"max_model_len={self.max_model_len}")
         num_slots = total_computed + num_new_tokens
-        cache_upto: int | None = None
-        if self.enable_caching and not delay_cache_blocks:
-            self._sync_hashes(request)
-            cache_upto = min(num_slots, len(request.all_token_ids))
+        if num_slots > self.max_model_len:
+            self._too_long(request, total_computed, num_new_tokens)
+        cache_upto = self._cache_upto(request, num_slots, delay_cache_blocks)
         new_blocks = self.coordinator.grow(request, total_computed, num_slots, cache_upto)
         if new_blocks is None:
             return None
-        if not any(new_blocks):
-            return self._empty
-        return KVCacheBlocks(new_blocks)
+        return KVCacheBlocks(new_blocks) if any(new_blocks) else self._empty
+
+    def _start(self, request: KVRequest, num_new_tokens: int,
+               delay_cache_blocks: bool) -> KVCacheBlocks | None:
+        """``allocate_slots`` for a fresh request without a prefix hit: the other hot path."""
+        if num_new_tokens > self.max_model_len:
+            self._too_long(request, 0, num_new_tokens)
+        cache_upto = self._cache_upto(request, num_new_tokens, delay_cache_blocks)
+        new_blocks = self.coordinator.start(request, num_new_tokens, cache_upto)
+        if new_blocks is None:
+            return None
+        self._requests[request.request_id] = request
+        return KVCacheBlocks(new_blocks) if any(new_blocks) else self._empty
+
+    def _cache_upto(self, request: KVRequest, num_slots: int, delay: bool) -> int | None:
+        if not self.enable_caching or delay:
+            return None
+        self._sync_hashes(request)
+        return min(num_slots, len(request.all_token_ids))
+
+    def _too_long(self, request: KVRequest, num_computed: int, num_new: int) -> None:
+        raise InvalidArgumentError(
+            f"request {request.request_id!r}: {num_computed} computed + {num_new} new tokens "
+            f"exceed max_model_len={self.max_model_len}")
 
     def free(self, request: KVRequest) -> None:
         """Release every block of the request, tail first, so its prefix is evicted last."""

@@ -42,6 +42,8 @@ class KVCacheCoordinator:
         self._is_cross = tuple(isinstance(m, CrossAttentionManager) for m in self.managers)
         self._attention = tuple(m for m, cross in zip(self.managers, self._is_cross) if not cross)
         self._caching = tuple(m for m in self.managers if m.enable_caching)
+        self._releasing = tuple(m for m in self._attention if m.releases_blocks)
+        self._all_attention = len(self._attention) == len(self.managers)
 
     # -- hits -------------------------------------------------------------------------------------
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int,
@@ -103,20 +105,59 @@ class KVCacheCoordinator:
         general path does — or return ``None`` having changed nothing."""
         rid = request.request_id
         need = 0
+        counts = []
         for m in self._attention:
             n = -(-num_slots // m.block_size) - len(m.req_to_blocks[rid])
+            counts.append(n)
             if n > 0:
                 need += n
         if need and need > (self.pool.num_free_blocks
                             + self.get_num_freeable_skipped_blocks(rid, num_computed_tokens)):
             return None
-        for m in self._attention:
+        for m in self._releasing:
             m.remove_skipped_blocks(rid, num_computed_tokens)
-        out = tuple([] if cross else m.allocate_new_blocks(rid, num_slots)
-                    for m, cross in zip(self.managers, self._is_cross))
+        return self._extend(request, counts, need, num_tokens_to_cache)
+
+    def start(self, request: KVRequest, num_slots: int,
+              num_tokens_to_cache: int | None) -> GroupBlocks | None:
+        """A new request with nothing computed and no hits gets slots for ``num_slots`` tokens,
+        or ``None`` having changed nothing."""
+        counts = [-(-num_slots // m.block_size) for m in self._attention]
+        need = sum(counts)
+        if need > self.pool.num_free_blocks:
+            return None
+        rid = request.request_id
+        for m in self._attention:
+            m.req_to_blocks[rid] = []
+        return self._extend(request, counts, need, num_tokens_to_cache)
+
+    def _extend(self, request: KVRequest, counts: list[int], need: int,
+                num_tokens_to_cache: int | None) -> GroupBlocks:
+        """Append ``counts[i]`` new blocks to attention group i (one pool call), then cache."""
+        rid = request.request_id
+        new_blocks: list[list[KVCacheBlock]] = []
+        if need:
+            fresh = self.pool.get_new_blocks(need)
+            at = 0
+            for m, n in zip(self._attention, counts):
+                if n > 0:
+                    part = fresh[at:at + n] if len(counts) > 1 else fresh
+                    at += n
+                    m.req_to_blocks[rid].extend(part)
+                    new_blocks.append(part)
+                else:
+                    new_blocks.append([])
+        else:
+            new_blocks = [[] for _ in counts]
         if num_tokens_to_cache is not None:
-            self.cache_blocks(request, num_tokens_to_cache)
-        return out
+            num_tokens = self.num_cacheable_tokens(num_tokens_to_cache)
+            for m in self._caching:
+                if num_tokens // m.block_size > m.num_cached_block.get(rid, 0):
+                    m.cache_blocks(request, num_tokens)
+        if self._all_attention:
+            return tuple(new_blocks)
+        it = iter(new_blocks)
+        return tuple([] if cross else next(it) for cross in self._is_cross)
 
     def cache_blocks(self, request: KVRequest, num_tokens: int) -> None:
         num_tokens = self.num_cacheable_tokens(num_tokens)

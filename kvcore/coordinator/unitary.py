@@ -32,18 +32,37 @@ class UnitaryCoordinator(KVCacheCoordinator):
             self.get_num_freeable_skipped_blocks = (  # type: ignore[method-assign]
                 self._manager.get_num_freeable_skipped_blocks)
             self.grow = self._grow  # type: ignore[method-assign]
+            self.free = self._manager.free  # type: ignore[method-assign]
+            self.start = self._start  # type: ignore[method-assign]
 
     def _grow(self, request: KVRequest, num_computed_tokens: int, num_slots: int,
               num_tokens_to_cache: int | None) -> GroupBlocks | None:
         m = self._manager
         rid = request.request_id
-        need = -(-num_slots // m.block_size) - len(m.req_to_blocks[rid])
+        blocks = m.req_to_blocks[rid]
+        need = -(-num_slots // m.block_size) - len(blocks)
         if need > 0 and need > (self.pool.num_free_blocks
                                 + m.get_num_freeable_skipped_blocks(rid, num_computed_tokens)):
             return None
-        m.remove_skipped_blocks(rid, num_computed_tokens)
-        new = m.allocate_new_blocks(rid, num_slots)
-        if num_tokens_to_cache is not None and m.enable_caching:
+        if m.releases_blocks:
+            m.remove_skipped_blocks(rid, num_computed_tokens)
+        new = self.pool.get_new_blocks(need) if need > 0 else []
+        if new:
+            blocks.extend(new)
+        if num_tokens_to_cache is not None and (
+                num_tokens_to_cache // m.block_size > m.num_cached_block.get(rid, 0)):
+            m.cache_blocks(request, num_tokens_to_cache)
+        return (new,)
+
+    def _start(self, request: KVRequest, num_slots: int,
+               num_tokens_to_cache: int | None) -> GroupBlocks | None:
+        m = self._manager
+        need = -(-num_slots // m.block_size)
+        if need > self.pool.num_free_blocks:
+            return None
+        new = self.pool.get_new_blocks(need)
+        m.req_to_blocks[request.request_id] = list(new)
+        if num_tokens_to_cache is not None and num_tokens_to_cache >= m.block_size:
             m.cache_blocks(request, num_tokens_to_cache)
         return (new,)
 

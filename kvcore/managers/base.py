@@ -53,6 +53,9 @@ class SingleTypeKVCacheManager:
     allows_null_blocks: ClassVar[bool] = False
     """Whether block lists may hold the null block (as a leading run)."""
 
+    releases_blocks: ClassVar[bool] = False
+    """Whether ``get_num_skipped_tokens`` can be non-zero (blocks leave as a request advances)."""
+
     def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_id: int, *,
                  enable_caching: bool, hash_block_size: int, alignment_tokens: int) -> None:
         self.spec = spec

@@ -50,7 +50,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
                 del blocks[-(-hit_length // bs):]
         return out, hit_length
 
-    # Nothing ever leaves a full-attention window.
+    # Nothing ever leaves a full-attention window (releases_blocks is False).
     def get_num_freeable_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> int:
         return 0
 

@@ -18,6 +18,7 @@ from kvcore.specs import KVCacheSpec, SlidingWindowSpec
 
 class SlidingWindowManager(SingleTypeKVCacheManager):
     allows_null_blocks = True
+    releases_blocks = True
 
     def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_id: int, *, enable_caching: bool,
                  hash_block_size: int, alignment_tokens: int) -> None:
