@@ -155,14 +155,26 @@ class BlockPool:
 
         Null blocks are skipped: their reference count is not tracked.
         """
-        remove = self.free_queue.remove
+        # Unlinking is inlined (FreeBlockQueue.remove's logic): a prefix hit resurrects blocks one
+        # by one and this is the hot path.  The null block reads ref_cnt 0 and is skipped there.
+        resurrected = 0
         for block in blocks:
-            if block.is_null:
-                continue
             ref_cnt = block.ref_cnt
             if ref_cnt == 0:
-                remove(block)
+                if block.is_null:
+                    continue
+                prev, nxt = block.prev_free, block.next_free
+                if prev is None or nxt is None:
+                    self.free_queue.forget(resurrected)
+                    raise BlockStateError(f"touch: block {block.block_id} has ref_cnt 0 but is "
+                                          "not in the free queue")
+                prev.next_free = nxt
+                nxt.prev_free = prev
+                block.prev_free = block.next_free = None
+                resurrected += 1
             block.ref_cnt = ref_cnt + 1
+        if resurrected:
+            self.free_queue._num_free -= resurrected
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference on each block, ``ordered_blocks`` being in eviction priority order

@@ -135,11 +135,25 @@ class FreeBlockQueue:
         self._num_free -= 1
         return block
 
+    def forget(self, n: int) -> None:
+        """Account for ``n`` blocks the pool unlinked itself (see ``BlockPool.touch``)."""
+        self._num_free -= n
+
     def take_n(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
         """``popleft_n`` that also sets each block's ``ref_cnt`` in the same pass (the pool's
         allocation hot path).  The caller has checked ``0 < n <= len(self)``."""
-        out: list[KVCacheBlock] = [self._head] * n
-        node = self._head.next_free
+        head = self._head
+        if n == 1:
+            block = head.next_free
+            nxt = block.next_free  # type: ignore[union-attr]
+            head.next_free = nxt
+            nxt.prev_free = head  # type: ignore[union-attr]
+            block.prev_free = block.next_free = None  # type: ignore[union-attr]
+            block.ref_cnt = ref_cnt  # type: ignore[union-attr]
+            self._num_free -= 1
+            return [block]  # type: ignore[list-item]
+        out: list[KVCacheBlock] = [head] * n
+        node = head.next_free
         for i in range(n):
             out[i] = node  # type: ignore[assignment]
             nxt = node.next_free  # type: ignore[union-attr]
