@@ -8,6 +8,7 @@ implementation: it keeps prompt and output tokens in one list and, when built wi
 
 from __future__ import annotations
 
+import enum
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,22 @@ class MultiModalItem:
     identifier: str
     offset: int
     length: int
+
+
+class RequestStatus(enum.Enum):
+    """Where a request is in its life (set by ``kvcore.scheduler``)."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"  # EOS or a stop token
+    FINISHED_LENGTH = "length"  # max_tokens or max_model_len
+    FINISHED_ABORTED = "abort"
+    FINISHED_REJECTED = "rejected"  # can never fit in the KV cache
+
+    @property
+    def is_finished(self) -> bool:
+        return self.value in ("stop", "length", "abort", "rejected")
 
 
 class KVRequest(Protocol):
@@ -63,16 +80,20 @@ def _check_tokens(token_ids: Iterable[int], what: str) -> list[int]:
 
 
 class Request:
-    """A generation request as the KV-cache layer sees it.
+    """A generation request.
 
     ``all_token_ids`` is prompt followed by output; ``num_computed_tokens`` counts tokens whose KV
     is in the cache (the scheduler advances it); ``block_hashes`` holds one hash per full block of
-    ``all_token_ids`` when a block hasher was given.
+    ``all_token_ids`` when a block hasher was given.  ``max_tokens``, ``eos_token_id``,
+    ``ignore_eos`` and ``stop_token_ids`` are the stop conditions ``kvcore.scheduler`` applies;
+    ``sampling_params`` is carried for the engine that samples.
     """
 
-    __slots__ = ("_block_hasher", "all_token_ids", "block_hashes", "cache_salt", "lora_name",
-                 "max_tokens", "mm_items", "num_computed_tokens", "num_preemptions",
-                 "num_prompt_tokens", "request_id", "skip_reading_prefix_cache")
+    __slots__ = ("_block_hasher", "all_token_ids", "arrival_time", "block_hashes", "cache_salt",
+                 "eos_token_id", "ignore_eos", "lora_name", "max_tokens", "mm_items",
+                 "num_cached_tokens", "num_computed_tokens", "num_preemptions",
+                 "num_prompt_tokens", "request_id", "sampling_params",
+                 "skip_reading_prefix_cache", "status", "stop_token_ids")
 
     def __init__(
         self,
@@ -85,6 +106,11 @@ class Request:
         lora_name: str | None = None,
         mm_items: Sequence[MultiModalItem] = (),
         skip_reading_prefix_cache: bool = False,
+        eos_token_id: int | None = None,
+        ignore_eos: bool = False,
+        stop_token_ids: Sequence[int] = (),
+        arrival_time: float = 0.0,
+        sampling_params: object = None,
     ) -> None:
         if not isinstance(request_id, str) or not request_id:
             raise InvalidArgumentError(f"request_id must be a non-empty str, got {request_id!r}")
@@ -108,7 +134,14 @@ class Request:
         self.lora_name = lora_name
         self.mm_items = items
         self.skip_reading_prefix_cache = skip_reading_prefix_cache
+        self.eos_token_id = eos_token_id
+        self.ignore_eos = ignore_eos
+        self.stop_token_ids = frozenset(stop_token_ids)
+        self.arrival_time = arrival_time
+        self.sampling_params = sampling_params
+        self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prefix-hit tokens at the latest admission
         self.num_preemptions = 0
         self.block_hashes: list[BlockHash] = []
         self._block_hasher = block_hasher

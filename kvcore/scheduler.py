@@ -1,0 +1,321 @@
+"""A reference continuous-batching scheduler over :class:`~kvcore.manager.KVCacheManager`.
+
+Engine-agnostic: it decides which requests run each step and how many tokens each computes; the
+engine runs the model and reports the sampled tokens back.  One step::
+
+    out = scheduler.schedule()                   # who runs, how many tokens, block tables
+    sampled = engine.run(out)                    # {request_id: token} for requests that sample
+    finished = scheduler.update_from_output(out, sampled)
+
+Policy (vLLM v1's): running requests are served first, in admission order, each taking as many
+tokens as the step's budget allows (decodes take 1; a prefill is split into chunks across steps
+and mixed with decodes).  When the KV cache is full the most recently admitted running request is
+preempted by recompute: its blocks are freed — they stay in the prefix cache, so re-admission
+mostly hits — and it goes back to the front of the waiting queue.  Waiting requests are admitted
+(first come, first served) only in steps that preempted nobody, while the token budget and
+``max_num_seqs`` allow.  A request that could never fit in the KV cache is rejected at
+``add_request`` with :class:`RequestRejectedError`, never retried forever.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from kvcore.errors import InvalidArgumentError, KVCoreError, UnknownRequestError
+from kvcore.manager import KVCacheManager
+from kvcore.request import Request, RequestStatus
+
+
+class RequestRejectedError(KVCoreError, ValueError):
+    """The request can never be served with this KV cache (too long, or needs more blocks than
+    the pool has)."""
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Per-step limits and admission policy."""
+
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+    full_sequence_must_fit: bool = False
+    """Admit a request only if its whole prompt fits (not just the first chunk)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise InvalidArgumentError(f"{name} must be a positive int, got {value!r}")
+
+
+class ScheduledRequest:
+    """One request's share of a step.
+
+    ``new_block_ids`` are the blocks allocated this step (an engine can keep append-only block
+    tables from them, as vLLM's workers do: positions that left a sliding window keep stale ids
+    that attention never reads).  ``block_ids`` fetches the request's current full table.
+    """
+
+    __slots__ = ("_kv", "is_new", "new_block_ids", "num_computed_tokens", "num_new_tokens",
+                 "request", "samples")
+
+    def __init__(self, kv: KVCacheManager, request: Request, num_computed_tokens: int,
+                 num_new_tokens: int, new_block_ids: tuple[list[int], ...], is_new: bool) -> None:
+        self._kv = kv
+        self.request = request
+        self.num_computed_tokens = num_computed_tokens  # in the KV cache before this step
+        self.num_new_tokens = num_new_tokens  # computed this step, from num_computed_tokens on
+        self.new_block_ids = new_block_ids
+        self.is_new = is_new  # admitted this step (the engine has no state for it yet)
+        # This step reaches the end of the request's tokens, so a token is sampled (false for a
+        # prefill chunk that is not the last one).  Fixed now: the request grows afterwards.
+        self.samples = num_computed_tokens + num_new_tokens >= request.num_tokens
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def block_ids(self) -> tuple[list[int], ...]:
+        """The request's full block table now, one list per group (null block = 0)."""
+        return self._kv.get_block_ids(self.request.request_id)
+
+    @property
+    def token_ids(self) -> list[int]:
+        start = self.num_computed_tokens
+        return self.request.all_token_ids[start:start + self.num_new_tokens]
+
+    def __repr__(self) -> str:
+        return (f"ScheduledRequest({self.request_id!r}, computed={self.num_computed_tokens}, "
+                f"new={self.num_new_tokens}, is_new={self.is_new})")
+
+
+@dataclass
+class SchedulerOutput:
+    """What ``schedule()`` decided for one step."""
+
+    scheduled: list[ScheduledRequest]
+    preempted_request_ids: list[str]
+    finished_request_ids: list[str]  # finished or aborted since the previous step
+    num_batched_tokens: int
+    step: int
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass
+class SchedulerStats:
+    steps: int = 0
+    scheduled_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    num_preemptions: int = 0
+    num_finished: int = 0
+    num_rejected: int = 0
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+
+
+class Scheduler:
+    """Continuous batching with chunked prefill and recompute preemption (see module doc)."""
+
+    def __init__(self, kv_cache_manager: KVCacheManager,
+                 config: SchedulerConfig | None = None) -> None:
+        self.kv = kv_cache_manager
+        self.config = config or SchedulerConfig()
+        self.max_model_len = kv_cache_manager.max_model_len
+        if (not self.config.enable_chunked_prefill
+                and self.config.max_num_batched_tokens < self.max_model_len):
+            # A (re-)prefill longer than one step's budget could never be scheduled.
+            raise InvalidArgumentError(
+                "without chunked prefill, max_num_batched_tokens "
+                f"({self.config.max_num_batched_tokens}) must be >= max_model_len "
+                f"({self.max_model_len})")
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.stats = SchedulerStats()
+        self._finished_ids: list[str] = []
+        self._usable_blocks = kv_cache_manager.config.num_blocks - 1
+
+    # -- requests -------------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Queue a request; raises :class:`RequestRejectedError` if it can never be served."""
+        rid = request.request_id
+        if rid in self.requests:
+            raise InvalidArgumentError(f"request {rid!r} is already in the scheduler")
+        if request.num_tokens >= self.max_model_len:
+            raise RequestRejectedError(
+                f"request {rid!r}: prompt of {request.num_tokens} tokens leaves no room to "
+                f"generate within max_model_len={self.max_model_len}")
+        need = self.blocks_needed(request)
+        if need > self._usable_blocks:
+            raise RequestRejectedError(
+                f"request {rid!r} needs up to {need} KV-cache blocks at once; the pool has "
+                f"{self._usable_blocks}")
+        request.status = RequestStatus.WAITING
+        self.requests[rid] = request
+        self.waiting.append(request)
+
+    def blocks_needed(self, request: Request) -> int:
+        """Peak blocks the request holds at once if it runs to completion alone."""
+        final = self.max_model_len if request.max_tokens is None else min(
+            request.num_prompt_tokens + request.max_tokens, self.max_model_len)
+        step = self.config.max_num_batched_tokens
+        return sum(g.spec.max_blocks_per_request(final, step) for g in self.kv.config.groups)
+
+    def abort_request(self, request_id: str) -> None:
+        request = self.requests.get(request_id)
+        if request is None:
+            raise UnknownRequestError(f"request {request_id!r} is not in the scheduler")
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+            self.kv.free(request)
+        else:
+            self.waiting.remove(request)
+        self._finish(request, RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    # -- one step -------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        """Choose this step's requests and token counts, allocating their KV slots."""
+        kv = self.kv
+        cfg = self.config
+        kv.new_step()
+        budget = cfg.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        preempted: list[str] = []
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget,
+                          self.max_model_len - req.num_computed_tokens)
+            if num_new <= 0:
+                i += 1
+                continue
+            new_blocks = kv.allocate_slots(req, num_new)
+            while new_blocks is None:
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                if victim is req:
+                    break
+                new_blocks = kv.allocate_slots(req, num_new)
+            if new_blocks is None:
+                break
+            scheduled.append(ScheduledRequest(kv, req, req.num_computed_tokens, num_new,
+                                              new_blocks.get_block_ids(), False))
+            budget -= num_new
+            i += 1
+
+        if not preempted:
+            while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+                req = self.waiting[0]
+                hits, num_hit = kv.get_computed_blocks(req)
+                num_new = req.num_tokens - num_hit
+                if num_new > budget and not cfg.enable_chunked_prefill:
+                    break
+                num_new = min(num_new, budget)
+                new_blocks = kv.allocate_slots(req, num_new, num_hit, hits,
+                                               full_sequence_must_fit=cfg.full_sequence_must_fit)
+                if new_blocks is None:
+                    if not self.running and not scheduled and kv.num_free_blocks == self._usable_blocks:
+                        # Alone with an empty cache and still no room: it never will fit.
+                        self.waiting.popleft()
+                        self._finish(req, RequestStatus.FINISHED_REJECTED)
+                        continue
+                    break
+                self.waiting.popleft()
+                req.status = RequestStatus.RUNNING
+                req.num_computed_tokens = num_hit
+                req.num_cached_tokens = num_hit
+                self.running.append(req)
+                self.stats.prefix_hit_tokens += num_hit
+                scheduled.append(ScheduledRequest(kv, req, num_hit, num_new,
+                                                  new_blocks.get_block_ids(), True))
+                budget -= num_new
+
+        for s in scheduled:
+            s.request.num_computed_tokens += s.num_new_tokens
+        num_tokens = cfg.max_num_batched_tokens - budget
+        self.stats.steps += 1
+        self.stats.scheduled_tokens += num_tokens
+        finished, self._finished_ids = self._finished_ids, []
+        return SchedulerOutput(scheduled, preempted, finished, num_tokens, self.stats.steps)
+
+    def update_from_output(self, output: SchedulerOutput,
+                           sampled_token_ids: Mapping[str, int] | Sequence[int]) -> list[Request]:
+        """Append each sampling request's new token and apply stop conditions.
+
+        ``sampled_token_ids`` maps request id to token, or lists tokens in the order of the
+        output's sampling requests.  Returns the requests that finished this step (their blocks
+        are already freed).
+        """
+        sampling = [s for s in output.scheduled if s.samples]
+        if isinstance(sampled_token_ids, Mapping):
+            tokens = sampled_token_ids
+        else:
+            if len(sampled_token_ids) != len(sampling):
+                raise InvalidArgumentError(
+                    f"{len(sampled_token_ids)} sampled tokens for {len(sampling)} sampling requests")
+            tokens = {s.request_id: t for s, t in zip(sampling, sampled_token_ids)}
+        finished: list[Request] = []
+        for s in sampling:
+            req = s.request
+            if req.status is not RequestStatus.RUNNING:
+                continue  # aborted or preempted since it was scheduled
+            token = tokens[req.request_id]
+            req.append_output_token_ids(token)
+            reason = self._stop_reason(req, token)
+            if reason is not None:
+                self.running.remove(req)
+                self.kv.free(req)
+                self._finish(req, reason)
+                finished.append(req)
+        return finished
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _stop_reason(self, req: Request, token: int) -> RequestStatus | None:
+        if not req.ignore_eos and token == req.eos_token_id:
+            return RequestStatus.FINISHED_STOPPED
+        if token in req.stop_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+        if req.max_tokens is not None and req.num_output_tokens >= req.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        if req.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _preempt(self, req: Request) -> None:
+        self.kv.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.stats.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def _finish(self, req: Request, status: RequestStatus) -> None:
+        req.status = status
+        del self.requests[req.request_id]
+        self._finished_ids.append(req.request_id)
+        self.stats.num_finished += 1
+        if status is RequestStatus.FINISHED_REJECTED:
+            self.stats.num_rejected += 1
+        self.stats.finish_reasons[status.value] = self.stats.finish_reasons.get(status.value, 0) + 1
+
+    def add_requests(self, requests: Iterable[Request]) -> None:
+        for r in requests:
+            self.add_request(r)

@@ -1,0 +1,234 @@
+"""The reference scheduler: chunked prefill mixed with decodes, prefix hits, recompute
+preemption, stop conditions, admission limits, rejection, abort — and random workloads that
+always finish with every block returned."""
+
+from __future__ import annotations
+
+import random
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import given, settings
+
+from kvcore import InvalidArgumentError, Request, UnknownRequestError
+from kvcore.manager import KVCacheManager
+from kvcore.request import RequestStatus
+from kvcore.scheduler import RequestRejectedError, Scheduler, SchedulerConfig, SchedulerOutput
+from tests.factories import full_spec, make_manager, swa_spec
+
+
+def sched(num_blocks: int = 64, max_model_len: int = 256, specs: tuple[object, ...] = (),
+          **cfg: object) -> Scheduler:
+    m: KVCacheManager = make_manager(*(specs or (full_spec(4),)), num_blocks=num_blocks,  # type: ignore[assignment]
+                                     max_model_len=max_model_len)
+    return Scheduler(m, SchedulerConfig(**cfg))  # type: ignore[arg-type]
+
+
+def req(s: Scheduler, rid: str, tokens: list[int], max_tokens: int | None = 4,
+        **kw: object) -> Request:
+    r = s.kv.make_request(rid, tokens, max_tokens=max_tokens, **kw)
+    s.add_request(r)
+    return r
+
+
+def step(s: Scheduler, token: int | None = 1, rng: random.Random | None = None
+         ) -> tuple[SchedulerOutput, list[Request]]:
+    out = s.schedule()
+    sampled = {x.request_id: (rng.randrange(8) if rng else token) for x in out.scheduled if x.samples}
+    finished = s.update_from_output(out, sampled)
+    s.kv.check_invariants()
+    return out, finished
+
+
+def run(s: Scheduler, max_steps: int = 10_000, rng: random.Random | None = None) -> int:
+    steps = 0
+    while s.has_unfinished_requests():
+        step(s, rng=rng)
+        steps += 1
+        assert steps < max_steps, "scheduler did not finish"
+    return steps
+
+
+def test_prefill_then_decode_until_max_tokens() -> None:
+    s = sched()
+    r = req(s, "a", list(range(10)), max_tokens=3)
+    out, _ = step(s, token=7)
+    (x,) = out.scheduled
+    assert (x.num_computed_tokens, x.num_new_tokens, x.is_new, x.samples) == (0, 10, True, True)
+    assert x.new_block_ids == ([1, 2, 3],) and x.token_ids == list(range(10))
+    assert r.output_token_ids == [7] and r.num_computed_tokens == 10
+    out, _ = step(s, token=8)
+    assert [(x.num_computed_tokens, x.num_new_tokens) for x in out.scheduled] == [(10, 1)]
+    out, finished = step(s, token=9)
+    assert finished == [r] and r.status is RequestStatus.FINISHED_LENGTH
+    assert r.output_token_ids == [7, 8, 9]
+    assert s.kv.num_free_blocks == 63 and not s.has_unfinished_requests()
+    assert s.schedule().finished_request_ids == ["a"]
+
+
+def test_eos_stops_unless_ignored() -> None:
+    s = sched()
+    a = req(s, "a", [1, 2, 3], max_tokens=10, eos_token_id=0)
+    b = req(s, "b", [4, 5, 6], max_tokens=2, eos_token_id=0, ignore_eos=True)
+    c = req(s, "c", [4, 5, 6], max_tokens=10, stop_token_ids=[0])
+    while s.has_unfinished_requests():
+        step(s, token=0)
+    assert a.status is RequestStatus.FINISHED_STOPPED and a.output_token_ids == [0]
+    assert b.status is RequestStatus.FINISHED_LENGTH and b.output_token_ids == [0, 0]
+    assert c.status is RequestStatus.FINISHED_STOPPED
+    assert s.stats.finish_reasons == {"stop": 2, "length": 1}
+
+
+def test_chunked_prefill_mixes_with_decode() -> None:
+    s = sched(max_num_batched_tokens=16)
+    a = req(s, "a", list(range(6)), max_tokens=5)
+    step(s)  # a prefilled
+    b = req(s, "b", list(range(100, 140)), max_tokens=2)
+    out, _ = step(s)
+    assert [(x.request_id, x.num_new_tokens, x.samples) for x in out.scheduled] == [
+        ("a", 1, True), ("b", 15, False)]
+    assert out.num_batched_tokens == 16 and b.output_token_ids == []
+    out, _ = step(s)
+    assert [(x.request_id, x.num_computed_tokens, x.num_new_tokens) for x in out.scheduled] == [
+        ("a", 7, 1), ("b", 15, 15)]
+    out, _ = step(s)
+    assert [(x.request_id, x.num_new_tokens, x.samples) for x in out.scheduled] == [
+        ("a", 1, True), ("b", 10, True)]
+    assert len(b.output_token_ids) == 1
+    run(s)
+    assert a.status.is_finished and b.status.is_finished
+
+
+def test_shared_prefix_hits_are_counted() -> None:
+    s = sched()
+    system = list(range(50, 82))
+    first = req(s, "a", [*system, 1, 2], max_tokens=1)
+    run(s)
+    second = req(s, "b", [*system, 3, 4], max_tokens=1)
+    out, _ = step(s)
+    assert out.scheduled[0].num_computed_tokens == 32 and second.num_cached_tokens == 32
+    assert s.stats.prefix_hit_tokens == 32 and first.num_cached_tokens == 0
+
+
+def test_preemption_by_recompute_and_rehit() -> None:
+    s = sched(num_blocks=21)  # 20 usable blocks of 4 tokens; 3 requests growing to 11 each
+    reqs = [req(s, f"r{i}", list(range(i * 50, i * 50 + 14)), max_tokens=30) for i in range(3)]
+    run(s)
+    assert s.stats.num_preemptions > 0
+    assert all(r.status is RequestStatus.FINISHED_LENGTH for r in reqs)
+    assert all(len(r.output_token_ids) == 30 for r in reqs)
+    # Prompts are disjoint, so every prefix hit is a preempted request finding its own blocks.
+    assert s.stats.prefix_hit_tokens > 0
+    assert any(r.num_preemptions and r.num_cached_tokens > 0 for r in reqs)
+    assert s.kv.num_free_blocks == 20
+
+
+def test_preempts_newest_and_readmits_it_first() -> None:
+    s = sched(num_blocks=11)  # 10 usable; each request grows to 9 blocks
+    a = req(s, "a", list(range(15)), max_tokens=20)
+    b = req(s, "b", list(range(100, 115)), max_tokens=20)
+    step(s)
+    assert s.num_running == 2
+    preempted = None
+    for _ in range(40):
+        out, _ = step(s)
+        if out.preempted_request_ids:
+            preempted = out.preempted_request_ids
+            break
+    assert preempted == ["b"] and b.status is RequestStatus.PREEMPTED
+    assert s.waiting[0] is b and a.status is RequestStatus.RUNNING
+    run(s)
+
+
+def test_max_num_seqs_and_budget_limit_admission() -> None:
+    s = sched(max_num_seqs=2)
+    for i in range(4):
+        req(s, f"r{i}", [i] * 5, max_tokens=3)
+    out, _ = step(s)
+    assert len(out.scheduled) == 2 and s.num_waiting == 2
+    run(s)
+
+
+def test_rejections() -> None:
+    s = sched(num_blocks=5, max_model_len=64)  # 4 usable blocks
+    with pytest.raises(RequestRejectedError, match="max_model_len"):
+        req(s, "long", list(range(64)))
+    with pytest.raises(RequestRejectedError, match="needs up to 5"):
+        req(s, "big", list(range(10)), max_tokens=10)
+    ok = req(s, "ok", list(range(10)), max_tokens=6)
+    with pytest.raises(InvalidArgumentError, match="already"):
+        s.add_request(ok)
+    run(s)
+    with pytest.raises(InvalidArgumentError, match="chunked"):
+        Scheduler(s.kv, SchedulerConfig(enable_chunked_prefill=False, max_num_batched_tokens=32))
+
+
+def test_abort_running_and_waiting() -> None:
+    s = sched(max_num_seqs=1)
+    a = req(s, "a", list(range(9)))
+    b = req(s, "b", list(range(9)))
+    step(s)
+    s.abort_request("a")
+    s.abort_request("b")
+    assert a.status is RequestStatus.FINISHED_ABORTED and b.status is RequestStatus.FINISHED_ABORTED
+    assert s.kv.num_free_blocks == 63 and not s.has_unfinished_requests()
+    with pytest.raises(UnknownRequestError):
+        s.abort_request("a")
+
+
+def test_sampled_tokens_as_list_and_bad_count() -> None:
+    s = sched()
+    a = req(s, "a", [1, 2, 3])
+    b = req(s, "b", [4, 5, 6])
+    out = s.schedule()
+    s.update_from_output(out, [11, 12])
+    assert (a.output_token_ids, b.output_token_ids) == ([11], [12])
+    out = s.schedule()
+    with pytest.raises(InvalidArgumentError):
+        s.update_from_output(out, [1])
+
+
+def test_sliding_window_model_keeps_blocks_bounded() -> None:
+    # With at most 16 tokens per step, a window-8 request never holds more than
+    # cdiv(7 + 16, 4) + 1 = 7 blocks, though it grows to 55 blocks' worth of tokens.
+    s = sched(num_blocks=12, specs=(swa_spec(8, 4),), max_model_len=512, max_num_batched_tokens=16)
+    r = req(s, "a", list(range(20)), max_tokens=200)
+    assert s.blocks_needed(r) == 7
+    peak = 0
+    while s.has_unfinished_requests():
+        step(s)
+        peak = max(peak, 11 - s.kv.num_free_blocks)
+    assert r.status is RequestStatus.FINISHED_LENGTH and len(r.output_token_ids) == 200
+    assert peak <= 5
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), chunked=st.booleans(), must_fit=st.booleans(),
+       hybrid=st.booleans())
+def test_random_workloads_always_finish_with_every_block_returned(
+        seed: int, chunked: bool, must_fit: bool, hybrid: bool) -> None:
+    rng = random.Random(seed)
+    specs = (full_spec(4), swa_spec(rng.choice([4, 8, 16]), 4)) if hybrid else (full_spec(4),)
+    max_len = 96
+    num_blocks = rng.randint(26, 64) * len(specs)
+    m: KVCacheManager = make_manager(*specs, num_blocks=num_blocks, max_model_len=max_len)  # type: ignore[assignment]
+    budget = max_len if not chunked else rng.choice([8, 16, 32, 96])
+    s = Scheduler(m, SchedulerConfig(max_num_seqs=rng.randint(1, 6), max_num_batched_tokens=budget,
+                                     enable_chunked_prefill=chunked,
+                                     full_sequence_must_fit=must_fit))
+    families = [[rng.randrange(6) for _ in range(rng.randint(4, 40))] for _ in range(3)]
+    submitted = []
+    for i in range(rng.randint(1, 12)):
+        base = rng.choice(families)
+        prompt = base[:rng.randint(0, len(base))] + [rng.randrange(6) for _ in range(rng.randint(1, 20))]
+        r = m.make_request(f"r{i}", prompt, max_tokens=rng.randint(1, 30), eos_token_id=7)
+        try:
+            s.add_request(r)
+            submitted.append(r)
+        except RequestRejectedError:
+            assert s.blocks_needed(r) > num_blocks - 1
+    run(s, max_steps=5000, rng=rng)
+    assert all(r.status.is_finished and r.status is not RequestStatus.FINISHED_REJECTED
+               for r in submitted)
+    assert m.num_free_blocks == num_blocks - 1 and m.usage == 0.0
+    m.check_invariants()
