@@ -1,0 +1,190 @@
+"""Replay a trace through the real :class:`~kvcore.scheduler.Scheduler` and
+:class:`~kvcore.manager.KVCacheManager`, without a model.
+
+Time is simulated: requests arrive at their trace timestamps (times ``time_scale``), and each
+step advances the clock by ``step_base_ms + step_ms_per_token * batched_tokens``, a simple cost
+model of a GPU step.  Generated tokens are deterministic pseudo-random ids, and each request
+generates exactly its trace output length (``ignore_eos``).  The replay reports prefix-cache hit
+rates (first admissions only, as vLLM counts them), evictions, preemptions, KV usage over time
+and the scheduler + manager CPU time per step.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import zlib
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from kvcore.errors import InvalidArgumentError
+from kvcore.manager import KVCacheManager
+from kvcore.request import Request
+from kvcore.scheduler import RequestRejectedError, Scheduler, SchedulerConfig
+from kvcore.sim.traces import TraceRequest
+from kvcore.specs import FullAttentionSpec, KVCacheConfig, KVCacheGroup
+
+VOCAB = 32_000
+
+
+@dataclass
+class ReplayConfig:
+    """Cache size (``num_blocks`` or ``capacity_tokens``), scheduler limits and time model."""
+
+    block_size: int = 16
+    num_blocks: int | None = None
+    capacity_tokens: int | None = None
+    kv_config: KVCacheConfig | None = None  # overrides block_size/num_blocks (e.g. hybrid)
+    max_model_len: int | None = None  # default: the longest request in the trace
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 8192
+    enable_caching: bool = True
+    hash_algo: str = "xxh3_128"
+    step_base_ms: float = 5.0
+    step_ms_per_token: float = 0.02
+    time_scale: float = 1.0
+    progress: bool = False
+
+    def resolve_num_blocks(self) -> int:
+        if self.num_blocks is not None and self.capacity_tokens is not None:
+            raise InvalidArgumentError("give num_blocks or capacity_tokens, not both")
+        if self.num_blocks is not None:
+            n = self.num_blocks
+        elif self.capacity_tokens is not None:
+            if self.capacity_tokens <= 0:
+                raise InvalidArgumentError(f"capacity must be positive, got {self.capacity_tokens}")
+            n = self.capacity_tokens // self.block_size + 1
+        else:
+            n = 4096
+        if n < 2:
+            raise InvalidArgumentError(f"a cache of {n} blocks is too small (need >= 2)")
+        return n
+
+
+@dataclass
+class ReplayResult:
+    num_requests: int
+    num_finished: int
+    num_rejected: int
+    steps: int
+    prompt_tokens: int
+    hit_tokens: int
+    token_hit_rate: float
+    evicted_blocks: int
+    preemptions: int
+    sim_time_ms: float
+    cpu_s: float
+    cpu_us_per_step_median: float
+    cpu_us_per_step_p99: float
+    wall_s: float
+    usage: list[tuple[float, float]] = field(default_factory=list)  # (sim time ms, usage)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        return (f"{self.num_finished}/{self.num_requests} requests ({self.num_rejected} rejected) "
+                f"in {self.steps} steps; token hit rate {self.token_hit_rate:.2%}; "
+                f"{self.evicted_blocks} evicted blocks; {self.preemptions} preemptions; "
+                f"scheduler+manager {self.cpu_us_per_step_median:.1f} µs/step (median)")
+
+
+def _sampled_token(rid: str, n: int) -> int:
+    x = (zlib.crc32(rid.encode()) * 6364136223846793005 + n * 1442695040888963407) & (2**64 - 1)
+    return (x >> 33) % VOCAB
+
+
+def make_manager(cfg: ReplayConfig, requests: Sequence[TraceRequest]) -> KVCacheManager:
+    max_len = cfg.max_model_len or max(r.num_prompt_tokens + r.output_len for r in requests) + 1
+    if cfg.kv_config is not None:
+        kv_config = cfg.kv_config
+    else:
+        spec = FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=1, head_size=1,
+                                 dtype=torch.float16)
+        kv_config = KVCacheConfig(cfg.resolve_num_blocks(), (KVCacheGroup(("model",), spec),))
+    return KVCacheManager(kv_config, max_len, enable_caching=cfg.enable_caching,
+                          hash_algo=cfg.hash_algo,
+                          max_num_batched_tokens=cfg.max_num_batched_tokens)
+
+
+def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None) -> ReplayResult:
+    """Run ``requests`` (sorted by arrival) to completion; see the module docstring."""
+    cfg = cfg or ReplayConfig()
+    if not requests:
+        raise InvalidArgumentError("the trace has no requests")
+    manager = make_manager(cfg, requests)
+    sched = Scheduler(manager, SchedulerConfig(max_num_seqs=cfg.max_num_seqs,
+                                               max_num_batched_tokens=cfg.max_num_batched_tokens))
+    pending = deque(sorted(requests, key=lambda r: r.arrival_ms))
+    arrived: deque[TraceRequest] = deque()
+    window = 2 * cfg.max_num_seqs  # requests handed to the scheduler ahead of admission
+    bar = _progress(len(requests)) if cfg.progress else None
+
+    clock = 0.0
+    cpu: list[float] = []
+    usage: list[tuple[float, float]] = []
+    rejected = finished = 0
+    prompt_tokens = 0
+    wall0 = time.perf_counter()
+    while pending or arrived or sched.has_unfinished_requests():
+        while pending and pending[0].arrival_ms * cfg.time_scale <= clock:
+            arrived.append(pending.popleft())
+        while arrived and sched.num_waiting < window:
+            tr = arrived.popleft()
+            req = manager.make_request(tr.request_id, tr.prompt_token_ids(),
+                                       max_tokens=max(tr.output_len, 1), ignore_eos=True)
+            try:
+                sched.add_request(req)
+                prompt_tokens += tr.num_prompt_tokens
+            except RequestRejectedError:
+                rejected += 1
+                if bar is not None:
+                    bar.update(1)
+        if not sched.has_unfinished_requests():
+            if pending:
+                clock = max(clock, pending[0].arrival_ms * cfg.time_scale)
+            continue
+        t0 = time.perf_counter()
+        out = sched.schedule()
+        sampled = {s.request_id: _sampled_token(s.request_id, s.request.num_output_tokens)
+                   for s in out.scheduled if s.samples}
+        done = sched.update_from_output(out, sampled)
+        cpu.append(time.perf_counter() - t0)
+        clock += cfg.step_base_ms + cfg.step_ms_per_token * out.num_batched_tokens
+        usage.append((clock, manager.usage))
+        finished += len(done)
+        if bar is not None and done:
+            bar.update(len(done))
+    if bar is not None:
+        bar.close()
+    stats = manager.make_prefix_cache_stats()
+    hits = stats.hits if stats else 0
+    queries = stats.queries if stats else 0
+    cpu_sorted = sorted(cpu)
+    return ReplayResult(
+        num_requests=len(requests), num_finished=finished, num_rejected=rejected,
+        steps=sched.stats.steps, prompt_tokens=prompt_tokens, hit_tokens=hits,
+        token_hit_rate=hits / queries if queries else 0.0,
+        evicted_blocks=manager.pool.num_evicted_blocks, preemptions=sched.stats.num_preemptions,
+        sim_time_ms=clock, cpu_s=sum(cpu),
+        cpu_us_per_step_median=statistics.median(cpu) * 1e6 if cpu else 0.0,
+        cpu_us_per_step_p99=cpu_sorted[int(0.99 * (len(cpu) - 1))] * 1e6 if cpu else 0.0,
+        wall_s=time.perf_counter() - wall0, usage=usage)
+
+
+def _progress(total: int) -> Any:
+    try:
+        from tqdm import tqdm
+    except ImportError:  # progress is optional
+        return None
+    return tqdm(total=total, unit="req", desc="replay")
+
+
+def to_requests(trace: Sequence[TraceRequest], manager: KVCacheManager) -> list[Request]:
+    """Materialise trace requests as kvcore requests hashed by ``manager`` (for notebooks)."""
+    return [manager.make_request(t.request_id, t.prompt_token_ids(), max_tokens=t.output_len,
+                                 ignore_eos=True) for t in trace]

@@ -1,0 +1,91 @@
+"""Trace loading (Mooncake JSONL) and synthetic workloads."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from kvcore import InvalidArgumentError
+from kvcore.sim import workloads as W
+from kvcore.sim.traces import HashIdTokens, TraceRequest, default_trace_path, load_mooncake
+
+TRACE = default_trace_path()
+
+
+def write_trace(tmp_path: Path, records: list[object]) -> Path:
+    p = tmp_path / "t.jsonl"
+    p.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in records))
+    return p
+
+
+def test_hash_id_tokens_deterministic_and_distinct() -> None:
+    a, b = HashIdTokens(seed=1), HashIdTokens(seed=1)
+    assert a.block(7).tolist() == b.block(7).tolist()
+    assert a.block(7).tolist() != a.block(8).tolist()
+    assert HashIdTokens(seed=2).block(7).tolist() != a.block(7).tolist()
+    block = a.block(123)
+    assert len(block) == 512 and block.min() >= 0 and block.max() < 32_000
+    assert a.tokens([1, 2], 600) == a.block(1).tolist() + a.block(2).tolist()[:88]
+
+
+def test_load_mooncake_and_shared_prefix_tokens(tmp_path: Path) -> None:
+    p = write_trace(tmp_path, [
+        {"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [1, 2, 3]},
+        {"timestamp": 10, "input_length": 700, "output_length": 2, "hash_ids": [1, 9]},
+    ])
+    r0, r1 = load_mooncake(p)
+    assert (r0.num_prompt_tokens, r0.output_len, r0.arrival_ms) == (1100, 5, 0.0)
+    t0, t1 = r0.prompt_token_ids(), r1.prompt_token_ids()
+    assert len(t0) == 1100 and len(t1) == 700
+    assert t0[:512] == t1[:512] and t0[512:700] != t1[512:700]
+    # Keys at a block size dividing 512 follow the hash ids; at other sizes they hash tokens.
+    k0, k1 = r0.block_keys(256), r1.block_keys(256)
+    assert k0[:2] == k1[:2] and len(k0) == 4 and len(k1) == 2 and k0[2] == (2, 0)
+    h0, h1 = r0.block_keys(100), r1.block_keys(100)
+    assert h0[:5] == h1[:5] and h0[5] != h1[5]
+
+
+@pytest.mark.parametrize("line, match", [
+    ("{not json", ":1: malformed"),
+    ('{"timestamp": 0, "input_length": 10}', "malformed"),
+    ('{"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": [1]}', "needs 2"),
+])
+def test_malformed_traces(tmp_path: Path, line: str, match: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=match):
+        load_mooncake(write_trace(tmp_path, [line]))
+
+
+def test_missing_trace_file(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match="not found"):
+        load_mooncake(tmp_path / "nope.jsonl")
+
+
+@pytest.mark.skipif(TRACE is None, reason="shipped Mooncake trace not present")
+def test_shipped_trace_loads() -> None:
+    reqs = load_mooncake(TRACE)  # type: ignore[arg-type]
+    assert len(reqs) == 3993
+    assert all(a.arrival_ms <= b.arrival_ms for a, b in itertools.pairwise(reqs))
+    assert load_mooncake(TRACE, limit=5)[4] == reqs[4]  # type: ignore[arg-type]
+
+
+def test_workloads_are_deterministic_and_shaped() -> None:
+    for name in W.WORKLOADS:
+        a, b = W.make_workload(name, seed=3), W.make_workload(name, seed=3)
+        assert a == b and len(a) > 0
+        assert all(r.num_prompt_tokens == len(r.prompt or ()) for r in a)
+    sp = W.shared_prefix(num_groups=2, prompts_per_group=3, system_len=40, question_len=5)
+    groups: dict[str, list[TraceRequest]] = {}
+    for r in sp:
+        groups.setdefault(r.request_id.split("-")[0], []).append(r)
+    for rs in groups.values():
+        assert len({r.prompt[:40] for r in rs}) == 1  # type: ignore[index]
+    mt = W.multi_turn(num_conversations=2, turns=3)
+    conv = sorted((r for r in mt if r.request_id.startswith("mt0-")), key=lambda r: r.request_id)
+    for prev, cur in itertools.pairwise(conv):
+        assert cur.prompt[:prev.num_prompt_tokens] == prev.prompt  # type: ignore[index]
+        assert cur.arrival_ms > prev.arrival_ms
+    with pytest.raises(InvalidArgumentError, match="unknown workload"):
+        W.make_workload("nope")
