@@ -1,0 +1,202 @@
+"""The ``kvcore`` command line.
+
+    kvcore replay [TRACE] [--workload NAME] [--block-size N] [--num-blocks N | --capacity-tokens N]
+                  [--policy lru,fifo,lfu,belady] [--plot FILE] [--json]
+    kvcore bench pool|hash|manager [...]
+    kvcore generate [...]            (runner: a tiny model end to end)
+
+Bad input (a missing or malformed trace, a negative capacity, an unknown policy) is reported in
+one line on stderr with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from kvcore.errors import KVCoreError
+
+MAIN_EPILOG = """\
+examples:
+  kvcore replay                                   built-in shared-prefix workload
+  kvcore replay --workload multi-turn --policy lru,belady --plot curve.png
+  kvcore replay ../shared/data/mooncake/synthetic_trace.jsonl --block-size 512 \\
+      --capacity-tokens 4000000 --policy lru,fifo,lfu,belady
+  kvcore bench manager                            kvcore vs vLLM, same run
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, exit 2 (argparse prints usage too)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _policies(text: str) -> list[str]:
+    from kvcore.sim.policies import POLICIES
+
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in names if p not in POLICIES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown policy {', '.join(bad) or text!r}; choose from {', '.join(POLICIES)}")
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="kvcore", description="kvcore: a vLLM-v1-style KV-cache manager, with "
+                 "trace replay, eviction-policy experiments and benchmarks.",
+                 epilog=MAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    rp = sub.add_parser("replay", help="replay a trace or workload through the scheduler and "
+                        "KV-cache manager; compare eviction policies",
+                        description="Replay a Mooncake trace (JSONL) or a built-in synthetic "
+                        "workload through kvcore's scheduler and KV-cache manager (no model), "
+                        "and optionally compare eviction policies on the same requests.")
+    rp.add_argument("trace", nargs="?", help="Mooncake JSONL trace (default: a built-in workload)")
+    rp.add_argument("--workload", default="shared-prefix",
+                    help="built-in workload when no TRACE: shared-prefix, multi-turn, few-shot, "
+                    "random (default: shared-prefix)")
+    rp.add_argument("--block-size", type=_positive, default=16, help="tokens per block (16)")
+    cap = rp.add_mutually_exclusive_group()
+    cap.add_argument("--num-blocks", type=_positive, help="KV-cache blocks (null block included)")
+    cap.add_argument("--capacity-tokens", type=_positive,
+                     help="KV-cache capacity in tokens (default: 16384 for a built-in "
+                     "workload, 4194304 for a trace)")
+    rp.add_argument("--max-num-seqs", type=_positive, default=64, help="running requests (64)")
+    rp.add_argument("--max-num-batched-tokens", type=_positive, default=8192,
+                    help="tokens per step (8192)")
+    rp.add_argument("--limit", type=_positive, help="replay only the first N requests")
+    rp.add_argument("--policy", type=_policies,
+                    help="also simulate these eviction policies (comma separated: "
+                    "lru,fifo,lfu,belady) at the same capacity")
+    rp.add_argument("--plot", metavar="FILE", help="write a hit-rate-vs-capacity plot "
+                    "(policies from --policy, default lru,belady)")
+    rp.add_argument("--json", action="store_true", help="print results as JSON")
+    rp.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    bp = sub.add_parser("bench", help="benchmarks against vLLM (pool, hash, manager)",
+                        add_help=False)
+    bp.add_argument("args", nargs=argparse.REMAINDER)
+
+    gp = sub.add_parser("generate", help="run a model end to end with the runner engine",
+                        add_help=False)
+    gp.add_argument("args", nargs=argparse.REMAINDER)
+    return ap
+
+
+def _load(args: argparse.Namespace) -> tuple[str, list[Any]]:
+    from kvcore.sim import traces, workloads
+
+    if args.trace:
+        reqs = traces.load_mooncake(args.trace, limit=args.limit)
+        return args.trace, reqs
+    reqs = workloads.make_workload(args.workload)
+    if args.limit:
+        reqs = reqs[:args.limit]
+    return f"workload:{args.workload}", reqs
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from kvcore.sim.policies import hit_rate_curve, ideal_hit_rate, simulate, to_block_requests
+    from kvcore.sim.replay import ReplayConfig, replay
+
+    source, reqs = _load(args)
+    capacity = args.capacity_tokens if args.num_blocks is None and args.capacity_tokens else None
+    if args.num_blocks is None and capacity is None:
+        capacity = 4_194_304 if args.trace else 16_384
+    cfg = ReplayConfig(block_size=args.block_size, num_blocks=args.num_blocks,
+                       capacity_tokens=capacity, max_num_seqs=args.max_num_seqs,
+                       max_num_batched_tokens=args.max_num_batched_tokens,
+                       progress=not args.no_progress and not args.json and len(reqs) > 200)
+    num_blocks = cfg.resolve_num_blocks()
+    result = replay(reqs, cfg)
+    out: dict[str, Any] = {"source": source, "requests": len(reqs), "block_size": args.block_size,
+                           "num_blocks": num_blocks, "replay": result.to_dict()}
+    out["replay"].pop("usage")
+    block_reqs = None
+    if args.policy or args.plot:
+        block_reqs = to_block_requests(reqs, args.block_size)
+        out["ideal_hit_rate"] = ideal_hit_rate(block_reqs, args.block_size)
+    if args.policy:
+        out["policies"] = {p: simulate(block_reqs, num_blocks - 1, p, args.block_size).hit_rate  # type: ignore[arg-type]
+                           for p in args.policy}
+    if args.plot:
+        from kvcore.sim.plots import plot_hit_rate_curves
+
+        top = num_blocks - 1
+        caps = sorted({max(1, top >> k) for k in range(7)} | {top * 2, top * 4})
+        curves = hit_rate_curve(block_reqs, caps, args.policy or ["lru", "belady"],  # type: ignore[arg-type]
+                                args.block_size)
+        plot_hit_rate_curves(curves, block_size=args.block_size, ideal=out["ideal_hit_rate"],
+                             title=f"Hit rate vs capacity — {source}", path=args.plot)
+        out["plot"] = args.plot
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    r = result
+    print(f"replayed {source}: {r.num_finished} of {len(reqs)} requests finished "
+          f"({r.num_rejected} rejected) in {r.steps} steps, {r.wall_s:.2f}s wall")
+    print(f"  KV cache:        {num_blocks - 1} blocks x {args.block_size} tokens "
+          f"= {(num_blocks - 1) * args.block_size:,} tokens")
+    print(f"  token hit rate:  {r.token_hit_rate:.2%} ({r.hit_tokens:,} of {r.prompt_tokens:,} "
+          "prompt tokens)")
+    print(f"  evicted blocks:  {r.evicted_blocks:,}   preemptions: {r.preemptions:,}")
+    print(f"  scheduler+manager CPU: {r.cpu_us_per_step_median:.1f} µs/step median, "
+          f"{r.cpu_us_per_step_p99:.1f} µs p99, {r.cpu_s:.2f}s total")
+    if "ideal_hit_rate" in out:
+        print(f"  infinite-capacity hit rate: {out['ideal_hit_rate']:.2%}")
+    for p, rate in out.get("policies", {}).items():
+        print(f"  policy {p:7s} hit rate: {rate:.2%}  (same capacity, one request at a time)")
+    if args.plot:
+        print(f"  plot written to {args.plot}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("bench", "generate"):
+        # Their own parsers own every following argument (argparse.REMAINDER would not take a
+        # leading option such as --no-peer).
+        args = argparse.Namespace(command=argv[0], args=argv[1:])
+    else:
+        args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        if args.command == "replay":
+            return cmd_replay(args)
+        if args.command == "bench":
+            from kvcore.bench.__main__ import main as bench_main
+
+            return bench_main(args.args)
+        if args.command == "generate":
+            from runner.generate import main as generate_main
+
+            return generate_main(args.args)
+    except (KVCoreError, ValueError, OSError) as exc:
+        print(f"kvcore: error: {exc}", file=sys.stderr)
+        return 2
+    except ImportError as exc:
+        print(f"kvcore: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
