@@ -144,6 +144,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         plot_hit_rate_curves(curves, block_size=args.block_size, ideal=out["ideal_hit_rate"],
                              title=f"Hit rate vs capacity — {source}", path=args.plot)
         out["plot"] = args.plot
+        out["curves"] = {p: [[r.capacity_blocks * args.block_size, r.hit_rate] for r in rs]
+                         for p, rs in curves.items()}
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
@@ -162,6 +164,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     for p, rate in out.get("policies", {}).items():
         print(f"  policy {p:7s} hit rate: {rate:.2%}  (same capacity, one request at a time)")
     if args.plot:
+        policies = list(out["curves"])
+        print(f"\n  {'capacity (tokens)':>18} " + " ".join(f"{p:>7}" for p in policies))
+        for i, (cap_tokens, _) in enumerate(out["curves"][policies[0]]):
+            print(f"  {cap_tokens:>18,} " + " ".join(f"{out['curves'][p][i][1]:>7.1%}"
+                                                      for p in policies))
         print(f"  plot written to {args.plot}")
     return 0
 

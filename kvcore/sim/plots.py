@@ -11,10 +11,7 @@ from kvcore.sim.policies import PolicyResult
 
 def _pyplot() -> Any:
     try:
-        import matplotlib
-
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # headless machines fall back to Agg by themselves
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError("plotting needs matplotlib: pip install 'kvcore[plot]'") from exc
     return plt

@@ -1,0 +1,32 @@
+"""The experiments notebook runs top to bottom (nbclient) and is committed without outputs."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "prefix_cache_experiments.ipynb"
+
+
+def test_notebook_is_committed_without_outputs() -> None:
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert not cell.outputs and cell.execution_count is None
+
+
+def test_notebook_executes_within_a_minute() -> None:
+    nbclient = pytest.importorskip("nbclient")
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    start = time.perf_counter()
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
+                            resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    elapsed = time.perf_counter() - start
+    assert elapsed < 60, f"notebook took {elapsed:.0f}s"
+    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "hit rate" in text and "requests" in text
+    assert any("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code"
+               for o in c.outputs)
