@@ -12,6 +12,7 @@ prompt tokens).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,8 +136,12 @@ def load_mooncake(path: str | Path, *, limit: int | None = None, vocab_size: int
 
 
 def default_trace_path() -> Path | None:
-    """The shipped Mooncake trace (``../shared/data/mooncake/synthetic_trace.jsonl`` relative to
-    the repository), if present."""
+    """The shipped Mooncake trace, if present: ``$KVCORE_MOONCAKE_TRACE``, else
+    ``../shared/data/mooncake/synthetic_trace.jsonl`` beside the working directory or the
+    repository."""
+    env = os.environ.get("KVCORE_MOONCAKE_TRACE")
+    if env:
+        return Path(env) if Path(env).is_file() else None
     here = Path(__file__).resolve()
     for base in (Path.cwd(), here.parents[2]):
         p = base.parent / "shared" / "data" / "mooncake" / "synthetic_trace.jsonl"
