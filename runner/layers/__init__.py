@@ -1,0 +1,1 @@
+"""Model building blocks: RMSNorm, rotary embeddings, tensor-parallel linear layers."""
