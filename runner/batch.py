@@ -23,16 +23,44 @@ from runner.attention.base import AttentionMetadata, GroupMetadata
 
 
 @dataclass
-class PreparedBatch:
+class ModelInputs:
+    """What every tensor-parallel rank needs for one forward (picklable, broadcast by rank 0)."""
+
     input_ids: torch.Tensor
     positions: torch.Tensor
     meta: AttentionMetadata
+
+    def to(self, device: torch.device | str) -> ModelInputs:
+        groups = [GroupMetadata(g.slot_mapping.to(device), g.block_tables.to(device))
+                  for g in self.meta.groups]
+        m = self.meta
+        meta = AttentionMetadata(m.cu_seqlens_q.to(device), m.seq_lens.to(device),
+                                 m.max_seqlen_q, m.max_seqlen_k, groups, m.seq_lens_cpu,
+                                 m.query_lens_cpu)
+        return ModelInputs(self.input_ids.to(device), self.positions.to(device), meta)
+
+
+@dataclass
+class PreparedBatch:
+    inputs: ModelInputs
     sample_indices: torch.Tensor
     sampling: list[ScheduledRequest]  # the sequences that sample, in sample_indices order
 
     @property
+    def input_ids(self) -> torch.Tensor:
+        return self.inputs.input_ids
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return self.inputs.positions
+
+    @property
+    def meta(self) -> AttentionMetadata:
+        return self.inputs.meta
+
+    @property
     def num_tokens(self) -> int:
-        return int(self.input_ids.shape[0])
+        return int(self.inputs.input_ids.shape[0])
 
 
 def _tables(rows: Sequence[Sequence[int]]) -> np.ndarray:
@@ -79,5 +107,6 @@ def prepare_batch(scheduled: Sequence[ScheduledRequest], num_groups: int, block_
         max_seqlen_q=int(q_lens.max()) if num_seqs else 0,
         max_seqlen_k=int(seq_lens.max()) if num_seqs else 0,
         groups=groups, seq_lens_cpu=seq_lens.tolist(), query_lens_cpu=q_lens.tolist())
-    return PreparedBatch(torch.from_numpy(ids).to(device), torch.from_numpy(positions).to(device),
-                         meta, torch.from_numpy(sample_idx).to(device), sampling)
+    inputs = ModelInputs(torch.from_numpy(ids).to(device), torch.from_numpy(positions).to(device),
+                         meta)
+    return PreparedBatch(inputs, torch.from_numpy(sample_idx).to(device), sampling)

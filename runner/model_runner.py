@@ -1,0 +1,161 @@
+"""ModelRunner: one tensor-parallel rank's model, KV-cache tensors and attention backend.
+
+It runs forwards on :class:`~runner.batch.ModelInputs`.  On a GPU it sizes the KV cache from
+the memory left after a warm-up forward at the full token budget (as nano-vllm does), and, for
+backends whose decode path is graph-safe, replays captured CUDA graphs for decode-only steps
+(batch sizes padded up to the nearest captured size; padding rows write nowhere: slot -1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from runner.attention.base import AttentionBackend, AttentionMetadata, GroupMetadata
+from runner.batch import ModelInputs
+from runner.distributed import TPGroup
+from runner.kv_cache import (
+    KVCacheLayout,
+    allocate_kv_caches,
+    bytes_per_block,
+    layer_caches,
+    num_blocks_for_gpu,
+)
+from runner.models import DecoderForCausalLM
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    inputs: ModelInputs  # static buffers the graph reads
+    hidden: torch.Tensor  # static output
+
+
+class ModelRunner:
+    def __init__(self, model: DecoderForCausalLM, layout: KVCacheLayout, num_groups: int,
+                 backend: AttentionBackend, *, device: torch.device, dtype: torch.dtype,
+                 tp: TPGroup) -> None:
+        self.model = model
+        self.layout = layout
+        self.num_groups = num_groups
+        self.backend = backend
+        self.device = device
+        self.dtype = dtype
+        self.tp = tp
+        self.caches: list[torch.Tensor] = []
+        self.layer_caches: list[torch.Tensor] = []
+        self.num_blocks = 0
+        self._graphs: dict[int, _Graph] = {}
+
+    # -- KV memory ------------------------------------------------------------------------------
+    def block_bytes(self) -> int:
+        return bytes_per_block(self.layout, self.model.num_kv_heads_per_rank, self.model.head_dim,
+                               self.dtype)
+
+    def profile_num_blocks(self, max_num_batched_tokens: int, utilization: float) -> int:
+        """GPU: blocks that fit after a warm-up forward of ``max_num_batched_tokens`` tokens
+        (a collective under tensor parallelism: every rank takes the minimum)."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        n = max_num_batched_tokens
+        blocks_needed = -(-n // self.layout.block_size) + 1
+        scratch = allocate_kv_caches(self.layout, blocks_needed, self.model.num_kv_heads_per_rank,
+                                     self.model.head_dim, self.dtype, self.device)
+        table = torch.arange(1, blocks_needed, dtype=torch.int32, device=self.device)[None]
+        meta = AttentionMetadata(
+            torch.tensor([0, n], dtype=torch.int32, device=self.device),
+            torch.tensor([n], dtype=torch.int32, device=self.device), n, n,
+            [GroupMetadata(torch.arange(self.layout.block_size, self.layout.block_size + n,
+                                        device=self.device), table)
+             for _ in range(self.num_groups)], [n], [n])
+        with torch.inference_mode():
+            hidden = self.model(torch.zeros(n, dtype=torch.long, device=self.device),
+                                torch.arange(n, device=self.device),
+                                layer_caches(scratch, self.layout), meta, self.backend)
+            self.model.compute_logits(hidden[-1:])
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        del scratch, hidden
+        torch.cuda.empty_cache()
+        num = num_blocks_for_gpu(self.layout, self.model.num_kv_heads_per_rank,
+                                 self.model.head_dim, self.dtype, utilization, peak, self.device)
+        if self.tp.world_size > 1:
+            t = torch.tensor([num], device=self.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.tp.group)
+            num = int(t.item())
+        return num
+
+    def allocate(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self.caches = allocate_kv_caches(self.layout, num_blocks, self.model.num_kv_heads_per_rank,
+                                         self.model.head_dim, self.dtype, self.device)
+        self.layer_caches = layer_caches(self.caches, self.layout)
+
+    # -- forward --------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, inputs: ModelInputs) -> torch.Tensor:
+        """Hidden states of every new token ([num_tokens, hidden])."""
+        if self._graphs and inputs.meta.is_decode_only:
+            size = next((s for s in sorted(self._graphs) if s >= inputs.meta.num_seqs), None)
+            if size is not None:
+                return self._replay(self._graphs[size], inputs)
+        return self.model(inputs.input_ids, inputs.positions, self.layer_caches, inputs.meta,
+                          self.backend)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.compute_logits(hidden).float()
+
+    # -- CUDA graphs (decode) -------------------------------------------------------------------
+    def capture_decode_graphs(self, max_batch: int, max_model_len: int) -> list[int]:
+        """Capture decode forwards for batch sizes 1, 2, 4, 8, then multiples of 16 up to
+        ``max_batch``.  Needs a backend whose decode path reads only tensors
+        (``supports_cuda_graphs``)."""
+        if not getattr(self.backend, "supports_cuda_graphs", False):
+            return []
+        sizes = [s for s in (1, 2, 4, 8) if s <= max_batch]
+        sizes += list(range(16, max_batch + 1, 16))
+        max_blocks = -(-max_model_len // self.layout.block_size)
+        pool = None
+        for size in sorted(sizes, reverse=True):
+            inputs = self._static_decode_inputs(size, max_blocks, max_model_len)
+            self.model(inputs.input_ids, inputs.positions, self.layer_caches, inputs.meta,
+                       self.backend)  # warm up (compiles kernels) outside the capture
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                hidden = self.model(inputs.input_ids, inputs.positions, self.layer_caches,
+                                    inputs.meta, self.backend)
+            pool = graph.pool()
+            self._graphs[size] = _Graph(graph, inputs, hidden)
+        torch.cuda.synchronize(self.device)
+        return sorted(self._graphs)
+
+    def _static_decode_inputs(self, size: int, max_blocks: int, max_model_len: int) -> ModelInputs:
+        dev = self.device
+        groups = [GroupMetadata(torch.full((size,), -1, dtype=torch.long, device=dev),
+                                torch.zeros(size, max_blocks, dtype=torch.int32, device=dev))
+                  for _ in range(self.num_groups)]
+        meta = AttentionMetadata(torch.arange(size + 1, dtype=torch.int32, device=dev),
+                                 torch.ones(size, dtype=torch.int32, device=dev), 1,
+                                 max_model_len, groups, [max_model_len] * size, [1] * size)
+        return ModelInputs(torch.zeros(size, dtype=torch.long, device=dev),
+                           torch.zeros(size, dtype=torch.long, device=dev), meta)
+
+    def _replay(self, g: _Graph, inputs: ModelInputs) -> torch.Tensor:
+        n = inputs.meta.num_seqs
+        s = g.inputs
+        s.input_ids[:n].copy_(inputs.input_ids)
+        s.positions[:n].copy_(inputs.positions)
+        s.meta.seq_lens.fill_(1)
+        s.meta.seq_lens[:n].copy_(inputs.meta.seq_lens)
+        for static, live in zip(s.meta.groups, inputs.meta.groups):
+            static.slot_mapping.fill_(-1)
+            static.slot_mapping[:n].copy_(live.slot_mapping)
+            static.block_tables.zero_()
+            width = live.block_tables.shape[1]
+            static.block_tables[:n, :width].copy_(live.block_tables)
+        g.graph.replay()
+        return g.hidden[:n]
