@@ -152,3 +152,14 @@ def test_generate_entry_point(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "'abc' ->" in out and "'abd' ->" in out and "tok/s" in out
     assert main(["--model", "/definitely/not/here"]) == 2
+
+
+def test_triton_backend_matches_torch_backend_end_to_end(tmp_path: Path) -> None:
+    save_hf("qwen2", tmp_path)  # hybrid: full + sliding-window groups
+    ps = prompts(3, seed=9)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    want = LLM(tmp_path, block_size=4, num_blocks=64, backend="torch").generate(
+        ps, params, use_tqdm=False)
+    got = LLM(tmp_path, block_size=4, num_blocks=64, backend="triton").generate(
+        ps, params, use_tqdm=False)
+    assert tokens(got) == tokens(want)

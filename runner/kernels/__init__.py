@@ -1,0 +1,1 @@
+"""Triton kernels (paged attention, KV store); tested on CPU under TRITON_INTERPRET=1."""

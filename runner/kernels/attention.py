@@ -1,0 +1,324 @@
+"""Triton kernels for paged attention.
+
+Layout (see ``runner/attention/base.py``): ``kv_cache[2, num_blocks, block_size, Hkv, D]``;
+token ``t`` of a sequence is row ``t % block_size`` of block ``block_table[t // block_size]``.
+
+* ``store_kv``: one program per new token writes its K and V rows through ``slot_mapping``
+  (slot < 0: padding, skipped).
+* ``paged_prefill``: programs over (query tile, KV head).  A tile holds ``BLOCK_M`` query tokens
+  of one sequence times the ``G = Hq / Hkv`` query heads sharing the KV head (GQA packing: K/V
+  are loaded once for the whole group), i.e. ``BLOCK_M * G`` rows.  K/V are read ``BLOCK_N``
+  positions at a time, each row gathered through the block table (so any page size works with
+  tensor-core tiles >= 16).  The loop covers only positions some query in the tile can see:
+  ``[first_query_pos - window + 1, last_query_pos]``.  Online softmax in fp32.
+* ``paged_decode``: one query per sequence, programs over (sequence, KV head, split).  The
+  visible range ``[seq_len - window, seq_len)`` is cut into ``num_splits`` parts (flash-decoding)
+  so long contexts use the whole GPU; each part writes a partial output and its log-sum-exp, and
+  ``_combine`` merges them.  The G query heads are rows of one tile (padded to 16).
+
+fp32 inputs use IEEE fp32 dot products (no TF32) so results match the torch reference.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _store_kv_kernel(k_ptr, v_ptr, cache_ptr, slot_ptr,
+                     stride_kt, stride_vt, stride_c_kv, stride_c_block, stride_c_tok,
+                     block_size, HD: tl.constexpr, BLOCK_HD: tl.constexpr):
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot >= 0:
+        block = slot // block_size
+        row = slot % block_size
+        offs = tl.arange(0, BLOCK_HD)
+        mask = offs < HD
+        dst = cache_ptr + block * stride_c_block + row * stride_c_tok + offs
+        k = tl.load(k_ptr + t * stride_kt + offs, mask=mask)
+        v = tl.load(v_ptr + t * stride_vt + offs, mask=mask)
+        tl.store(dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(dst + stride_c_kv, v.to(cache_ptr.dtype.element_ty), mask=mask)
+
+
+def store_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Write each token's K/V ([T, Hkv, D]) to its slot; slots < 0 are skipped."""
+    num_tokens = key.shape[0]
+    if num_tokens == 0:
+        return
+    hd = key.shape[1] * key.shape[2]
+    if kv_cache.stride(3) != kv_cache.shape[4] or kv_cache.stride(4) != 1:
+        raise ValueError("kv_cache's head and head_dim dimensions must be contiguous")
+    key = key.reshape(num_tokens, hd)
+    value = value.reshape(num_tokens, hd)
+    _store_kv_kernel[(num_tokens,)](
+        key, value, kv_cache, slot_mapping,
+        key.stride(0), value.stride(0), kv_cache.stride(0), kv_cache.stride(1),
+        kv_cache.stride(2), kv_cache.shape[2], HD=hd, BLOCK_HD=triton.next_power_of_2(hd))
+
+
+@triton.jit
+def _load_kv_tile(cache_ptr, table_ptr, pos, pos_mask, kvh, offs_d, d_mask,
+                  stride_c_block, stride_c_tok, stride_c_head, block_size):
+    """K or V rows for positions ``pos`` ([BLOCK_N]) of one sequence: [BLOCK_N, BLOCK_D]."""
+    block_idx = pos // block_size
+    block = tl.load(table_ptr + block_idx, mask=pos_mask, other=0).to(tl.int64)
+    row = (pos % block_size).to(tl.int64)
+    ptrs = (cache_ptr + block[:, None] * stride_c_block + row[:, None] * stride_c_tok
+            + kvh * stride_c_head + offs_d[None, :])
+    return tl.load(ptrs, mask=pos_mask[:, None] & d_mask[None, :], other=0.0)
+
+
+@triton.jit
+def _prefill_kernel(q_ptr, cache_ptr, table_ptr, cu_q_ptr, seq_lens_ptr, tile_seq_ptr,
+                    tile_start_ptr, out_ptr,
+                    stride_qt, stride_qh, stride_ot, stride_oh,
+                    stride_c_kv, stride_c_block, stride_c_tok, stride_c_head, stride_table,
+                    scale_log2, block_size, window, head_dim,
+                    G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
+    tile = tl.program_id(0)
+    kvh = tl.program_id(1)
+    seq = tl.load(tile_seq_ptr + tile)
+    q_start = tl.load(tile_start_ptr + tile)
+    cu = tl.load(cu_q_ptr + seq)
+    q_len = tl.load(cu_q_ptr + seq + 1) - cu
+    seq_len = tl.load(seq_lens_ptr + seq)
+    ROWS: tl.constexpr = BLOCK_M * G
+    rows = tl.arange(0, ROWS)
+    tok = q_start + rows // G  # query token index within the sequence's new tokens
+    head = kvh * G + rows % G
+    row_mask = tok < q_len
+    q_pos = seq_len - q_len + tok
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < head_dim
+    q = tl.load(q_ptr + (cu + tok)[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh
+                + offs_d[None, :], mask=row_mask[:, None] & d_mask[None, :], other=0.0)
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    last = tl.minimum(seq_len - q_len + q_start + BLOCK_M, seq_len)  # exclusive
+    first = 0
+    if window > 0:
+        first = tl.maximum(seq_len - q_len + q_start - window + 1, 0)
+    first = first // BLOCK_N * BLOCK_N
+    table = table_ptr + seq.to(tl.int64) * stride_table
+    k_base = cache_ptr
+    v_base = cache_ptr + stride_c_kv
+    for start in range(first, last, BLOCK_N):
+        pos = start + tl.arange(0, BLOCK_N)
+        pos_mask = pos < last
+        k = _load_kv_tile(k_base, table, pos, pos_mask, kvh, offs_d, d_mask,
+                          stride_c_block, stride_c_tok, stride_c_head, block_size)
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        visible = (pos[None, :] <= q_pos[:, None]) & pos_mask[None, :]
+        if window > 0:
+            visible = visible & (pos[None, :] > q_pos[:, None] - window)
+        s = tl.where(visible, s * scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = _load_kv_tile(v_base, table, pos, pos_mask, kvh, offs_d, d_mask,
+                          stride_c_block, stride_c_tok, stride_c_head, block_size)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(out_ptr + (cu + tok)[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh
+             + offs_d[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=row_mask[:, None] & d_mask[None, :])
+
+
+@triton.jit
+def _decode_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, part_out_ptr, part_lse_ptr,
+                   stride_qt, stride_qh, stride_c_kv, stride_c_block, stride_c_tok,
+                   stride_c_head, stride_table, stride_po_s, stride_po_h, stride_po_split,
+                   stride_pl_s, stride_pl_h,
+                   scale_log2, block_size, window, head_dim, num_heads,
+                   G: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
+    seq = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    num_splits = tl.num_programs(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    lo = 0
+    if window > 0:
+        lo = tl.maximum(seq_len - window, 0)
+    span = tl.cdiv(tl.cdiv(seq_len - lo, num_splits), BLOCK_N) * BLOCK_N
+    start0 = lo + split * span
+    end = tl.minimum(start0 + span, seq_len)
+    h = tl.arange(0, BLOCK_H)
+    h_mask = h < G
+    head = kvh * G + h
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < head_dim
+    q = tl.load(q_ptr + seq.to(tl.int64) * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                mask=h_mask[:, None] & d_mask[None, :], other=0.0)
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    table = table_ptr + seq.to(tl.int64) * stride_table
+    for start in range(start0, end, BLOCK_N):
+        pos = start + tl.arange(0, BLOCK_N)
+        pos_mask = pos < end
+        k = _load_kv_tile(cache_ptr, table, pos, pos_mask, kvh, offs_d, d_mask,
+                          stride_c_block, stride_c_tok, stride_c_head, block_size)
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(pos_mask[None, :], s * scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = _load_kv_tile(cache_ptr + stride_c_kv, table, pos, pos_mask, kvh, offs_d, d_mask,
+                          stride_c_block, stride_c_tok, stride_c_head, block_size)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+    store_mask = h_mask & (head < num_heads)
+    tl.store(part_out_ptr + seq.to(tl.int64) * stride_po_s + head[:, None] * stride_po_h
+             + split * stride_po_split + offs_d[None, :], out,
+             mask=store_mask[:, None] & d_mask[None, :])
+    tl.store(part_lse_ptr + seq.to(tl.int64) * stride_pl_s + head * stride_pl_h + split, lse,
+             mask=store_mask)
+
+
+@triton.jit
+def _combine_kernel(part_out_ptr, part_lse_ptr, out_ptr,
+                    stride_po_s, stride_po_h, stride_po_split, stride_pl_s, stride_pl_h,
+                    stride_ot, stride_oh, head_dim,
+                    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    sp = tl.arange(0, BLOCK_S)
+    s_mask = sp < NUM_SPLITS
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < head_dim
+    lse = tl.load(part_lse_ptr + seq.to(tl.int64) * stride_pl_s + head * stride_pl_h + sp,
+                  mask=s_mask, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m)
+    parts = tl.load(part_out_ptr + seq.to(tl.int64) * stride_po_s + head * stride_po_h
+                    + sp[:, None] * stride_po_split + offs_d[None, :],
+                    mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+    total = tl.sum(w, 0)
+    out = tl.sum(parts * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(out_ptr + seq.to(tl.int64) * stride_ot + head * stride_oh + offs_d,
+             out.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+def _check_cache(kv_cache: torch.Tensor) -> None:
+    if kv_cache.stride(4) != 1:
+        raise ValueError("kv_cache's head_dim dimension must be contiguous")
+
+
+def _tile_sizes(head_dim: int, group: int) -> tuple[int, int, int]:
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_m = max(1, 64 // triton.next_power_of_2(group))  # rows = BLOCK_M * G ~ 64
+    block_m = max(block_m, triton.cdiv(16, group))  # at least 16 rows for tl.dot
+    block_m = triton.next_power_of_2(block_m)
+    block_n = 64 if block_d <= 64 else 32
+    return block_m, block_n, block_d
+
+
+def paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                  cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, query_lens: list[int],
+                  scale: float, sliding_window: int | None = None,
+                  block_n: int | None = None) -> torch.Tensor:
+    """Attention for packed queries ([T, Hq, D]) over K/V already in the paged cache."""
+    _check_cache(kv_cache)
+    _, num_heads, head_dim = query.shape
+    num_kv_heads = kv_cache.shape[3]
+    group = num_heads // num_kv_heads
+    block_m, default_n, block_d = _tile_sizes(head_dim, group)
+    block_n = block_n or default_n
+    tile_seq: list[int] = []
+    tile_start: list[int] = []
+    for s, q_len in enumerate(query_lens):
+        for start in range(0, q_len, block_m):
+            tile_seq.append(s)
+            tile_start.append(start)
+    out = torch.empty_like(query)
+    if not tile_seq:
+        return out
+    dev = query.device
+    tiles_s = torch.tensor(tile_seq, dtype=torch.int32, device=dev)
+    tiles_t = torch.tensor(tile_start, dtype=torch.int32, device=dev)
+    _prefill_kernel[(len(tile_seq), num_kv_heads)](
+        query, kv_cache, block_tables, cu_seqlens_q, seq_lens, tiles_s, tiles_t, out,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
+        block_tables.stride(0), scale * _LOG2E, kv_cache.shape[2], sliding_window or 0, head_dim,
+        G=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        IEEE=query.dtype == torch.float32)
+    return out
+
+
+def decode_splits(max_seqlen_k: int, num_seqs: int, num_kv_heads: int, window: int | None,
+                  target_programs: int = 264) -> int:
+    """How many parts to cut each sequence's context into: enough programs to fill the GPU
+    (``target_programs`` ~ 2 per SM on an H100), at least 256 positions per part."""
+    span = min(max_seqlen_k, window) if window else max_seqlen_k
+    by_length = max(1, span // 256)
+    by_occupancy = max(1, math.ceil(target_programs / max(1, num_seqs * num_kv_heads)))
+    return int(min(by_length, by_occupancy, 64))
+
+
+def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                 seq_lens: torch.Tensor, max_seqlen_k: int, scale: float,
+                 sliding_window: int | None = None, num_splits: int | None = None,
+                 block_n: int | None = None) -> torch.Tensor:
+    """One query token per sequence ([S, Hq, D]) over the paged cache, split-K."""
+    _check_cache(kv_cache)
+    num_seqs, num_heads, head_dim = query.shape
+    num_kv_heads = kv_cache.shape[3]
+    group = num_heads // num_kv_heads
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_h = max(16, triton.next_power_of_2(group))
+    block_n = block_n or (64 if block_d <= 64 else 32)
+    splits = num_splits or decode_splits(max_seqlen_k, num_seqs, num_kv_heads, sliding_window)
+    out = torch.empty_like(query)
+    if num_seqs == 0:
+        return out
+    part_out = torch.empty(num_seqs, num_heads, splits, head_dim, dtype=torch.float32,
+                           device=query.device)
+    part_lse = torch.empty(num_seqs, num_heads, splits, dtype=torch.float32, device=query.device)
+    _decode_kernel[(num_seqs, num_kv_heads, splits)](
+        query, kv_cache, block_tables, seq_lens, part_out, part_lse,
+        query.stride(0), query.stride(1), kv_cache.stride(0), kv_cache.stride(1),
+        kv_cache.stride(2), kv_cache.stride(3), block_tables.stride(0),
+        part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        part_lse.stride(0), part_lse.stride(1),
+        scale * _LOG2E, kv_cache.shape[2], sliding_window or 0, head_dim, num_heads,
+        G=group, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d,
+        IEEE=query.dtype == torch.float32)
+    _combine_kernel[(num_seqs, num_heads)](
+        part_out, part_lse, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1), head_dim,
+        NUM_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d)
+    return out

@@ -1,0 +1,129 @@
+"""Triton kernels (under TRITON_INTERPRET=1 on CPU) against the torch reference backend on random
+paged inputs: ragged lengths, partial last blocks, shuffled block ids, GQA 1/4/8, sliding
+windows, cached prefixes, split-K decode, mixed batches, padding slots, head_dim 80.
+fp32 and fp16 only (the interpreter computes bf16 dots wrongly)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from runner.attention import AttentionMetadata, GroupMetadata, TorchAttentionBackend, get_backend
+from runner.kernels.attention import decode_splits, paged_decode, store_kv
+
+TOL = {torch.float32: 1e-4, torch.float16: 2e-3}
+
+
+def scenario(seq_lens: list[int], q_lens: list[int], *, block_size: int, num_kv_heads: int,
+             group: int, head_dim: int, dtype: torch.dtype, seed: int = 0,
+             padding: int = 0) -> tuple[torch.Tensor, ...]:
+    """Random q/k/v for the new tokens, a cache whose cached prefixes hold random K/V, and the
+    metadata (shuffled block ids; block 0 reserved)."""
+    g = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    num_blocks = sum(-(-s // block_size) for s in seq_lens) + 4
+    ids = list(range(1, num_blocks))
+    rng.shuffle(ids)
+    cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, generator=g).to(dtype)
+    tables, slots = [], []
+    for s, q in zip(seq_lens, q_lens):
+        table = [ids.pop() for _ in range(-(-s // block_size))]
+        tables.append(table)
+        slots += [table[p // block_size] * block_size + p % block_size for p in range(s - q, s)]
+    slots += [-1] * padding
+    width = max(len(t) for t in tables)
+    bt = torch.zeros(len(tables), width, dtype=torch.int32)
+    for i, t in enumerate(tables):
+        bt[i, :len(t)] = torch.tensor(t, dtype=torch.int32)
+    n = sum(q_lens) + padding
+    heads = num_kv_heads * group
+    q = torch.randn(n, heads, head_dim, generator=g).to(dtype)
+    k = torch.randn(n, num_kv_heads, head_dim, generator=g).to(dtype)
+    v = torch.randn(n, num_kv_heads, head_dim, generator=g).to(dtype)
+    cu = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(q_lens).cumsum(0)
+    meta = AttentionMetadata(cu, torch.tensor(seq_lens, dtype=torch.int32), max(q_lens),
+                             max(seq_lens), [GroupMetadata(torch.tensor(slots), bt)],
+                             list(seq_lens), list(q_lens))
+    return q, k, v, cache, meta  # type: ignore[return-value]
+
+
+def compare(seq_lens: list[int], q_lens: list[int], window: int | None = None, **kw: object) -> None:
+    q, k, v, cache, meta = scenario(seq_lens, q_lens, **kw)  # type: ignore[arg-type]
+    dtype = q.dtype
+    scale = q.shape[-1] ** -0.5
+    ref_cache, tri_cache = cache.clone(), cache.clone()
+    want = TorchAttentionBackend().forward(q, k, v, ref_cache, meta, 0, scale, window)
+    got = get_backend("triton").forward(q, k, v, tri_cache, meta, 0, scale, window)
+    n = sum(q_lens)
+    assert torch.equal(tri_cache, ref_cache), "store_kv wrote different cache contents"
+    err = (got[:n].float() - want[:n].float()).abs().max().item()
+    assert err <= TOL[dtype], f"max error {err}"
+
+
+def test_prefill_from_scratch_fp32() -> None:
+    compare([5, 9], [5, 9], block_size=4, num_kv_heads=2, group=1, head_dim=32,
+            dtype=torch.float32)
+
+
+def test_prefill_after_cached_prefix_fp16_gqa4() -> None:
+    compare([20, 13], [7, 13], block_size=8, num_kv_heads=1, group=4, head_dim=32,
+            dtype=torch.float16, seed=1)
+
+
+@pytest.mark.parametrize("window", [3, 5, 64])
+def test_prefill_sliding_windows_gqa8(window: int) -> None:
+    # 3: smaller than a block; 64: larger than every sequence.
+    compare([11, 18], [11, 6], window=window, block_size=4, num_kv_heads=1, group=8,
+            head_dim=16, dtype=torch.float32, seed=2)
+
+
+def test_mixed_prefill_and_single_token_sequences() -> None:
+    compare([9, 6, 14], [1, 6, 1], block_size=4, num_kv_heads=2, group=2, head_dim=32,
+            dtype=torch.float16, seed=3)
+
+
+def test_head_dim_80_and_padding_tokens_not_written() -> None:
+    compare([7], [7], block_size=4, num_kv_heads=1, group=2, head_dim=80, dtype=torch.float32,
+            seed=4, padding=3)
+
+
+@pytest.mark.parametrize("dtype,group,window", [(torch.float32, 4, None), (torch.float16, 8, 3),
+                                                (torch.float32, 1, 20)])
+def test_decode_split_k(dtype: torch.dtype, group: int, window: int | None) -> None:
+    seq_lens = [37, 5, 64]
+    q, k, v, cache, meta = scenario(seq_lens, [1, 1, 1], block_size=8, num_kv_heads=1,
+                                    group=group, head_dim=32, dtype=dtype, seed=5)
+    scale = 32 ** -0.5
+    ref_cache = cache.clone()
+    want = TorchAttentionBackend().forward(q, k, v, ref_cache, meta, 0, scale, window)
+    store_kv(k, v, cache, meta.groups[0].slot_mapping)
+    for splits in (1, 3):  # one pass, and more than one split with a reduction
+        got = paged_decode(q, cache, meta.groups[0].block_tables, meta.seq_lens, 64, scale,
+                           window, num_splits=splits, block_n=16)
+        err = (got.float() - want.float()).abs().max().item()
+        assert err <= TOL[dtype], f"splits={splits}: {err}"
+
+
+def test_decode_backend_path() -> None:
+    compare([30, 3], [1, 1], block_size=4, num_kv_heads=2, group=4, head_dim=16,
+            dtype=torch.float32, seed=6)
+
+
+def test_split_heuristic() -> None:
+    assert decode_splits(512, 256, 8, None) == 1  # busy GPU, short context: no split
+    assert decode_splits(32768, 1, 8, None) >= 16  # one long sequence: many splits
+    assert decode_splits(32768, 1, 8, 1024) <= 4  # a window bounds the work
+
+
+def test_flash_attn_backend_reports_missing_package() -> None:
+    pytest.importorskip("triton")
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match="flash-attn"):
+            get_backend("flash_attn")
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        get_backend("nope")
