@@ -1,0 +1,248 @@
+"""GPU benchmarks for the runner: ``python -m runner.bench {attention,throughput,prefix,all}``.
+
+* ``attention``: decode attention's achieved bandwidth (bytes of K/V read / median time) per
+  backend, for batch sizes 1-256 and contexts 512-32k, next to the device's measured
+  device-to-device copy bandwidth.  Goal: >= 80% of copy bandwidth at long context.
+* ``throughput``: end to end on a Qwen3-0.6B-shaped model with random weights, nano-vllm's recipe
+  (256 sequences, input and output lengths uniform in 100-1024, ignore_eos).
+* ``prefix``: prefill time for requests whose prompts share a 90% prefix already in the cache,
+  against the same prompts with prefix caching off.
+
+Without CUDA it prints one line and exits 2; ``--allow-cpu`` runs tiny shapes on the CPU to
+check the code paths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from runner.attention import AttentionMetadata, GroupMetadata, get_backend
+
+
+def _timer(device: torch.device) -> Callable[[Callable[[], Any], int], float]:
+    """Median seconds of ``fn`` over ``reps`` runs (CUDA events on GPU)."""
+
+    def measure(fn: Callable[[], Any], reps: int) -> float:
+        fn()  # warm-up (compilation, caching allocator)
+        times = []
+        for _ in range(reps):
+            if device.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    return measure
+
+
+def copy_bandwidth(device: torch.device, nbytes: int) -> float:
+    """Device-to-device copy bandwidth in GB/s (read + write bytes)."""
+    src = torch.empty(nbytes // 2, dtype=torch.float16, device=device)
+    dst = torch.empty_like(src)
+    t = _timer(device)(lambda: dst.copy_(src), 20)
+    return 2 * src.numel() * 2 / t / 1e9
+
+
+def bench_attention(device: torch.device, batches: Sequence[int], contexts: Sequence[int],
+                    backends: Sequence[str], num_kv_heads: int = 8, group: int = 2,
+                    head_dim: int = 128, block_size: int = 16, dtype: torch.dtype = torch.bfloat16,
+                    reps: int = 20) -> list[dict[str, Any]]:
+    measure = _timer(device)
+    rows = []
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 8 << 30
+    for batch in batches:
+        for ctx in contexts:
+            blocks_per_seq = -(-ctx // block_size)
+            num_blocks = batch * blocks_per_seq + 1
+            kv_bytes = 2 * num_blocks * block_size * num_kv_heads * head_dim * dtype.itemsize
+            if kv_bytes > 0.6 * free:
+                continue
+            cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, device=device,
+                                dtype=dtype)
+            perm = torch.randperm(num_blocks - 1, device=device)[:batch * blocks_per_seq] + 1
+            tables = perm.view(batch, blocks_per_seq).to(torch.int32)
+            seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
+            q = torch.randn(batch, num_kv_heads * group, head_dim, device=device, dtype=dtype)
+            k = torch.randn(batch, num_kv_heads, head_dim, device=device, dtype=dtype)
+            slots = torch.full((batch,), -1, dtype=torch.long, device=device)  # no write
+            meta = AttentionMetadata(torch.arange(batch + 1, dtype=torch.int32, device=device),
+                                     seq_lens, 1, ctx, [GroupMetadata(slots, tables)],
+                                     [ctx] * batch, [1] * batch)
+            read = batch * ctx * 2 * num_kv_heads * head_dim * dtype.itemsize
+            for name in backends:
+                if name == "torch" and batch * ctx > 64 * 2048:
+                    continue  # the reference gathers pages in Python: only small shapes
+                try:
+                    backend = get_backend(name)
+                except ImportError:
+                    continue
+                t = measure(_decode_call(backend, q, k, cache, meta), reps)
+                rows.append({"backend": name, "batch": batch, "context": ctx,
+                             "ms": t * 1e3, "gbps": read / t / 1e9})
+            del cache
+    return rows
+
+
+def _decode_call(backend: Any, q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor,
+                 meta: AttentionMetadata) -> Callable[[], Any]:
+    scale = q.shape[-1] ** -0.5
+    return lambda: backend.forward(q, k, k, cache, meta, 0, scale)
+
+
+QWEN3_0_6B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                  num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                  vocab_size=151936, max_position_embeddings=40960, tie_word_embeddings=True)
+
+
+def _qwen3(tiny: bool) -> Any:
+    import transformers
+
+    if tiny:
+        return transformers.Qwen3Config(**{**QWEN3_0_6B, "hidden_size": 64, "num_hidden_layers": 2,
+                                           "intermediate_size": 128, "num_attention_heads": 4,
+                                           "num_key_value_heads": 2, "head_dim": 16,
+                                           "vocab_size": 512})
+    return transformers.Qwen3Config(**QWEN3_0_6B)
+
+
+def bench_throughput(backend: str, num_seqs: int, min_len: int, max_len: int, tiny: bool,
+                     device: str) -> dict[str, Any]:
+    from runner.engine import LLM
+    from runner.sampler import SamplingParams
+
+    cfg = _qwen3(tiny)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(cfg.vocab_size) for _ in range(rng.randint(min_len, max_len))]
+               for _ in range(num_seqs)]
+    params = [SamplingParams(temperature=0.6, max_tokens=rng.randint(min_len, max_len),
+                             ignore_eos=True) for _ in range(num_seqs)]
+    llm = LLM(cfg, backend=backend, max_model_len=2 * max_len + 16, device=device,
+              max_num_seqs=min(256, num_seqs), max_num_batched_tokens=max(1024, 2 * max_len),
+              dtype=torch.bfloat16 if device == "cuda" else torch.float32,
+              num_blocks=None if device == "cuda" else 4096)
+    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0
+    out_tokens = sum(len(o.token_ids) for o in outs)
+    llm.close()
+    return {"backend": backend, "num_seqs": num_seqs, "output_tokens": out_tokens,
+            "seconds": elapsed, "tokens_per_s": out_tokens / elapsed,
+            "preemptions": llm.scheduler.stats.num_preemptions}
+
+
+def bench_prefix(backend: str, num_seqs: int, prompt_len: int, tiny: bool,
+                 device: str) -> dict[str, Any]:
+    from runner.engine import LLM
+    from runner.sampler import SamplingParams
+
+    cfg = _qwen3(tiny)
+    rng = random.Random(1)
+    shared = [rng.randrange(cfg.vocab_size) for _ in range(int(prompt_len * 0.9))]
+    prompts = [shared + [rng.randrange(cfg.vocab_size) for _ in range(prompt_len - len(shared))]
+               for _ in range(num_seqs)]
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    result: dict[str, Any] = {"backend": backend, "num_seqs": num_seqs, "prompt_len": prompt_len}
+    for caching in (False, True):
+        llm = LLM(cfg, backend=backend, enable_prefix_caching=caching, device=device,
+                  max_model_len=prompt_len + 16, max_num_batched_tokens=max(2048, prompt_len),
+                  dtype=torch.bfloat16 if device == "cuda" else torch.float32,
+                  num_blocks=None if device == "cuda" else 4096)
+        llm.generate([prompts[0]], one, use_tqdm=False)  # warm-up, and fills the cache
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        llm.generate(prompts[1:], one, use_tqdm=False)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        result["cached_s" if caching else "uncached_s"] = time.perf_counter() - t0
+        llm.close()
+    result["speedup"] = result["uncached_s"] / result["cached_s"]
+    return result
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(headers)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m runner.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["attention", "throughput", "prefix", "all"])
+    ap.add_argument("--backends", default="triton,torch,flash_attn")
+    ap.add_argument("--allow-cpu", action="store_true", help="tiny shapes on the CPU (smoke)")
+    ap.add_argument("--json", metavar="FILE")
+    args = ap.parse_args(argv)
+    cuda = torch.cuda.is_available()
+    if not cuda and not args.allow_cpu:
+        print("runner.bench: no CUDA device (use --allow-cpu for a CPU smoke run)", file=sys.stderr)
+        return 2
+    device = torch.device("cuda" if cuda else "cpu")
+    tiny = not cuda
+    backends = [b for b in args.backends.split(",") if b and (cuda or b == "torch")]
+    results: dict[str, Any] = {"device": torch.cuda.get_device_name() if cuda else "cpu",
+                               "torch": torch.__version__}
+    print(f"# {results['device']} · torch {torch.__version__}")
+    if args.what in ("attention", "all"):
+        copy = copy_bandwidth(device, (1 << 30) if cuda else (1 << 24))
+        rows = bench_attention(device, [1, 8, 32, 128, 256] if cuda else [1, 2],
+                               [512, 2048, 8192, 32768] if cuda else [64, 256], backends,
+                               dtype=torch.bfloat16 if cuda else torch.float32,
+                               reps=20 if cuda else 2)
+        results["copy_gbps"] = copy
+        results["attention"] = rows
+        print(f"\ndecode attention (8 KV heads x 128, GQA 2, bf16); copy bandwidth "
+              f"{copy:,.0f} GB/s")
+        print(_table(["backend", "batch", "context", "ms", "GB/s", "% of copy"],
+                     [[r["backend"], str(r["batch"]), str(r["context"]), f"{r['ms']:.3f}",
+                       f"{r['gbps']:,.0f}", f"{100 * r['gbps'] / copy:.0f}%"] for r in rows]))
+    if args.what in ("throughput", "all"):
+        rows = [bench_throughput(b, 256 if cuda else 4, 100 if cuda else 4, 1024 if cuda else 12,
+                                 tiny, device.type) for b in backends if b != "torch" or not cuda]
+        results["throughput"] = rows
+        print("\nend to end (Qwen3-0.6B shape, random weights, nano-vllm recipe)")
+        print(_table(["backend", "seqs", "output tokens", "s", "tok/s"],
+                     [[r["backend"], str(r["num_seqs"]), str(r["output_tokens"]),
+                       f"{r['seconds']:.2f}", f"{r['tokens_per_s']:,.0f}"] for r in rows]))
+    if args.what in ("prefix", "all"):
+        rows = [bench_prefix(b, 32 if cuda else 3, 4096 if cuda else 48, tiny, device.type)
+                for b in backends if b != "torch" or not cuda]
+        results["prefix"] = rows
+        print("\nprefill with a 90% cached prefix vs prefix caching off")
+        print(_table(["backend", "requests", "prompt", "uncached s", "cached s", "speedup"],
+                     [[r["backend"], str(r["num_seqs"]), str(r["prompt_len"]),
+                       f"{r['uncached_s']:.3f}", f"{r['cached_s']:.3f}", f"{r['speedup']:.2f}x"]
+                      for r in rows]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""The GPU benchmark script: refuses cleanly without CUDA, and its code paths run on the CPU
+with tiny shapes (--allow-cpu)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from runner.bench import main
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA refusal")
+def test_refuses_without_cuda(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["attention"]) == 2
+    err = capsys.readouterr().err
+    assert "no CUDA device" in err and len(err.strip().splitlines()) == 1
+
+
+def test_cpu_smoke_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out_json = tmp_path / "r.json"
+    assert main(["all", "--allow-cpu", "--json", str(out_json)]) == 0
+    data = json.loads(out_json.read_text())
+    assert data["attention"] and all(r["gbps"] > 0 for r in data["attention"])
+    assert data["throughput"][0]["output_tokens"] > 0
+    assert data["prefix"][0]["cached_s"] > 0
+    assert "decode attention" in capsys.readouterr().out
