@@ -271,7 +271,8 @@ def _layer_types(hf_config: Any, num_layers: int) -> list[str]:
     return ["sliding" if window else "full"] * num_layers
 
 
-def _config_dtype(hf_config: Any) -> torch.dtype:
+def config_dtype(hf_config: Any) -> torch.dtype:
+    """The dtype a ``transformers`` config declares (bfloat16 if none)."""
     for attr in ("dtype", "torch_dtype"):
         value = getattr(hf_config, attr, None)
         if isinstance(value, torch.dtype):
@@ -298,7 +299,7 @@ def kv_cache_config_from_hf(
         raise InvalidArgumentError("config has no num_hidden_layers / num_attention_heads")
     num_kv_heads = getattr(text, "num_key_value_heads", None) or num_heads
     head_size = getattr(text, "head_dim", None) or text.hidden_size // num_heads
-    dtype = dtype or _config_dtype(text)
+    dtype = dtype or config_dtype(text)
     window = getattr(text, "sliding_window", None)
     chunk = getattr(text, "attention_chunk_size", None)
     layer_specs: list[tuple[str, KVCacheSpec]] = []

@@ -105,7 +105,7 @@ def _decode_call(backend: Any, q: torch.Tensor, k: torch.Tensor, cache: torch.Te
     return lambda: backend.forward(q, k, k, cache, meta, 0, scale)
 
 
-QWEN3_0_6B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+QWEN3_0_6B: dict[str, Any] = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                   num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                   vocab_size=151936, max_position_embeddings=40960, tie_word_embeddings=True)
 

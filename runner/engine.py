@@ -20,7 +20,7 @@ import os
 import socket
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -29,7 +29,7 @@ import torch.multiprocessing as mp
 from kvcore.manager import KVCacheManager
 from kvcore.request import Request
 from kvcore.scheduler import Scheduler, SchedulerConfig
-from kvcore.specs import KVCacheConfig, kv_cache_config_from_hf
+from kvcore.specs import KVCacheConfig, config_dtype, kv_cache_config_from_hf
 from runner.attention import get_backend
 from runner.batch import ModelInputs, prepare_batch
 from runner.distributed import TPGroup
@@ -146,7 +146,7 @@ class LLM:
         c = EngineConfig(**kwargs)
         hf_config = load_config(model)
         device = c.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = c.dtype or (_config_dtype(hf_config) if device.startswith("cuda") else torch.float32)
+        dtype = c.dtype or (config_dtype(hf_config) if device.startswith("cuda") else torch.float32)
         max_len = c.max_model_len or min(int(hf_config.max_position_embeddings), 8192)
         groups = kv_cache_config_from_hf(hf_config, block_size=c.block_size, num_blocks=2,
                                          dtype=dtype).groups
@@ -192,7 +192,8 @@ class LLM:
         eos = getattr(self.tokenizer, "eos_token_id", None)
         requests: list[Request] = []
         for prompt, p in zip(prompts, plist):
-            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            ids: list[int] = (self.tokenizer.encode(prompt) if isinstance(prompt, str)
+                              else list(cast(list[int], prompt)))
             rid = str(self._next_id)
             self._next_id += 1
             req = self.manager.make_request(rid, ids, max_tokens=p.max_tokens, eos_token_id=eos,
@@ -223,9 +224,10 @@ class LLM:
             hidden = self.runner.forward(inputs)
             if batch.sampling:
                 logits = self.runner.logits(hidden[batch.sample_indices.to(hidden.device)])
-                params = [s.request.sampling_params for s in batch.sampling]
+                params = [cast(SamplingParams, s.request.sampling_params)
+                          for s in batch.sampling]
                 rids = [s.request_id for s in batch.sampling]
-                tokens = self.sampler(logits, params, rids).tolist()  # type: ignore[arg-type]
+                tokens = self.sampler(logits, params, rids).tolist()
                 sampled = dict(zip(rids, tokens))
         finished = self.scheduler.update_from_output(out, sampled)
         for r in finished:
@@ -258,16 +260,6 @@ class LLM:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown: nothing sensible to do
             self.close()
-
-
-def _config_dtype(cfg: Any) -> torch.dtype:
-    for attr in ("dtype", "torch_dtype"):
-        value = getattr(cfg, attr, None)
-        if isinstance(value, torch.dtype):
-            return value
-        if isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype):
-            return getattr(torch, value)  # type: ignore[no-any-return]
-    return torch.bfloat16
 
 
 def _default_tokenizer(model: Any, cfg: Any) -> Any:

@@ -83,6 +83,9 @@ def dynamic_ntk_inv_freq(params: dict[str, Any], dim: int, max_position_embeddin
 class RotaryEmbedding(nn.Module):
     """Applies RoPE to the first ``rotary_dim`` dims of each head of q and k."""
 
+    cos: torch.Tensor
+    sin: torch.Tensor
+
     def __init__(self, head_dim: int, params: dict[str, Any], max_position_embeddings: int,
                  max_positions: int, partial_rotary_factor: float = 1.0) -> None:
         super().__init__()

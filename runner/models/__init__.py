@@ -64,7 +64,7 @@ def load_model(model_dir: str | Path, **kwargs: Any) -> DecoderForCausalLM:
 def checkpoint_items(model: DecoderForCausalLM) -> Iterable[tuple[str, torch.Tensor]]:
     """A TP=1 model's weights under checkpoint (Hugging Face) names."""
     cfg = model.config
-    for i, layer in enumerate(model.layers):
+    for i, layer in enumerate(model.decoder_layers):
         p = f"model.layers.{i}"
         attn, mlp = layer.self_attn, layer.mlp
         q, k, v = attn.qkv_proj.weight.split(attn.qkv_proj.local_parts)

@@ -18,7 +18,7 @@ parallelism by :mod:`runner.layers.linear`; embeddings and the LM head are repli
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -45,18 +45,23 @@ def rope_parameters(cfg: Any) -> dict[str, Any]:
 def layer_windows(cfg: Any) -> list[int | None]:
     """Each layer's sliding window (``None``: full attention)."""
     window = getattr(cfg, "sliding_window", None)
-    return [int(window) if kind == "sliding" else None
-            for kind in _layer_types(cfg, cfg.num_hidden_layers)]
+    kinds = _layer_types(cfg, cfg.num_hidden_layers)
+    if window is None:
+        if "sliding" in kinds:
+            raise ValueError("config has sliding-window layers but no sliding_window")
+        return [None] * len(kinds)
+    return [int(window) if kind == "sliding" else None for kind in kinds]
 
 
 class Attention(nn.Module):
     def __init__(self, cfg: Any, tp: TPGroup, window: int | None, group_id: int,
                  max_positions: int) -> None:
         super().__init__()
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.head_dim: int = (getattr(cfg, "head_dim", None)
+                              or cfg.hidden_size // cfg.num_attention_heads)
         num_kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        self.num_heads = tp.shard(cfg.num_attention_heads, "num_attention_heads")
-        self.num_kv_heads = tp.shard(num_kv, "num_key_value_heads")
+        self.num_heads: int = tp.shard(cfg.num_attention_heads, "num_attention_heads")
+        self.num_kv_heads: int = tp.shard(num_kv, "num_key_value_heads")
         model_type = getattr(cfg, "model_type", "")
         qkv_bias = model_type == "qwen2" or bool(getattr(cfg, "attention_bias", False))
         o_bias = model_type != "qwen2" and bool(getattr(cfg, "attention_bias", False))
@@ -109,9 +114,9 @@ class DecoderLayer(nn.Module):
                  max_positions: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, tp, window, group_id, max_positions)
+        self.self_attn: Attention = Attention(cfg, tp, window, group_id, max_positions)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg, tp)
+        self.mlp: MLP = MLP(cfg, tp)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
@@ -135,26 +140,29 @@ class DecoderForCausalLM(nn.Module):
         self.layer_sliding_windows = layer_windows(cfg)
         positions = max_positions or cfg.max_position_embeddings
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(
-            DecoderLayer(cfg, tp, self.layer_sliding_windows[i], groups[i], positions)
-            for i in range(n))
+        layers = [DecoderLayer(cfg, tp, self.layer_sliding_windows[i], groups[i], positions)
+                  for i in range(n)]
+        self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
         self.lm_head = None if self.tie_word_embeddings else nn.Linear(cfg.hidden_size,
                                                                        cfg.vocab_size, bias=False)
-        attn = self.layers[0].self_attn
-        self.num_layers = n
-        self.head_dim = attn.head_dim
-        self.num_kv_heads_per_rank = attn.num_kv_heads
+        self.num_layers: int = n
+        self.head_dim: int = layers[0].self_attn.head_dim
+        self.num_kv_heads_per_rank: int = layers[0].self_attn.num_kv_heads
+
+    @property
+    def decoder_layers(self) -> list[DecoderLayer]:
+        return [cast(DecoderLayer, layer) for layer in self.layers]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], meta: AttentionMetadata,
                 backend: AttentionBackend) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
-        for layer, cache in zip(self.layers, kv_caches):
+        for layer, cache in zip(self.decoder_layers, kv_caches):
             x = layer(positions, x, cache, meta, backend)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight)
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        return F.linear(hidden, head.weight)

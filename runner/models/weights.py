@@ -45,7 +45,7 @@ def load_weights(model: DecoderForCausalLM, weights: Iterable[tuple[str, torch.T
         m = _LAYER.match(name)
         if m is not None:
             layer, block, proj, kind = int(m.group(1)), m.group(2), m.group(3), m.group(4)
-            module = getattr(model.layers[layer], block)
+            module = getattr(model.decoder_layers[layer], block)
             if proj in _FUSED:
                 fused, part = _FUSED[proj]
                 getattr(module, fused).load(tensor, part, is_bias=kind == "bias")
