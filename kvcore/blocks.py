@@ -142,28 +142,7 @@ class FreeBlockQueue:
     def take_n(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
         """``popleft_n`` that also sets each block's ``ref_cnt`` in the same pass (the pool's
         allocation hot path).  The caller has checked ``0 < n <= len(self)``."""
-        head = self._head
-        if n == 1:
-            block = head.next_free
-            nxt = block.next_free  # type: ignore[union-attr]
-            head.next_free = nxt
-            nxt.prev_free = head  # type: ignore[union-attr]
-            block.prev_free = block.next_free = None  # type: ignore[union-attr]
-            block.ref_cnt = ref_cnt  # type: ignore[union-attr]
-            self._num_free -= 1
-            return [block]  # type: ignore[list-item]
-        out: list[KVCacheBlock] = [head] * n
-        node = head.next_free
-        for i in range(n):
-            out[i] = node  # type: ignore[assignment]
-            nxt = node.next_free  # type: ignore[union-attr]
-            node.prev_free = node.next_free = None  # type: ignore[union-attr]
-            node.ref_cnt = ref_cnt  # type: ignore[union-attr]
-            node = nxt
-        self._head.next_free = node
-        node.prev_free = self._head  # type: ignore[union-attr]
-        self._num_free -= n
-        return out
+        return self._unlink_first(n, ref_cnt)
 
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
         """Remove and return the first ``n`` blocks, in queue order."""
@@ -173,6 +152,9 @@ class FreeBlockQueue:
             raise InvalidArgumentError(f"popleft_n: n must be >= 0, got {n}")
         if n > self._num_free:
             raise NoFreeBlocksError(f"popleft_n({n}) with only {self._num_free} free blocks")
+        return self._unlink_first(n, None)
+
+    def _unlink_first(self, n: int, ref_cnt: int | None) -> list[KVCacheBlock]:
         head = self._head
         if n == 1:
             block = head.next_free
@@ -180,17 +162,21 @@ class FreeBlockQueue:
             head.next_free = nxt
             nxt.prev_free = head  # type: ignore[union-attr]
             block.prev_free = block.next_free = None  # type: ignore[union-attr]
+            if ref_cnt is not None:
+                block.ref_cnt = ref_cnt  # type: ignore[union-attr]
             self._num_free -= 1
             return [block]  # type: ignore[list-item]
         out: list[KVCacheBlock] = [head] * n
-        node = self._head.next_free
+        node = head.next_free
         for i in range(n):
             out[i] = node  # type: ignore[assignment]
             nxt = node.next_free  # type: ignore[union-attr]
             node.prev_free = node.next_free = None  # type: ignore[union-attr]
+            if ref_cnt is not None:
+                node.ref_cnt = ref_cnt  # type: ignore[union-attr]
             node = nxt
-        self._head.next_free = node
-        node.prev_free = self._head  # type: ignore[union-attr]
+        head.next_free = node
+        node.prev_free = head  # type: ignore[union-attr]
         self._num_free -= n
         return out
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from kvcore.bench.table import render
 from runner.attention import AttentionMetadata, GroupMetadata, get_backend
 
 
@@ -181,15 +182,6 @@ def bench_prefix(backend: str, num_seqs: int, prompt_len: int, tiny: bool,
     return result
 
 
-def _table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
-              for i, h in enumerate(headers)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths)),
-             "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
-    return "\n".join(lines)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m runner.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -218,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results["attention"] = rows
         print(f"\ndecode attention (8 KV heads x 128, GQA 2, bf16); copy bandwidth "
               f"{copy:,.0f} GB/s")
-        print(_table(["backend", "batch", "context", "ms", "GB/s", "% of copy"],
+        print(render(["backend", "batch", "context", "ms", "GB/s", "% of copy"],
                      [[r["backend"], str(r["batch"]), str(r["context"]), f"{r['ms']:.3f}",
                        f"{r['gbps']:,.0f}", f"{100 * r['gbps'] / copy:.0f}%"] for r in rows]))
     if args.what in ("throughput", "all"):
@@ -226,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  tiny, device.type) for b in backends if b != "torch" or not cuda]
         results["throughput"] = rows
         print("\nend to end (Qwen3-0.6B shape, random weights, nano-vllm recipe)")
-        print(_table(["backend", "seqs", "output tokens", "s", "tok/s"],
+        print(render(["backend", "seqs", "output tokens", "s", "tok/s"],
                      [[r["backend"], str(r["num_seqs"]), str(r["output_tokens"]),
                        f"{r['seconds']:.2f}", f"{r['tokens_per_s']:,.0f}"] for r in rows]))
     if args.what in ("prefix", "all"):
@@ -234,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for b in backends if b != "torch" or not cuda]
         results["prefix"] = rows
         print("\nprefill with a 90% cached prefix vs prefix caching off")
-        print(_table(["backend", "requests", "prompt", "uncached s", "cached s", "speedup"],
+        print(render(["backend", "requests", "prompt", "uncached s", "cached s", "speedup"],
                      [[r["backend"], str(r["num_seqs"]), str(r["prompt_len"]),
                        f"{r['uncached_s']:.3f}", f"{r['cached_s']:.3f}", f"{r['speedup']:.2f}x"]
                       for r in rows]))

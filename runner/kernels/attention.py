@@ -78,6 +78,32 @@ def _load_kv_tile(cache_ptr, table_ptr, pos, pos_mask, kvh, offs_d, d_mask,
 
 
 @triton.jit
+def _attend_tile(q, k_base, v_base, table, pos, pos_mask, visible, kvh, offs_d, d_mask,
+                 m_i, l_i, acc, scale_log2, stride_c_block, stride_c_tok, stride_c_head,
+                 block_size, IEEE: tl.constexpr):
+    """One online-softmax step: fold the K/V rows at ``pos`` into (m_i, l_i, acc)."""
+    k = _load_kv_tile(k_base, table, pos, pos_mask, kvh, offs_d, d_mask,
+                      stride_c_block, stride_c_tok, stride_c_head, block_size)
+    if IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = tl.where(visible, s * scale_log2, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = _load_kv_tile(v_base, table, pos, pos_mask, kvh, offs_d, d_mask,
+                      stride_c_block, stride_c_tok, stride_c_head, block_size)
+    if IEEE:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _prefill_kernel(q_ptr, cache_ptr, table_ptr, cu_q_ptr, seq_lens_ptr, tile_seq_ptr,
                     tile_start_ptr, out_ptr,
                     stride_qt, stride_qh, stride_ot, stride_oh,
@@ -116,28 +142,12 @@ def _prefill_kernel(q_ptr, cache_ptr, table_ptr, cu_q_ptr, seq_lens_ptr, tile_se
     for start in range(first, last, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         pos_mask = pos < last
-        k = _load_kv_tile(k_base, table, pos, pos_mask, kvh, offs_d, d_mask,
-                          stride_c_block, stride_c_tok, stride_c_head, block_size)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
         visible = (pos[None, :] <= q_pos[:, None]) & pos_mask[None, :]
         if window > 0:
             visible = visible & (pos[None, :] > q_pos[:, None] - window)
-        s = tl.where(visible, s * scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_kv_tile(v_base, table, pos, pos_mask, kvh, offs_d, d_mask,
-                          stride_c_block, stride_c_tok, stride_c_head, block_size)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        m_i, l_i, acc = _attend_tile(q, k_base, v_base, table, pos, pos_mask, visible, kvh,
+                                     offs_d, d_mask, m_i, l_i, acc, scale_log2, stride_c_block,
+                                     stride_c_tok, stride_c_head, block_size, IEEE)
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(out_ptr + (cu + tok)[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh
              + offs_d[None, :], acc.to(out_ptr.dtype.element_ty),
@@ -177,25 +187,10 @@ def _decode_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, part_out_ptr, part
     for start in range(start0, end, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         pos_mask = pos < end
-        k = _load_kv_tile(cache_ptr, table, pos, pos_mask, kvh, offs_d, d_mask,
-                          stride_c_block, stride_c_tok, stride_c_head, block_size)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(pos_mask[None, :], s * scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_kv_tile(cache_ptr + stride_c_kv, table, pos, pos_mask, kvh, offs_d, d_mask,
-                          stride_c_block, stride_c_tok, stride_c_head, block_size)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        m_i, l_i, acc = _attend_tile(q, cache_ptr, cache_ptr + stride_c_kv, table, pos, pos_mask,
+                                     pos_mask[None, :], kvh, offs_d, d_mask, m_i, l_i, acc,
+                                     scale_log2, stride_c_block, stride_c_tok, stride_c_head,
+                                     block_size, IEEE)
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))

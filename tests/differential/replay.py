@@ -41,10 +41,24 @@ def _ids(groups: Any) -> list[list[int]] | None:
     return [[b.block_id for b in g] for g in groups]
 
 
+def _specs(cfg: dict[str, Any], full: Any, swa: Any, chunked: Any) -> list[Any]:
+    """The trace's groups as specs of either implementation (the classes are passed in)."""
+    import torch
+
+    out = []
+    for g in cfg["groups"]:
+        common = dict(block_size=g["block_size"], num_kv_heads=1, head_size=8, dtype=torch.float16)
+        if g["type"] == "full":
+            out.append(full(**common))
+        elif g["type"] == "swa":
+            out.append(swa(sliding_window=g["window"], **common))
+        else:
+            out.append(chunked(attention_chunk_size=g["chunk"], **common))
+    return out
+
+
 class KvcoreImpl:
     def __init__(self, cfg: dict[str, Any]) -> None:
-        import torch
-
         from kvcore.manager import KVCacheManager
         from kvcore.specs import (
             ChunkedLocalAttentionSpec,
@@ -54,17 +68,8 @@ class KvcoreImpl:
             SlidingWindowSpec,
         )
 
-        groups = []
-        for i, g in enumerate(cfg["groups"]):
-            common = dict(block_size=g["block_size"], num_kv_heads=1, head_size=8,
-                          dtype=torch.float16)
-            if g["type"] == "full":
-                spec: Any = FullAttentionSpec(**common)
-            elif g["type"] == "swa":
-                spec = SlidingWindowSpec(sliding_window=g["window"], **common)
-            else:
-                spec = ChunkedLocalAttentionSpec(attention_chunk_size=g["chunk"], **common)
-            groups.append(KVCacheGroup((f"layer{i}",), spec))
+        specs = _specs(cfg, FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec)
+        groups = [KVCacheGroup((f"layer{i}",), spec) for i, spec in enumerate(specs)]
         self.m = KVCacheManager(KVCacheConfig(cfg["num_blocks"], tuple(groups)),
                                 cfg["max_model_len"], enable_caching=cfg.get("caching", True))
 
@@ -97,7 +102,6 @@ class VllmImpl:
     def __init__(self, cfg: dict[str, Any]) -> None:
         import math
 
-        import torch
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -111,17 +115,8 @@ class VllmImpl:
         )
         from vllm.v1.request import Request
 
-        groups = []
-        for i, g in enumerate(cfg["groups"]):
-            common = dict(block_size=g["block_size"], num_kv_heads=1, head_size=8,
-                          dtype=torch.float16)
-            if g["type"] == "full":
-                spec: Any = FullAttentionSpec(**common)
-            elif g["type"] == "swa":
-                spec = SlidingWindowSpec(sliding_window=g["window"], **common)
-            else:
-                spec = ChunkedLocalAttentionSpec(attention_chunk_size=g["chunk"], **common)
-            groups.append(KVCacheGroupSpec([f"layer{i}"], spec))
+        specs = _specs(cfg, FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec)
+        groups = [KVCacheGroupSpec([f"layer{i}"], spec) for i, spec in enumerate(specs)]
         sizes = [g["block_size"] for g in cfg["groups"]]
         hash_bs, sched_bs = math.gcd(*sizes), math.lcm(*sizes)
         fn = get_hash_fn_by_name("sha256")

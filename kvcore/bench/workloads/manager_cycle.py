@@ -45,7 +45,38 @@ def prompts(kind: str, n: int, rng: random.Random) -> list[list[int]]:
     return out
 
 
-class KvcoreSide:
+class _Side:
+    """One implementation under test; ``lookup`` returns (hit blocks, hit tokens)."""
+
+    manager: Any
+
+    def __init__(self, groups: tuple[str, ...], caching: bool) -> None:
+        raise NotImplementedError
+
+    def make_request(self, rid: str, tokens: list[int]) -> Any:
+        raise NotImplementedError
+
+    def lookup(self, req: Any) -> tuple[Any, int]:
+        raise NotImplementedError
+
+    def cycle_fn(self) -> Callable[[Any, int], None]:
+        m, lookup = self.manager, self.lookup
+
+        def cycle(req: Any, decode_steps: int) -> None:
+            blocks, hit = lookup(req)
+            if m.allocate_slots(req, req.num_tokens - hit, hit, blocks) is None:
+                raise RuntimeError("allocation failed")
+            req.num_computed_tokens = req.num_tokens
+            for t in range(decode_steps):
+                req.append_output_token_ids(t)
+                m.allocate_slots(req, 1)
+                req.num_computed_tokens += 1
+            m.free(req)
+
+        return cycle
+
+
+class KvcoreSide(_Side):
     def __init__(self, groups: tuple[str, ...], caching: bool) -> None:
         import torch
 
@@ -64,24 +95,11 @@ class KvcoreSide:
     def make_request(self, rid: str, tokens: list[int]) -> Any:
         return self.manager.make_request(rid, tokens)
 
-    def cycle_fn(self) -> Callable[[Any, int], None]:
-        m = self.manager
-
-        def cycle(req: Any, decode_steps: int) -> None:
-            blocks, hit = m.get_computed_blocks(req)
-            if m.allocate_slots(req, req.num_tokens - hit, hit, blocks) is None:
-                raise RuntimeError("allocation failed")
-            req.num_computed_tokens = req.num_tokens
-            for t in range(decode_steps):
-                req.append_output_token_ids(t)
-                m.allocate_slots(req, 1)
-                req.num_computed_tokens += 1
-            m.free(req)
-
-        return cycle
+    def lookup(self, req: Any) -> tuple[Any, int]:
+        return self.manager.get_computed_blocks(req)
 
 
-class VllmSide:
+class VllmSide(_Side):
     def __init__(self, groups: tuple[str, ...], caching: bool) -> None:
         import torch
         from vllm.utils.hashing import get_hash_fn_by_name
@@ -115,21 +133,9 @@ class VllmSide:
     def make_request(self, rid: str, tokens: list[int]) -> Any:
         return self._request_cls(rid, tokens, self._params, None, block_hasher=self.hasher)
 
-    def cycle_fn(self) -> Callable[[Any, int], None]:
-        m = self.manager
-
-        def cycle(req: Any, decode_steps: int) -> None:
-            blocks, hit, _ = m.get_computed_blocks(req)
-            if m.allocate_slots(req, req.num_tokens - hit, hit, blocks) is None:
-                raise RuntimeError("allocation failed")
-            req.num_computed_tokens = req.num_tokens
-            for t in range(decode_steps):
-                req.append_output_token_ids(t)
-                m.allocate_slots(req, 1)
-                req.num_computed_tokens += 1
-            m.free(req)
-
-        return cycle
+    def lookup(self, req: Any) -> tuple[Any, int]:
+        blocks, hit, _ = self.manager.get_computed_blocks(req)  # vLLM 0.32 returns 3 values
+        return blocks, hit
 
 
 def main() -> None:
@@ -138,7 +144,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    side_cls = KvcoreSide if args.impl == "kvcore" else VllmSide
+    side_cls: type[_Side] = KvcoreSide if args.impl == "kvcore" else VllmSide
     out = []
     for name, (groups, caching, kind, decode_steps) in SCENARIOS.items():
         samples = []
