@@ -236,7 +236,7 @@ _FULL = {"full_attention", "global_attention", "attention"}
 _CHUNKED = {"chunked_attention"}
 
 
-def _layer_types(hf_config: Any, num_layers: int) -> list[str]:
+def layer_attention_types(hf_config: Any, num_layers: int) -> list[str]:
     """Per-layer attention type: ``full``, ``sliding`` or ``chunked``."""
     declared = getattr(hf_config, "layer_types", None)
     if declared:
@@ -303,7 +303,7 @@ def kv_cache_config_from_hf(
     window = getattr(text, "sliding_window", None)
     chunk = getattr(text, "attention_chunk_size", None)
     layer_specs: list[tuple[str, KVCacheSpec]] = []
-    for i, kind in enumerate(_layer_types(text, num_layers)):
+    for i, kind in enumerate(layer_attention_types(text, num_layers)):
         common = dict(block_size=block_size, num_kv_heads=num_kv_heads, head_size=head_size,
                       dtype=dtype)
         spec: KVCacheSpec

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvcore.specs import _layer_types
+from kvcore.specs import layer_attention_types
 from runner.attention.base import AttentionBackend, AttentionMetadata
 from runner.distributed import NO_TP, TPGroup
 from runner.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -45,7 +45,7 @@ def rope_parameters(cfg: Any) -> dict[str, Any]:
 def layer_windows(cfg: Any) -> list[int | None]:
     """Each layer's sliding window (``None``: full attention)."""
     window = getattr(cfg, "sliding_window", None)
-    kinds = _layer_types(cfg, cfg.num_hidden_layers)
+    kinds = layer_attention_types(cfg, cfg.num_hidden_layers)
     if window is None:
         if "sliding" in kinds:
             raise ValueError("config has sliding-window layers but no sliding_window")
