@@ -16,6 +16,7 @@ One tensor-parallel engine per process (torch.distributed's default group is per
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 from dataclasses import dataclass, field, replace
@@ -107,7 +108,12 @@ def _build_runner(spec: _RankSpec, tp: TPGroup) -> ModelRunner:
                              f"({runner.block_bytes()} bytes each)")
     runner.allocate(num_blocks)
     if device.type == "cuda" and not c.enforce_eager:
-        runner.capture_decode_graphs(c.max_num_seqs, spec.max_model_len)
+        try:
+            runner.capture_decode_graphs(c.max_num_seqs, spec.max_model_len)
+        except Exception as exc:  # keep serving, eagerly, and say why
+            runner.drop_graphs()
+            logging.getLogger(__name__).warning(
+                "CUDA-graph capture failed (%s: %s); decoding eagerly", type(exc).__name__, exc)
     return runner
 
 

@@ -133,6 +133,12 @@ class ModelRunner:
         torch.cuda.synchronize(self.device)
         return sorted(self._graphs)
 
+    def drop_graphs(self) -> None:
+        self._graphs.clear()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+
     def _static_decode_inputs(self, size: int, max_blocks: int, max_model_len: int) -> ModelInputs:
         dev = self.device
         groups = [GroupMetadata(torch.full((size,), -1, dtype=torch.long, device=dev),
