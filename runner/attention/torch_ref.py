@@ -64,10 +64,15 @@ class TorchAttentionBackend:
                 continue
             q = query[start:start + q_len].float()  # [q, H, D]
             k, v = gather_kv(kv_cache, group.block_tables[s], seq_len)
+            mask = causal_window_mask(q_len, seq_len, sliding_window, query.device)
+            if sliding_window is not None:
+                # Keys left of the first query's window may lie in the null block, whose contents
+                # are arbitrary (0 * NaN = NaN even under a zero softmax weight): never read them.
+                first = max(0, seq_len - q_len - sliding_window + 1)
+                k, v, mask = k[first:], v[first:], mask[:, first:]
             k = k.float().repeat_interleave(rep, dim=1)  # [S, H, D]
             v = v.float().repeat_interleave(rep, dim=1)
             scores = torch.einsum("qhd,khd->hqk", q, k) * scale
-            mask = causal_window_mask(q_len, seq_len, sliding_window, query.device)
             scores = scores.masked_fill(~mask, float("-inf"))
             probs = torch.softmax(scores, dim=-1)
             out[start:start + q_len] = torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)
