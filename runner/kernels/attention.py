@@ -132,16 +132,18 @@ def _prefill_kernel(q_ptr, cache_ptr, table_ptr, cu_q_ptr, seq_lens_ptr, tile_se
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
     last = tl.minimum(seq_len - q_len + q_start + BLOCK_M, seq_len)  # exclusive
-    first = 0
+    visible_from = 0  # no query of the tile sees a key before this position
     if window > 0:
-        first = tl.maximum(seq_len - q_len + q_start - window + 1, 0)
-    first = first // BLOCK_N * BLOCK_N
+        visible_from = tl.maximum(seq_len - q_len + q_start - window + 1, 0)
+    first = visible_from // BLOCK_N * BLOCK_N
     table = table_ptr + seq.to(tl.int64) * stride_table
     k_base = cache_ptr
     v_base = cache_ptr + stride_c_kv
     for start in range(first, last, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
-        pos_mask = pos < last
+        # Positions left of the window are not even loaded: their pages may be the null block
+        # or stale blocks, and 0 * NaN would still be NaN.
+        pos_mask = (pos >= visible_from) & (pos < last)
         visible = (pos[None, :] <= q_pos[:, None]) & pos_mask[None, :]
         if window > 0:
             visible = visible & (pos[None, :] > q_pos[:, None] - window)

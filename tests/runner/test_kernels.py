@@ -127,3 +127,22 @@ def test_flash_attn_backend_reports_missing_package() -> None:
             get_backend("flash_attn")
     with pytest.raises(ValueError, match="unknown attention backend"):
         get_backend("nope")
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_out_of_window_null_blocks_are_never_read(backend: str) -> None:
+    """Sliding-window tables hold the null block where blocks left the window; whatever the null
+    block holds (NaN here) must not reach the output."""
+    bs, window = 4, 6
+    seq_lens, q_lens = [21, 17], [5, 1]
+    q, k, v, cache, meta = scenario(seq_lens, q_lens, block_size=bs, num_kv_heads=1, group=2,
+                                    head_dim=16, dtype=torch.float32, seed=8)
+    want = TorchAttentionBackend().forward(q, k, v, cache.clone(), meta, 0, 0.25, window)
+    tables = meta.groups[0].block_tables
+    for i, (s, ql) in enumerate(zip(seq_lens, q_lens)):
+        first_visible = s - ql - window + 1
+        tables[i, :first_visible // bs] = 0  # the manager's nulls for blocks out of the window
+    cache[:, 0] = float("nan")
+    got = get_backend(backend).forward(q, k, v, cache, meta, 0, 0.25, window)
+    assert not torch.isnan(got).any()
+    assert (got - want).abs().max().item() <= 1e-4
