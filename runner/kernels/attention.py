@@ -234,13 +234,23 @@ def _check_cache(kv_cache: torch.Tensor) -> None:
         raise ValueError("kv_cache's head_dim dimension must be contiguous")
 
 
-def _tile_sizes(head_dim: int, group: int) -> tuple[int, int, int]:
+def _tile_sizes(head_dim: int, group: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    """(BLOCK_M tokens, BLOCK_N keys, BLOCK_D) for the prefill kernel.  Tile rows are
+    BLOCK_M * G (at least 16, for tl.dot); fp32 tiles are smaller so they fit in registers
+    without spilling (checked for sm_90 by ``python -m runner.kernels.aot_check``)."""
     block_d = max(16, triton.next_power_of_2(head_dim))
-    block_m = max(1, 64 // triton.next_power_of_2(group))  # rows = BLOCK_M * G ~ 64
-    block_m = max(block_m, triton.cdiv(16, group))  # at least 16 rows for tl.dot
-    block_m = triton.next_power_of_2(block_m)
-    block_n = 64 if block_d <= 64 else 32
+    fp32 = dtype == torch.float32
+    rows = 16 if fp32 and block_d >= 128 else 32 if fp32 else 64
+    block_m = max(1, rows // triton.next_power_of_2(group))
+    block_m = triton.next_power_of_2(max(block_m, triton.cdiv(16, group)))
+    block_n = 16 if fp32 and block_d >= 128 else 32 if fp32 or block_d > 64 else 64
     return block_m, block_n, block_d
+
+
+def _decode_block_n(block_d: int, dtype: torch.dtype) -> int:
+    if dtype == torch.float32:
+        return 16
+    return 64 if block_d <= 64 else 32
 
 
 def paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
@@ -252,7 +262,7 @@ def paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: tor
     _, num_heads, head_dim = query.shape
     num_kv_heads = kv_cache.shape[3]
     group = num_heads // num_kv_heads
-    block_m, default_n, block_d = _tile_sizes(head_dim, group)
+    block_m, default_n, block_d = _tile_sizes(head_dim, group, query.dtype)
     block_n = block_n or default_n
     tile_seq: list[int] = []
     tile_start: list[int] = []
@@ -297,7 +307,7 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
     group = num_heads // num_kv_heads
     block_d = max(16, triton.next_power_of_2(head_dim))
     block_h = max(16, triton.next_power_of_2(group))
-    block_n = block_n or (64 if block_d <= 64 else 32)
+    block_n = block_n or _decode_block_n(block_d, query.dtype)
     splits = num_splits or decode_splits(max_seqlen_k, num_seqs, num_kv_heads, sliding_window)
     out = torch.empty_like(query)
     if num_seqs == 0:
