@@ -100,7 +100,8 @@ def _build_runner(spec: _RankSpec, tp: TPGroup) -> ModelRunner:
     if c.num_blocks is not None:
         num_blocks = c.num_blocks
     elif device.type == "cuda":
-        num_blocks = runner.profile_num_blocks(c.max_num_batched_tokens, c.gpu_memory_utilization)
+        num_blocks = runner.profile_num_blocks(c.max_num_batched_tokens, spec.max_model_len,
+                                               c.max_num_seqs, c.gpu_memory_utilization)
     else:
         num_blocks = c.kv_cache_memory_bytes // runner.block_bytes()
         if num_blocks < 2:

@@ -26,6 +26,30 @@ from runner.kv_cache import (
 from runner.models import DecoderForCausalLM
 
 
+def warmup_inputs(num_tokens: int, max_model_len: int, block_size: int, num_groups: int,
+                  device: torch.device) -> tuple[ModelInputs, int]:
+    """A prefill of ``num_tokens`` tokens packed into sequences of at most ``max_model_len``
+    (so positions stay within what the model was built for), each on its own blocks, and the
+    number of blocks it needs (block 0 is left as the null block)."""
+    lens = [max_model_len] * (num_tokens // max_model_len)
+    if num_tokens % max_model_len:
+        lens.append(num_tokens % max_model_len)
+    blocks_per_seq = -(-max(lens) // block_size)
+    tables = (1 + torch.arange(len(lens) * blocks_per_seq, dtype=torch.int32, device=device)
+              ).view(len(lens), blocks_per_seq)
+    lens_t = torch.tensor(lens, device=device)
+    positions = torch.cat([torch.arange(length, device=device) for length in lens])
+    seq_of = torch.repeat_interleave(torch.arange(len(lens), device=device), lens_t)
+    slots = tables[seq_of, positions // block_size].long() * block_size + positions % block_size
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32, device=device)
+    cu[1:] = lens_t.cumsum(0)
+    meta = AttentionMetadata(cu, lens_t.to(torch.int32), max(lens), max(lens),
+                             [GroupMetadata(slots, tables) for _ in range(num_groups)],
+                             lens, lens)
+    ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
+    return ModelInputs(ids, positions, meta), 1 + len(lens) * blocks_per_seq
+
+
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
@@ -54,35 +78,34 @@ class ModelRunner:
         return bytes_per_block(self.layout, self.model.num_kv_heads_per_rank, self.model.head_dim,
                                self.dtype)
 
-    def profile_num_blocks(self, max_num_batched_tokens: int, utilization: float) -> int:
-        """GPU: blocks that fit after a warm-up forward of ``max_num_batched_tokens`` tokens
-        (a collective under tensor parallelism: every rank takes the minimum)."""
+    def profile_num_blocks(self, max_num_batched_tokens: int, max_model_len: int,
+                           max_num_seqs: int, utilization: float) -> int:
+        """GPU: blocks that fit after a warm-up forward at the full token budget (a collective
+        under tensor parallelism: every rank takes the minimum).
+
+        The warm-up packs ``max_num_batched_tokens`` tokens into sequences of at most
+        ``max_model_len`` (positions never exceed what the model was built for) and computes
+        logits for up to ``max_num_seqs`` of them, the most a step samples."""
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
+        dev = self.device
         n = max_num_batched_tokens
-        blocks_needed = -(-n // self.layout.block_size) + 1
-        scratch = allocate_kv_caches(self.layout, blocks_needed, self.model.num_kv_heads_per_rank,
-                                     self.model.head_dim, self.dtype, self.device)
-        table = torch.arange(1, blocks_needed, dtype=torch.int32, device=self.device)[None]
-        meta = AttentionMetadata(
-            torch.tensor([0, n], dtype=torch.int32, device=self.device),
-            torch.tensor([n], dtype=torch.int32, device=self.device), n, n,
-            [GroupMetadata(torch.arange(self.layout.block_size, self.layout.block_size + n,
-                                        device=self.device), table)
-             for _ in range(self.num_groups)], [n], [n])
+        inputs, num_blocks = warmup_inputs(n, max_model_len, self.layout.block_size,
+                                           self.num_groups, dev)
+        scratch = allocate_kv_caches(self.layout, num_blocks, self.model.num_kv_heads_per_rank,
+                                     self.model.head_dim, self.dtype, dev)
         with torch.inference_mode():
-            hidden = self.model(torch.zeros(n, dtype=torch.long, device=self.device),
-                                torch.arange(n, device=self.device),
-                                layer_caches(scratch, self.layout), meta, self.backend)
-            self.model.compute_logits(hidden[-1:])
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device)
+            hidden = self.model(inputs.input_ids, inputs.positions,
+                                layer_caches(scratch, self.layout), inputs.meta, self.backend)
+            self.model.compute_logits(hidden[-min(n, max_num_seqs):]).float()
+        torch.cuda.synchronize(dev)
+        peak = torch.cuda.max_memory_allocated(dev)
         del scratch, hidden
         torch.cuda.empty_cache()
         num = num_blocks_for_gpu(self.layout, self.model.num_kv_heads_per_rank,
-                                 self.model.head_dim, self.dtype, utilization, peak, self.device)
+                                 self.model.head_dim, self.dtype, utilization, peak, dev)
         if self.tp.world_size > 1:
-            t = torch.tensor([num], device=self.device)
+            t = torch.tensor([num], device=dev)
             dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.tp.group)
             num = int(t.item())
         return num

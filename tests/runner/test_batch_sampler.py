@@ -78,3 +78,25 @@ def test_byte_tokenizer_round_trip() -> None:
     assert ids[0] == tok.bos_token_id and all(0 <= t < 256 for t in ids[1:])
     assert tok.decode(ids) == "héllo"
     assert tok.decode([*ids, tok.eos_token_id], skip_special_tokens=False) == "<s>héllo</s>"
+
+
+@pytest.mark.parametrize("num_tokens,max_len", [(100, 32), (64, 64), (10, 1024)])
+def test_warmup_batch_stays_within_max_model_len(num_tokens: int, max_len: int) -> None:
+    """The GPU profiling forward: the whole token budget, no position beyond max_model_len, every
+    token in its own slot of a real (non-null) block, and the torch backend can run it."""
+    from runner.attention import TorchAttentionBackend
+    from runner.model_runner import warmup_inputs
+
+    inputs, num_blocks = warmup_inputs(num_tokens, max_len, 8, 2, torch.device("cpu"))
+    meta = inputs.meta
+    assert inputs.input_ids.shape[0] == num_tokens == sum(meta.query_lens_cpu)
+    assert int(inputs.positions.max()) < max_len and meta.max_seqlen_k <= max_len
+    for g in meta.groups:
+        slots = g.slot_mapping.tolist()
+        assert len(set(slots)) == num_tokens and min(slots) >= 8  # block 0 untouched
+        assert max(slots) < num_blocks * 8
+    cache = torch.zeros(2, num_blocks, 8, 1, 4)
+    q = torch.randn(num_tokens, 2, 4)
+    kv = torch.randn(num_tokens, 1, 4)
+    out = TorchAttentionBackend().forward(q, kv, kv, cache, meta, 0, 0.5)
+    assert out.shape == q.shape and not out.isnan().any()
