@@ -64,9 +64,10 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, params: Sequence[SamplingParams],
                  request_ids: Sequence[str]) -> torch.Tensor:
         logits = logits.float()
-        greedy = torch.tensor([p.greedy for p in params], device=logits.device)
-        if bool(greedy.all()):
+        flags = [p.greedy for p in params]
+        if all(flags):  # decided on the host: no device round trip
             return logits.argmax(dim=-1)
+        greedy = torch.tensor(flags, device=logits.device)
         temps = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params],
                              device=logits.device)
         scaled = logits / temps[:, None]

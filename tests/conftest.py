@@ -1,14 +1,18 @@
 """Shared test set-up.
 
-TRITON_INTERPRET must be set before any ``@triton.jit`` function is decorated, so it is set here,
-before test modules import kernels.
+Without a GPU, Triton kernels run in its interpreter: TRITON_INTERPRET must be set before any
+``@triton.jit`` function is decorated, so it is set here, before test modules import kernels.
+With CUDA the kernels are compiled and the runner tests run on the GPU (``tests/runner``).
 """
 
 from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from hypothesis import HealthCheck, settings
 

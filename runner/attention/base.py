@@ -23,8 +23,8 @@ positions of its ``seq_len_s = seq_lens[s]`` tokens, i.e. query ``j`` sits at ab
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
@@ -49,6 +49,9 @@ class AttentionMetadata:
     # Host copies, for backends and kernels that need Python ints (launch grids, reference loops).
     seq_lens_cpu: list[int]
     query_lens_cpu: list[int]
+    # Values a backend derives once per step and every layer reuses (e.g. the Triton prefill
+    # kernel's tile schedule), so layers do not each rebuild them or copy them to the device.
+    scratch: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from runner.attention.base import AttentionMetadata
-from runner.kernels.attention import paged_decode, paged_prefill, store_kv
+from runner.kernels.attention import paged_decode, paged_prefill, prefill_schedule, store_kv
 
 
 class TritonAttentionBackend:
@@ -25,5 +25,12 @@ class TritonAttentionBackend:
         if meta.is_decode_only:
             return paged_decode(query, kv_cache, group.block_tables, meta.seq_lens,
                                 meta.max_seqlen_k, scale, sliding_window)
+        head_dim, gqa = query.shape[2], query.shape[1] // kv_cache.shape[3]
+        memo = ("triton_prefill_schedule", head_dim, gqa, query.dtype)
+        schedule = meta.scratch.get(memo)
+        if schedule is None:  # first layer of the step: build it once for all layers
+            schedule = meta.scratch[memo] = prefill_schedule(
+                meta.query_lens_cpu, head_dim, gqa, query.dtype, query.device)
         return paged_prefill(query, kv_cache, group.block_tables, meta.cu_seqlens_q,
-                             meta.seq_lens, meta.query_lens_cpu, scale, sliding_window)
+                             meta.seq_lens, meta.query_lens_cpu, scale, sliding_window,
+                             schedule=schedule)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -248,36 +249,54 @@ def _tile_sizes(head_dim: int, group: int, dtype: torch.dtype) -> tuple[int, int
 
 
 def _decode_block_n(block_d: int, dtype: torch.dtype) -> int:
+    """Keys per loop step of the decode kernel.  16-bit: 64 up to head_dim 128 (an H100 sweep,
+    BENCHMARKS.md: 32 -> 64 took batch 128 x 2k context from 89% to 95% of copy bandwidth)."""
     if dtype == torch.float32:
         return 16
-    return 64 if block_d <= 64 else 32
+    return 64 if block_d <= 128 else 32
+
+
+def prefill_schedule(query_lens: list[int], head_dim: int, group: int, dtype: torch.dtype,
+                     device: torch.device) -> torch.Tensor:
+    """The prefill kernel's query tiles: ``[2, num_tiles]`` int32 (sequence, first token).
+
+    Built with numpy and copied without blocking the host (pinned memory), so a step's layers
+    can share one schedule and the host never waits for the GPU here."""
+    block_m = _tile_sizes(head_dim, group, dtype)[0]
+    q = np.asarray(query_lens, dtype=np.int64)
+    per_seq = -(-q // block_m)
+    num_tiles = int(per_seq.sum())
+    first_tile = np.cumsum(per_seq) - per_seq
+    tiles = np.empty((2, num_tiles), dtype=np.int32)
+    tiles[0] = np.repeat(np.arange(len(q)), per_seq)
+    tiles[1] = (np.arange(num_tiles) - np.repeat(first_tile, per_seq)) * block_m
+    host = torch.from_numpy(tiles)
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                   cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, query_lens: list[int],
                   scale: float, sliding_window: int | None = None,
-                  block_n: int | None = None) -> torch.Tensor:
-    """Attention for packed queries ([T, Hq, D]) over K/V already in the paged cache."""
+                  block_n: int | None = None, schedule: torch.Tensor | None = None
+                  ) -> torch.Tensor:
+    """Attention for packed queries ([T, Hq, D]) over K/V already in the paged cache.
+    ``schedule``: :func:`prefill_schedule` for these queries (built here if not given)."""
     _check_cache(kv_cache)
     _, num_heads, head_dim = query.shape
     num_kv_heads = kv_cache.shape[3]
     group = num_heads // num_kv_heads
     block_m, default_n, block_d = _tile_sizes(head_dim, group, query.dtype)
     block_n = block_n or default_n
-    tile_seq: list[int] = []
-    tile_start: list[int] = []
-    for s, q_len in enumerate(query_lens):
-        for start in range(0, q_len, block_m):
-            tile_seq.append(s)
-            tile_start.append(start)
+    if schedule is None:
+        schedule = prefill_schedule(query_lens, head_dim, group, query.dtype, query.device)
     out = torch.empty_like(query)
-    if not tile_seq:
+    num_tiles = schedule.shape[1]
+    if num_tiles == 0:
         return out
-    dev = query.device
-    tiles_s = torch.tensor(tile_seq, dtype=torch.int32, device=dev)
-    tiles_t = torch.tensor(tile_start, dtype=torch.int32, device=dev)
-    _prefill_kernel[(len(tile_seq), num_kv_heads)](
-        query, kv_cache, block_tables, cu_seqlens_q, seq_lens, tiles_s, tiles_t, out,
+    _prefill_kernel[(num_tiles, num_kv_heads)](
+        query, kv_cache, block_tables, cu_seqlens_q, seq_lens, schedule[0], schedule[1], out,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         block_tables.stride(0), scale * _LOG2E, kv_cache.shape[2], sliding_window or 0, head_dim,
@@ -287,11 +306,13 @@ def paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: tor
 
 
 def decode_splits(max_seqlen_k: int, num_seqs: int, num_kv_heads: int, window: int | None,
-                  target_programs: int = 264) -> int:
+                  target_programs: int = 528) -> int:
     """How many parts to cut each sequence's context into: enough programs to fill the GPU
-    (``target_programs`` ~ 2 per SM on an H100), at least 256 positions per part."""
+    (``target_programs`` ~ 4 per SM on an H100), at least 128 positions per part.  Measured on
+    an H100 (BENCHMARKS.md): one 32k-token sequence ran at 48% of copy bandwidth with 2
+    programs per SM and 68% with 4; eight ran at 83% and 96%."""
     span = min(max_seqlen_k, window) if window else max_seqlen_k
-    by_length = max(1, span // 256)
+    by_length = max(1, span // 128)
     by_occupancy = max(1, math.ceil(target_programs / max(1, num_seqs * num_kv_heads)))
     return int(min(by_length, by_occupancy, 64))
 
@@ -299,8 +320,12 @@ def decode_splits(max_seqlen_k: int, num_seqs: int, num_kv_heads: int, window: i
 def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                  seq_lens: torch.Tensor, max_seqlen_k: int, scale: float,
                  sliding_window: int | None = None, num_splits: int | None = None,
-                 block_n: int | None = None) -> torch.Tensor:
-    """One query token per sequence ([S, Hq, D]) over the paged cache, split-K."""
+                 block_n: int | None = None, num_warps: int = 4,
+                 num_stages: int | None = None) -> torch.Tensor:
+    """One query token per sequence ([S, Hq, D]) over the paged cache, split-K.
+
+    ``num_splits``, ``block_n``, ``num_warps`` and ``num_stages`` override the tuned defaults
+    (for tests and tuning sweeps)."""
     _check_cache(kv_cache)
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = kv_cache.shape[3]
@@ -323,7 +348,8 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
         part_lse.stride(0), part_lse.stride(1),
         scale * _LOG2E, kv_cache.shape[2], sliding_window or 0, head_dim, num_heads,
         G=group, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d,
-        IEEE=query.dtype == torch.float32)
+        IEEE=query.dtype == torch.float32, num_warps=num_warps,
+        **({} if num_stages is None else {"num_stages": num_stages}))
     _combine_kernel[(num_seqs, num_heads)](
         part_out, part_lse, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1), head_dim,

@@ -137,10 +137,10 @@ def test_random_weights_from_a_config() -> None:
 
 
 def test_tensor_parallel_engine_equals_single_rank() -> None:
-    ps = prompts(3, seed=7)
-    single = LLM(make_config("llama"), block_size=4, num_blocks=128, seed=5)
+    ps = prompts(3, seed=7)  # gloo on the CPU: runs on any machine, one GPU or none
+    single = LLM(make_config("llama"), block_size=4, num_blocks=128, seed=5, device="cpu")
     want = tokens(single.generate(ps, GREEDY, use_tqdm=False))
-    with LLM(make_config("llama"), block_size=4, num_blocks=128, seed=5,
+    with LLM(make_config("llama"), block_size=4, num_blocks=128, seed=5, device="cpu",
              tensor_parallel_size=2) as tp:
         assert tokens(tp.generate(ps, GREEDY, use_tqdm=False)) == want
 

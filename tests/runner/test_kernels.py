@@ -1,7 +1,9 @@
-"""Triton kernels (under TRITON_INTERPRET=1 on CPU) against the torch reference backend on random
-paged inputs: ragged lengths, partial last blocks, shuffled block ids, GQA 1/4/8, sliding
-windows, cached prefixes, split-K decode, mixed batches, padding slots, head_dim 80.
-fp32 and fp16 only (the interpreter computes bf16 dots wrongly)."""
+"""Triton kernels against the torch reference backend on random paged inputs: ragged lengths,
+partial last blocks, shuffled block ids, GQA 1/4/8, sliding windows, cached prefixes, split-K
+decode, mixed batches, padding slots, head_dim 80.
+
+Without a GPU the kernels run under TRITON_INTERPRET=1 in fp32 and fp16 only (the interpreter
+computes bf16 dots wrongly); with CUDA they are compiled, run on the GPU, and bf16 is added."""
 
 from __future__ import annotations
 
@@ -11,9 +13,19 @@ import pytest
 import torch
 
 from runner.attention import AttentionMetadata, GroupMetadata, TorchAttentionBackend, get_backend
-from runner.kernels.attention import decode_splits, paged_decode, store_kv
+from runner.kernels.attention import (
+    _tile_sizes,
+    decode_splits,
+    paged_decode,
+    prefill_schedule,
+    store_kv,
+)
 
-TOL = {torch.float32: 1e-4, torch.float16: 2e-3}
+TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+# Half-precision dtypes the kernels are checked in: the interpreter gets bf16 dots wrong.
+HALF = [torch.float16, torch.bfloat16] if CUDA else [torch.float16]
 
 
 def scenario(seq_lens: list[int], q_lens: list[int], *, block_size: int, num_kv_heads: int,
@@ -44,10 +56,11 @@ def scenario(seq_lens: list[int], q_lens: list[int], *, block_size: int, num_kv_
     v = torch.randn(n, num_kv_heads, head_dim, generator=g).to(dtype)
     cu = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
     cu[1:] = torch.tensor(q_lens).cumsum(0)
-    meta = AttentionMetadata(cu, torch.tensor(seq_lens, dtype=torch.int32), max(q_lens),
-                             max(seq_lens), [GroupMetadata(torch.tensor(slots), bt)],
+    meta = AttentionMetadata(cu.to(DEVICE), torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
+                             max(q_lens), max(seq_lens),
+                             [GroupMetadata(torch.tensor(slots, device=DEVICE), bt.to(DEVICE))],
                              list(seq_lens), list(q_lens))
-    return q, k, v, cache, meta  # type: ignore[return-value]
+    return q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), cache.to(DEVICE), meta  # type: ignore[return-value]
 
 
 def compare(seq_lens: list[int], q_lens: list[int], window: int | None = None, **kw: object) -> None:
@@ -68,9 +81,10 @@ def test_prefill_from_scratch_fp32() -> None:
             dtype=torch.float32)
 
 
-def test_prefill_after_cached_prefix_fp16_gqa4() -> None:
+@pytest.mark.parametrize("dtype", HALF)
+def test_prefill_after_cached_prefix_half_gqa4(dtype: torch.dtype) -> None:
     compare([20, 13], [7, 13], block_size=8, num_kv_heads=1, group=4, head_dim=32,
-            dtype=torch.float16, seed=1)
+            dtype=dtype, seed=1)
 
 
 @pytest.mark.parametrize("window", [3, 5, 64])
@@ -80,9 +94,10 @@ def test_prefill_sliding_windows_gqa8(window: int) -> None:
             head_dim=16, dtype=torch.float32, seed=2)
 
 
-def test_mixed_prefill_and_single_token_sequences() -> None:
+@pytest.mark.parametrize("dtype", HALF)
+def test_mixed_prefill_and_single_token_sequences(dtype: torch.dtype) -> None:
     compare([9, 6, 14], [1, 6, 1], block_size=4, num_kv_heads=2, group=2, head_dim=32,
-            dtype=torch.float16, seed=3)
+            dtype=dtype, seed=3)
 
 
 def test_head_dim_80_and_padding_tokens_not_written() -> None:
@@ -90,8 +105,8 @@ def test_head_dim_80_and_padding_tokens_not_written() -> None:
             seed=4, padding=3)
 
 
-@pytest.mark.parametrize("dtype,group,window", [(torch.float32, 4, None), (torch.float16, 8, 3),
-                                                (torch.float32, 1, 20)])
+@pytest.mark.parametrize("dtype,group,window", [(torch.float32, 4, None), (torch.float32, 1, 20)]
+                         + [(half, 8, 3) for half in HALF])
 def test_decode_split_k(dtype: torch.dtype, group: int, window: int | None) -> None:
     seq_lens = [37, 5, 64]
     q, k, v, cache, meta = scenario(seq_lens, [1, 1, 1], block_size=8, num_kv_heads=1,
@@ -112,10 +127,23 @@ def test_decode_backend_path() -> None:
             dtype=torch.float32, seed=6)
 
 
+@pytest.mark.parametrize("dtype,group", [(torch.float32, 1), (torch.bfloat16, 2),
+                                         (torch.float16, 8)])
+def test_prefill_schedule_covers_every_query_once(dtype: torch.dtype, group: int) -> None:
+    query_lens = [1, 0, 37, 16, 200, 3]
+    block_m = _tile_sizes(128, group, dtype)[0]
+    sched = prefill_schedule(query_lens, 128, group, dtype, DEVICE)
+    want = [(s, start) for s, q in enumerate(query_lens) for start in range(0, q, block_m)]
+    assert sched.dtype == torch.int32 and sched.device.type == DEVICE.type
+    assert list(zip(*sched.cpu().tolist())) == want
+    assert prefill_schedule([], 128, group, dtype, DEVICE).shape == (2, 0)
+
+
 def test_split_heuristic() -> None:
     assert decode_splits(512, 256, 8, None) == 1  # busy GPU, short context: no split
-    assert decode_splits(32768, 1, 8, None) >= 16  # one long sequence: many splits
-    assert decode_splits(32768, 1, 8, 1024) <= 4  # a window bounds the work
+    assert decode_splits(32768, 1, 8, None) == 64  # one long sequence: many splits (capped)
+    assert decode_splits(32768, 8, 8, None) == 9  # ~4 programs per SM on an H100
+    assert decode_splits(32768, 1, 8, 1024) == 8  # a window bounds the work: 128 keys a split
 
 
 def test_flash_attn_backend_reports_missing_package() -> None:
@@ -146,3 +174,15 @@ def test_out_of_window_null_blocks_are_never_read(backend: str) -> None:
     got = get_backend(backend).forward(q, k, v, cache, meta, 0, 0.25, window)
     assert not torch.isnan(got).any()
     assert (got - want).abs().max().item() <= 1e-4
+
+
+@pytest.mark.skipif(not CUDA, reason="model-sized shapes are too slow for the Triton interpreter")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("window", [None, 1000])
+def test_model_sized_shapes_on_gpu(dtype: torch.dtype, window: int | None) -> None:
+    """Qwen3-0.6B's attention shape (8 KV heads x 128, GQA 2, 16-token pages): a long prefill
+    after a cached prefix next to decodes of long contexts (split-K), then a decode-only step."""
+    compare([3000, 2500, 4100, 70], [700, 1, 1, 70], window=window, block_size=16,
+            num_kv_heads=8, group=2, head_dim=128, dtype=dtype, seed=9)
+    compare([5000, 17, 2048, 4100], [1, 1, 1, 1], window=window, block_size=16, num_kv_heads=8,
+            group=2, head_dim=128, dtype=dtype, seed=10)
