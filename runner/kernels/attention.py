@@ -308,9 +308,9 @@ def paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: tor
 def decode_splits(max_seqlen_k: int, num_seqs: int, num_kv_heads: int, window: int | None,
                   target_programs: int = 528) -> int:
     """How many parts to cut each sequence's context into: enough programs to fill the GPU
-    (``target_programs`` ~ 4 per SM on an H100), at least 128 positions per part.  Measured on
-    an H100 (BENCHMARKS.md): one 32k-token sequence ran at 48% of copy bandwidth with 2
-    programs per SM and 68% with 4; eight ran at 83% and 96%."""
+    (``target_programs`` ~ 4 per SM on an H100), at least 128 positions per part.  From a sweep
+    on an H100 (BENCHMARKS.md): one 32k-token sequence went from 48% of copy bandwidth (2
+    programs per SM, 256 positions per part) to 68% (64 parts)."""
     span = min(max_seqlen_k, window) if window else max_seqlen_k
     by_length = max(1, span // 128)
     by_occupancy = max(1, math.ceil(target_programs / max(1, num_seqs * num_kv_heads)))
