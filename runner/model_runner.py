@@ -97,7 +97,7 @@ class ModelRunner:
         with torch.inference_mode():
             hidden = self.model(inputs.input_ids, inputs.positions,
                                 layer_caches(scratch, self.layout), inputs.meta, self.backend)
-            self.model.compute_logits(hidden[-min(n, max_num_seqs):]).float()
+            self.logits(hidden[-min(n, max_num_seqs):])  # as a step computes them
         torch.cuda.synchronize(dev)
         peak = torch.cuda.max_memory_allocated(dev)
         del scratch, hidden

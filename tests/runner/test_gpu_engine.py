@@ -31,11 +31,10 @@ def release_gpu_memory() -> Iterator[None]:
 
 
 def qwen3(**kw: Any) -> Any:
-    cfg = transformers.Qwen3Config(**{
+    return transformers.Qwen3Config(**{
         "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 3,
         "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 1000,
         "max_position_embeddings": 1024, **kw})
-    return cfg
 
 
 def prompts(n: int, seed: int, lo: int = 5, hi: int = 200) -> list[list[int]]:
