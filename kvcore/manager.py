@@ -295,6 +295,16 @@ class KVCacheManager:
             self._sync_hashes(request)
             self.coordinator.cache_blocks(request, min(num_computed_tokens, request.num_tokens))
 
+    def uncache_blocks(self, request: KVRequest, num_computed_tokens: int) -> None:
+        """Drop from the prefix cache the request's blocks that hold any token at or after
+        ``num_computed_tokens``: their KV was never written (the step that was to compute them
+        failed).  Reference counts and block tables are unchanged; the blocks are cached again
+        once their tokens are recomputed."""
+        n = _count("num_computed_tokens", num_computed_tokens)
+        self._known(request.request_id)
+        for m in self.coordinator.managers:
+            m.uncache_blocks(request.request_id, n)
+
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """Release the request's blocks that left the attention window at ``num_computed_tokens``
         (``allocate_slots`` does this itself when it succeeds)."""

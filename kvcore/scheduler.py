@@ -143,9 +143,32 @@ class Scheduler:
     # -- requests -------------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
         """Queue a request; raises :class:`RequestRejectedError` if it can never be served."""
+        self.add_requests((request,))
+
+    def add_requests(self, requests: Iterable[Request]) -> None:
+        """Queue several requests atomically: if any of them is invalid or can never be served,
+        raise (naming it) and queue none of them."""
+        batch = list(requests)
+        seen: set[str] = set()
+        for request in batch:
+            self._check_new_request(request, seen)
+            seen.add(request.request_id)
+        for request in batch:
+            request.status = RequestStatus.WAITING
+            self.requests[request.request_id] = request
+            self.waiting.append(request)
+
+    def _check_new_request(self, request: Request, batch_ids: set[str]) -> None:
+        if not isinstance(request, Request):
+            raise InvalidArgumentError(
+                f"add_request expects a kvcore Request, got {type(request).__name__}")
         rid = request.request_id
-        if rid in self.requests:
+        if rid in self.requests or rid in batch_ids:
             raise InvalidArgumentError(f"request {rid!r} is already in the scheduler")
+        if request.status.is_finished or request.num_computed_tokens:
+            raise InvalidArgumentError(
+                f"request {rid!r} is not new (status {request.status.value}, "
+                f"{request.num_computed_tokens} computed tokens)")
         if request.num_tokens >= self.max_model_len:
             raise RequestRejectedError(
                 f"request {rid!r}: prompt of {request.num_tokens} tokens leaves no room to "
@@ -155,9 +178,6 @@ class Scheduler:
             raise RequestRejectedError(
                 f"request {rid!r} needs up to {need} KV-cache blocks at once; the pool has "
                 f"{self._usable_blocks}")
-        request.status = RequestStatus.WAITING
-        self.requests[rid] = request
-        self.waiting.append(request)
 
     def blocks_needed(self, request: Request) -> int:
         """Peak blocks the request holds at once if it runs to completion alone."""
@@ -167,6 +187,7 @@ class Scheduler:
         return sum(g.spec.max_blocks_per_request(final, step) for g in self.kv.config.groups)
 
     def abort_request(self, request_id: str) -> None:
+        """Finish a waiting or running request as aborted, releasing its blocks."""
         request = self.requests.get(request_id)
         if request is None:
             raise UnknownRequestError(f"request {request_id!r} is not in the scheduler")
@@ -176,6 +197,21 @@ class Scheduler:
         else:
             self.waiting.remove(request)
         self._finish(request, RequestStatus.FINISHED_ABORTED)
+
+    def fail_step(self, output: SchedulerOutput) -> list[Request]:
+        """The engine could not execute ``output`` (an exception in the forward pass, the
+        sampler, ...): none of its KV was written.
+
+        The blocks that step was to fill leave the prefix cache, so no later hit can serve KV
+        that was never computed, and every request it scheduled that is still running is
+        aborted (its blocks freed).  Returns the aborted requests.
+        """
+        failed = [s for s in output.scheduled if s.request.status is RequestStatus.RUNNING]
+        for s in failed:
+            self.kv.uncache_blocks(s.request, s.num_computed_tokens)
+        for s in failed:
+            self.abort_request(s.request_id)
+        return [s.request for s in failed]
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
@@ -272,11 +308,19 @@ class Scheduler:
                 raise InvalidArgumentError(
                     f"{len(sampled_token_ids)} sampled tokens for {len(sampling)} sampling requests")
             tokens = {s.request_id: t for s, t in zip(sampling, sampled_token_ids)}
+        # Check everything before changing anything: a bad token leaves every request as it was.
+        live = [s.request for s in sampling if s.request.status is RequestStatus.RUNNING]
+        for req in live:  # requests aborted or preempted since they were scheduled are skipped
+            rid = req.request_id
+            if rid not in tokens:
+                raise InvalidArgumentError(f"no sampled token for request {rid!r}")
+            token = tokens[rid]
+            if token.__class__ is not int or not 0 <= token < 1 << 32:
+                raise InvalidArgumentError(
+                    f"sampled token for request {rid!r} must be an int in [0, 2**32), "
+                    f"got {token!r}")
         finished: list[Request] = []
-        for s in sampling:
-            req = s.request
-            if req.status is not RequestStatus.RUNNING:
-                continue  # aborted or preempted since it was scheduled
+        for req in live:
             token = tokens[req.request_id]
             req.append_output_token_ids(token)
             reason = self._stop_reason(req, token)
@@ -315,7 +359,3 @@ class Scheduler:
         if status is RequestStatus.FINISHED_REJECTED:
             self.stats.num_rejected += 1
         self.stats.finish_reasons[status.value] = self.stats.finish_reasons.get(status.value, 0) + 1
-
-    def add_requests(self, requests: Iterable[Request]) -> None:
-        for r in requests:
-            self.add_request(r)

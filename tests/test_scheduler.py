@@ -232,3 +232,61 @@ def test_random_workloads_always_finish_with_every_block_returned(
                for r in submitted)
     assert m.num_free_blocks == num_blocks - 1 and m.usage == 0.0
     m.check_invariants()
+
+
+def test_add_requests_is_atomic() -> None:
+    s = sched(num_blocks=8, max_model_len=64)
+    ok = s.kv.make_request("ok", [1, 2, 3], max_tokens=2)
+    dup = s.kv.make_request("ok", [4, 5, 6], max_tokens=2)
+    with pytest.raises(InvalidArgumentError, match="already in the scheduler"):
+        s.add_requests([ok, dup])
+    too_long = s.kv.make_request("long", list(range(64)), max_tokens=2)
+    with pytest.raises(RequestRejectedError, match="long"):
+        s.add_requests([ok, too_long])
+    assert not s.has_unfinished_requests() and not s.requests
+    s.add_requests([ok])
+    assert s.num_waiting == 1
+
+
+def test_a_finished_request_cannot_be_added_again() -> None:
+    s = sched()
+    r = req(s, "a", [1, 2, 3], max_tokens=1)
+    run(s)
+    assert r.status is RequestStatus.FINISHED_LENGTH
+    with pytest.raises(InvalidArgumentError, match="not new"):
+        s.add_request(r)
+
+
+def test_update_from_output_checks_every_token_before_applying_any() -> None:
+    s = sched()
+    a = req(s, "a", [1, 2, 3])
+    b = req(s, "b", [4, 5, 6])
+    out = s.schedule()
+    for bad in ({"a": 1}, {"a": 1, "b": -1}, {"a": 1, "b": True}, {"a": 1, "b": 1.0}):
+        with pytest.raises(InvalidArgumentError):
+            s.update_from_output(out, bad)
+        assert a.output_token_ids == [] and b.output_token_ids == []
+    s.update_from_output(out, {"a": 1, "b": 2})
+    assert a.output_token_ids == [1] and b.output_token_ids == [2]
+
+
+def test_fail_step_uncaches_unwritten_blocks_and_aborts() -> None:
+    s = sched(num_blocks=32)
+    warm = req(s, "warm", list(range(12)), max_tokens=1)
+    run(s)
+    assert warm.status is RequestStatus.FINISHED_LENGTH
+    # "a" hits the first 8 cached tokens; "b" is fresh. The step that was to compute their
+    # remaining tokens fails: nothing it would have cached may be served later.
+    a = req(s, "a", [*range(8), 50, 51, 52, 53, 54])
+    b = req(s, "b", [60, 61, 62, 63, 64, 65, 66, 67, 68])
+    out = s.schedule()
+    assert [x.num_computed_tokens for x in out.scheduled] == [8, 0]
+    aborted = s.fail_step(out)
+    assert aborted == [a, b] and {a.status, b.status} == {RequestStatus.FINISHED_ABORTED}
+    assert s.kv.num_free_blocks == 31 and not s.has_unfinished_requests()
+    s.kv.check_invariants()
+    # The prefix computed by "warm" is still cached; what the failed step would have written is not.
+    again = s.kv.make_request("again", [*range(8), 50, 51, 52, 53, 54])
+    assert s.kv.get_computed_blocks(again)[1] == 8
+    other = s.kv.make_request("other", [60, 61, 62, 63, 64, 65, 66, 67, 68])
+    assert s.kv.get_computed_blocks(other)[1] == 0

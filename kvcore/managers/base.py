@@ -191,6 +191,19 @@ class SingleTypeKVCacheManager:
                                     block_mask=self.cache_mask(num_cached, num_full))
         self.num_cached_block[rid] = num_full
 
+    def uncache_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        """Drop the request's blocks holding tokens at or after ``num_computed_tokens`` from the
+        prefix cache and move its cached watermark back to match."""
+        blocks = self.req_to_blocks.get(request_id)
+        if not blocks:
+            return
+        start = num_computed_tokens // self.block_size
+        stale = [b.block_id for b in blocks[start:] if not b.is_null and b.block_hash is not None]
+        if stale:
+            self.pool.evict_blocks(stale)
+        if self.num_cached_block.get(request_id, 0) > start:
+            self.num_cached_block[request_id] = start
+
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """Release the blocks wholly outside the attention window, replacing them with the null
         block.  They are released newest first (vLLM's order), so among them the oldest is
