@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _load(args: argparse.Namespace) -> tuple[str, list[Any]]:
     from kvcore.sim import traces, workloads
 
-    if args.trace:
+    if args.trace is not None:  # an empty TRACE is an error, not the built-in workload
         reqs = traces.load_mooncake(args.trace, limit=args.limit)
         return args.trace, reqs
     reqs = workloads.make_workload(args.workload)
@@ -117,7 +117,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     source, reqs = _load(args)
     capacity = args.capacity_tokens if args.num_blocks is None and args.capacity_tokens else None
     if args.num_blocks is None and capacity is None:
-        capacity = 4_194_304 if args.trace else 16_384
+        capacity = 4_194_304 if args.trace is not None else 16_384
     cfg = ReplayConfig(block_size=args.block_size, num_blocks=args.num_blocks,
                        capacity_tokens=capacity, max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens,

@@ -56,6 +56,8 @@ def test_replay_trace_file(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.parametrize("argv, message", [
     (("replay", "missing.jsonl"), "trace file not found"),
+    (("replay", ""), "trace file path is empty"),
+    (("replay", "."), "trace file is a directory"),
     (("replay", "--capacity-tokens", "-5"), "positive integer"),
     (("replay", "--num-blocks", "0"), "positive integer"),
     (("replay", "--policy", "mru"), "unknown policy"),

@@ -11,6 +11,8 @@ and the scheduler + manager CPU time per step.
 
 from __future__ import annotations
 
+import math
+import numbers
 import statistics
 import time
 import zlib
@@ -111,11 +113,41 @@ def make_manager(cfg: ReplayConfig, requests: Sequence[TraceRequest]) -> KVCache
                           max_num_batched_tokens=cfg.max_num_batched_tokens)
 
 
+def _finite_nonneg(x: object) -> bool:
+    if not isinstance(x, numbers.Real) or isinstance(x, bool):
+        return False
+    try:
+        return math.isfinite(x) and float(x) >= 0
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def _check_inputs(requests: Sequence[TraceRequest], cfg: ReplayConfig) -> None:
+    """Refuse what would make the simulated clock stall (a NaN, infinite or negative arrival
+    time or time parameter: the replay would loop forever) and negative lengths."""
+    for name in ("time_scale", "step_base_ms", "step_ms_per_token"):
+        if not _finite_nonneg(getattr(cfg, name)):
+            raise InvalidArgumentError(
+                f"ReplayConfig.{name} must be a finite number >= 0, got {getattr(cfg, name)!r}")
+    for r in requests:
+        if not _finite_nonneg(r.arrival_ms):
+            raise InvalidArgumentError(f"request {r.request_id}: arrival_ms must be a finite "
+                                       f"number >= 0, got {r.arrival_ms!r}")
+        for name in ("num_prompt_tokens", "output_len"):
+            value = getattr(r, name)
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
+                raise InvalidArgumentError(
+                    f"request {r.request_id}: {name} must be an integer >= 0, got {value!r}")
+
+
 def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None) -> ReplayResult:
-    """Run ``requests`` (sorted by arrival) to completion; see the module docstring."""
+    """Run ``requests`` (in any order: they are sorted by arrival) to completion; see the module
+    docstring.  Raises :class:`InvalidArgumentError` before running if an arrival time is NaN,
+    infinite or negative, or a length is negative."""
     cfg = cfg or ReplayConfig()
     if not requests:
         raise InvalidArgumentError("the trace has no requests")
+    _check_inputs(requests, cfg)
     manager = make_manager(cfg, requests)
     sched = Scheduler(manager, SchedulerConfig(max_num_seqs=cfg.max_num_seqs,
                                                max_num_batched_tokens=cfg.max_num_batched_tokens))

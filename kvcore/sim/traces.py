@@ -12,16 +12,23 @@ prompt tokens).
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from kvcore.errors import InvalidArgumentError
 
 MOONCAKE_BLOCK_TOKENS = 512
+_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+
+
+class _RecordError(Exception):
+    """A malformed trace record (internal: :func:`load_mooncake` adds the path and line)."""
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -106,32 +113,109 @@ class TraceRequest:
         return keys
 
 
+def _show(value: object) -> str:
+    """``value`` as it reads in JSON, on one line and shortened (for error messages)."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _int_field(rec: dict[str, Any], name: str, minimum: int) -> int:
+    value = rec[name]
+    if type(value) is not int or value < minimum:  # bool and float (even 5.0) are not lengths
+        raise _RecordError(f"{name} must be an integer >= {minimum}, got {_show(value)}")
+    return value
+
+
+def _parse_record(text: str) -> tuple[float, int, int, tuple[int, ...]]:
+    """``(timestamp, input_length, output_length, hash_ids)`` of one JSONL record, or
+    :class:`_RecordError` saying which field is wrong and how."""
+    try:
+        rec = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _RecordError(f"malformed record: invalid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise _RecordError("malformed record: JSON nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer over Python's digit limit
+        raise _RecordError(f"malformed record: invalid JSON ({exc})") from None
+    if not isinstance(rec, dict):
+        raise _RecordError(f"malformed record: expected a JSON object, got {_show(rec)}")
+    missing = [k for k in _FIELDS if k not in rec]
+    if missing:
+        raise _RecordError(f"malformed record: missing field {', '.join(map(repr, missing))}")
+    ts = rec["timestamp"]
+    if type(ts) is int:
+        try:
+            ts = float(ts)
+        except OverflowError:
+            raise _RecordError(f"timestamp {_show(ts)} is too large") from None
+    if type(ts) is not float or not math.isfinite(ts) or ts < 0:
+        raise _RecordError(f"timestamp must be a finite number >= 0 (ms), got {_show(ts)}")
+    n_in = _int_field(rec, "input_length", 1)
+    n_out = _int_field(rec, "output_length", 0)
+    ids = rec["hash_ids"]
+    if type(ids) is not list:
+        raise _RecordError(f"hash_ids must be a list of integers, got {_show(ids)}")
+    if not all(type(h) is int for h in ids):
+        i, bad = next((i, h) for i, h in enumerate(ids) if type(h) is not int)
+        raise _RecordError(f"hash_ids[{i}] must be an integer, got {_show(bad)}")
+    need = -(-n_in // MOONCAKE_BLOCK_TOKENS)
+    if len(ids) != need:
+        raise _RecordError(f"hash_ids: input_length {n_in} needs {need} hash ids (one per "
+                           f"{MOONCAKE_BLOCK_TOKENS} tokens), got {len(ids)}")
+    return ts, n_in, n_out, tuple(ids)
+
+
 def load_mooncake(path: str | Path, *, limit: int | None = None, vocab_size: int = 32_000,
                   seed: int = 0) -> list[TraceRequest]:
-    """Load a Mooncake trace (JSONL: ``timestamp`` ms, ``input_length``, ``output_length``,
-    ``hash_ids``).  Raises :class:`InvalidArgumentError` naming the line of a malformed record."""
+    """Load a Mooncake trace: UTF-8 JSONL, one object per line with ``timestamp`` (arrival, ms,
+    a finite number >= 0), ``input_length`` (an integer >= 1), ``output_length`` (an integer
+    >= 0) and ``hash_ids`` (integers, exactly ``ceil(input_length / 512)`` of them); other keys
+    are ignored, blank lines skipped.  Requests come back in file order: timestamps need not be
+    monotone (:func:`~kvcore.sim.replay.replay` sorts by arrival).
+
+    Raises :class:`InvalidArgumentError` for a missing, unreadable or empty file, and for the
+    first malformed record, as ``<path>:<line>: <what is wrong>`` (one line; physical lines
+    counted from 1, blank ones included)."""
+    if isinstance(path, str) and not path.strip():
+        raise InvalidArgumentError("trace file path is empty")
     path = Path(path)
     if not path.is_file():
+        if path.is_dir():
+            raise InvalidArgumentError(f"trace file is a directory: {path}")
+        if path.exists():
+            raise InvalidArgumentError(f"trace file is not a regular file: {path}")
         raise InvalidArgumentError(f"trace file not found: {path}")
     source = HashIdTokens(MOONCAKE_BLOCK_TOKENS, vocab_size, seed)
     out: list[TraceRequest] = []
-    with path.open() as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                ts, n_in, n_out = float(rec["timestamp"]), int(rec["input_length"]), int(rec["output_length"])
-                ids = tuple(int(h) for h in rec["hash_ids"])
-            except (ValueError, KeyError, TypeError) as exc:
-                raise InvalidArgumentError(f"{path}:{lineno}: malformed record ({exc})") from None
-            if n_in <= 0 or n_out < 0 or len(ids) != -(-n_in // MOONCAKE_BLOCK_TOKENS):
-                raise InvalidArgumentError(
-                    f"{path}:{lineno}: input_length {n_in} needs {-(-n_in // MOONCAKE_BLOCK_TOKENS)} "
-                    f"hash ids, got {len(ids)}")
-            out.append(TraceRequest(f"mc{len(out)}", ts, n_in, n_out, hash_ids=ids, source=source))
-            if limit is not None and len(out) >= limit:
-                break
+    try:
+        with path.open("rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise InvalidArgumentError(
+                        f"{path}:{lineno}: malformed record: invalid UTF-8 (byte "
+                        f"0x{raw[exc.start]:02x} at column {exc.start + 1})") from None
+                if lineno == 1:  # a byte-order mark is tolerated at the start of the file
+                    line = line.removeprefix("\ufeff")
+                if not line.strip():
+                    continue
+                try:
+                    ts, n_in, n_out, ids = _parse_record(line)
+                except _RecordError as exc:
+                    raise InvalidArgumentError(f"{path}:{lineno}: {exc}") from None
+                out.append(TraceRequest(f"mc{len(out)}", ts, n_in, n_out, hash_ids=ids,
+                                        source=source))
+                if limit is not None and len(out) >= limit:
+                    break
+    except OSError as exc:
+        raise InvalidArgumentError(
+            f"cannot read trace file {path}: {exc.strerror or exc}") from None
+    if not out:
+        raise InvalidArgumentError(f"{path}: the trace has no requests")
     return out
 
 
