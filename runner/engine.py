@@ -11,14 +11,22 @@ inputs, the :class:`~runner.model_runner.ModelRunner` runs the model over paged 
 Tensor parallelism: ranks 1..N-1 are spawned processes that build their shard of the model and
 then run every forward whose inputs rank 0 (this process) broadcasts; NCCL on GPU, gloo on CPU.
 One tensor-parallel engine per process (torch.distributed's default group is per process).
+
+Failures: bad prompts or sampling params are refused before anything is admitted; an exception
+inside a step aborts that step's requests (``Scheduler.fail_step``: no never-written block stays
+in the prefix cache) and ``generate`` aborts the rest of its batch before re-raising, so the
+engine stays usable.  Tensor-parallel workers are not recovered: if a step fails while they run
+its forward, the engine raises :class:`EngineDeadError` from then on and should be closed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import numbers
 import os
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
@@ -27,9 +35,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from kvcore.errors import InvalidArgumentError
 from kvcore.manager import KVCacheManager
-from kvcore.request import Request
-from kvcore.scheduler import Scheduler, SchedulerConfig
+from kvcore.request import Request, RequestStatus
+from kvcore.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from kvcore.specs import KVCacheConfig, config_dtype, kv_cache_config_from_hf
 from runner.attention import get_backend
 from runner.batch import ModelInputs, prepare_batch
@@ -40,6 +49,17 @@ from runner.models import build_model, load_config
 from runner.models.weights import iter_safetensors
 from runner.sampler import Sampler, SamplingParams
 from runner.tokenizer import ByteTokenizer
+
+_log = logging.getLogger(__name__)
+
+# generate() gives up (and aborts its batch) after this many consecutive steps that scheduled
+# nothing and finished nothing: the scheduler is deterministic, so it would never progress.
+_MAX_IDLE_STEPS = 64
+
+
+class EngineDeadError(RuntimeError):
+    """The engine cannot run any more (a tensor-parallel forward failed, or it was closed with
+    workers); build a new one."""
 
 
 @dataclass(frozen=True)
@@ -183,63 +203,174 @@ class LLM:
         self.sampler = Sampler(c.seed, self.device)
         self.tokenizer = tokenizer if tokenizer is not None else _default_tokenizer(model, hf_config)
         self.max_model_len = max_len
+        self.vocab_size = int(hf_config.vocab_size)
         self._next_id = 0
+        self._dead: str | None = None  # why the engine can no longer run (tensor parallel)
 
     # -- generation ------------------------------------------------------------------------------
-    def generate(self, prompts: list[str] | list[list[int]] | str,
-                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
+    def generate(self, prompts: str | Sequence[str | Sequence[int]],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
-        """Run all prompts to completion; outputs are in prompt order."""
+        """Run all prompts to completion; outputs are in prompt order.
+
+        Every prompt (a ``str``, tokenized here, or a list of int token ids in
+        ``[0, vocab_size)``, non-empty and shorter than ``max_model_len``) and the sampling
+        params are checked before anything is admitted; a bad one raises
+        :class:`~kvcore.errors.InvalidArgumentError` naming it, and the engine is left as it was.
+        The batch is admitted atomically (all prompts or none).
+
+        If a step fails (an exception or ``KeyboardInterrupt`` in scheduling, the forward, the
+        sampler, ...), the failed step's requests are dropped with ``Scheduler.fail_step`` (their
+        never-written blocks leave the prefix cache), every other unfinished request of this
+        batch is aborted, and the original exception propagates; the engine stays usable
+        (single process).  Under tensor parallelism a failure while the workers were running a
+        forward leaves them out of step: the engine then refuses further work
+        (:class:`EngineDeadError`) and should be closed.
+        """
+        self._check_alive()
         if isinstance(prompts, str):
             prompts = [prompts]
-        params = sampling_params or SamplingParams()
-        plist = params if isinstance(params, list) else [params] * len(prompts)
-        if len(plist) != len(prompts):
-            raise ValueError(f"{len(plist)} sampling params for {len(prompts)} prompts")
+        if not isinstance(prompts, (list, tuple)):
+            raise InvalidArgumentError(
+                f"prompts must be a str or a list of prompts, got {type(prompts).__name__}")
+        plist = _sampling_params_list(sampling_params, len(prompts))
+        token_lists = [self._prompt_token_ids(i, prompt) for i, prompt in enumerate(prompts)]
         eos = getattr(self.tokenizer, "eos_token_id", None)
-        requests: list[Request] = []
-        for prompt, p in zip(prompts, plist):
-            ids: list[int] = (self.tokenizer.encode(prompt) if isinstance(prompt, str)
-                              else list(cast(list[int], prompt)))
-            rid = str(self._next_id)
-            self._next_id += 1
-            req = self.manager.make_request(rid, ids, max_tokens=p.max_tokens, eos_token_id=eos,
-                                            ignore_eos=p.ignore_eos,
-                                            stop_token_ids=p.stop_token_ids, sampling_params=p)
-            self.scheduler.add_request(req)
-            requests.append(req)
-        bar = _progress(len(requests)) if use_tqdm else None
-        while self.scheduler.has_unfinished_requests():
-            finished = self.step()
-            if bar is not None and finished:
-                bar.update(len(finished))
-        if bar is not None:
-            bar.close()
+        requests = [
+            self.manager.make_request(str(self._next_id + i), ids, max_tokens=p.max_tokens,
+                                      eos_token_id=eos, ignore_eos=p.ignore_eos,
+                                      stop_token_ids=p.stop_token_ids, sampling_params=p)
+            for i, (ids, p) in enumerate(zip(token_lists, plist))]
+        self._next_id += len(requests)  # even if admission fails: ids are never reused
+        self.scheduler.add_requests(requests)  # atomic: all of them or none
+        bar: Any = None
+        try:
+            if use_tqdm and requests:
+                bar = _progress(len(requests))
+            idle_steps = 0
+            while self.scheduler.has_unfinished_requests():
+                finished, num_scheduled = self._step()
+                if bar is not None and finished:
+                    bar.update(len(finished))
+                idle_steps = 0 if num_scheduled or finished else idle_steps + 1
+                if idle_steps >= _MAX_IDLE_STEPS:
+                    raise RuntimeError(
+                        f"the scheduler scheduled nothing for {idle_steps} steps with "
+                        f"{self.scheduler.num_waiting} waiting and {self.scheduler.num_running} "
+                        "running requests")
+        except BaseException:
+            self._abort(requests)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
         return [self._output(r) for r in requests]
 
     def step(self) -> list[Request]:
-        """One scheduling step: schedule, run the model, sample, apply stop conditions."""
-        out = self.scheduler.schedule()
-        sampled: dict[str, int] = {}
-        if out.scheduled:
-            batch = prepare_batch(out.scheduled, self.kv_config.num_groups, self.runner.layout.block_size,
-                                  "cpu" if self._workers else self.device)
-            inputs = batch.inputs
-            if self._workers:
-                dist.broadcast_object_list([inputs], src=0)
-                inputs = inputs.to(self.device)
-            hidden = self.runner.forward(inputs)
-            if batch.sampling:
-                logits = self.runner.logits(hidden[batch.sample_indices.to(hidden.device)])
-                params = [cast(SamplingParams, s.request.sampling_params)
-                          for s in batch.sampling]
-                rids = [s.request_id for s in batch.sampling]
-                tokens = self.sampler(logits, params, rids).tolist()
-                sampled = dict(zip(rids, tokens))
-        finished = self.scheduler.update_from_output(out, sampled)
+        """One scheduling step: schedule, run the model, sample, apply stop conditions.
+
+        If anything in the step raises, the step's requests are aborted with
+        ``Scheduler.fail_step`` and the exception propagates; other requests are untouched."""
+        self._check_alive()
+        return self._step()[0]
+
+    def _step(self) -> tuple[list[Request], int]:
+        out: SchedulerOutput | None = None
+        try:
+            out = self.scheduler.schedule()
+            sampled = self._execute(out)
+            finished = self.scheduler.update_from_output(out, sampled)
+        except BaseException:
+            if out is not None:
+                self._fail_step(out)
+            raise
         for r in finished:
             self.sampler.forget(r.request_id)
-        return finished
+        return finished, len(out.scheduled)
+
+    def _execute(self, out: SchedulerOutput) -> dict[str, int]:
+        """Run the model over the step's tokens and sample; ``{request_id: token}``."""
+        if not out.scheduled:
+            return {}
+        batch = prepare_batch(out.scheduled, self.kv_config.num_groups,
+                              self.runner.layout.block_size,
+                              "cpu" if self._workers else self.device)
+        inputs = batch.inputs
+        if self._workers:
+            # From the broadcast until rank 0's forward returns, the workers are in this step's
+            # collectives: a failure in between leaves them out of step for good.
+            self._dead = ("a tensor-parallel step failed while the workers were running it, "
+                          "leaving them out of step: close this engine and build a new one")
+            dist.broadcast_object_list([inputs], src=0)
+            inputs = inputs.to(self.device)
+        hidden = self.runner.forward(inputs)
+        self._dead = None
+        if not batch.sampling:
+            return {}
+        logits = self.runner.logits(hidden[batch.sample_indices.to(hidden.device)])
+        params = [cast(SamplingParams, s.request.sampling_params) for s in batch.sampling]
+        rids = [s.request_id for s in batch.sampling]
+        tokens = self.sampler(logits, params, rids).tolist()
+        return dict(zip(rids, tokens))
+
+    def _fail_step(self, out: SchedulerOutput) -> None:
+        """Drop a step that raised: its blocks leave the prefix cache, its requests are aborted
+        (best effort: a second error here is logged, the original one is what propagates)."""
+        try:
+            self.scheduler.fail_step(out)
+        except Exception:
+            _log.exception("dropping the failed step's requests failed; aborting them one by one")
+            for s in out.scheduled:
+                if s.request.status is RequestStatus.RUNNING:
+                    self._abort_one(s.request, s.num_computed_tokens)
+        for s in out.scheduled:
+            if s.request.status.is_finished:
+                self.sampler.forget(s.request_id)
+
+    def _abort(self, requests: list[Request]) -> None:
+        """Abort the unfinished ones of ``requests`` after a failure (best effort, logged)."""
+        for r in requests:
+            if not r.status.is_finished and r.request_id in self.scheduler.requests:
+                # A failure inside ``schedule`` may have cached blocks for tokens past the
+                # computed ones (allocation caches them ahead of the forward): uncache them.
+                self._abort_one(r, r.num_computed_tokens)
+            self.sampler.forget(r.request_id)
+
+    def _abort_one(self, r: Request, num_written: int) -> None:
+        """Abort ``r``, first dropping from the prefix cache its blocks past ``num_written``
+        tokens if it holds blocks (best effort: errors are logged)."""
+        try:
+            if r.status is RequestStatus.RUNNING:
+                self.manager.uncache_blocks(r, num_written)
+            self.scheduler.abort_request(r.request_id)
+        except Exception:
+            _log.exception("aborting request %r after a failed step failed", r.request_id)
+
+    def _check_alive(self) -> None:
+        if self._dead is not None:
+            raise EngineDeadError(self._dead)
+
+    def _prompt_token_ids(self, index: int, prompt: Any) -> list[int]:
+        """Prompt ``index`` as a checked list of token ids (see ``generate``)."""
+        if isinstance(prompt, str):
+            what = f"prompt {index} (tokenized)"
+            ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple)):
+            what = f"prompt {index}"
+            ids = prompt
+        else:
+            hint = (" (wrap a single tokenized prompt: [[1, 2, 3]])"
+                    if isinstance(prompt, int) else "")
+            raise InvalidArgumentError(f"prompt {index}: expected a str or a list of int token "
+                                       f"ids, got {type(prompt).__name__}{hint}")
+        n = len(ids)  # checked before anything walks or hashes the tokens
+        if n == 0:
+            raise InvalidArgumentError(f"{what} is empty")
+        if n >= self.max_model_len:
+            raise InvalidArgumentError(
+                f"{what} has {n} tokens; it must be shorter than max_model_len="
+                f"{self.max_model_len} to leave room to generate")
+        return _check_token_ids(ids, self.vocab_size, what)
 
     def _output(self, r: Request) -> RequestOutput:
         out = r.output_token_ids
@@ -250,12 +381,19 @@ class LLM:
 
     # -- lifecycle -------------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop tensor-parallel workers (idempotent)."""
+        """Stop tensor-parallel workers (idempotent).  Workers left out of step by a failed
+        forward are terminated instead of asked to stop."""
         if self._workers:
-            dist.broadcast_object_list([None], src=0)
-            for proc in self._workers:
-                proc.join(timeout=60)
-            self._workers = []
+            workers, self._workers = self._workers, []
+            if self._dead is None:
+                dist.broadcast_object_list([None], src=0)
+                for proc in workers:
+                    proc.join(timeout=60)
+            for proc in workers:
+                if proc.is_alive():
+                    proc.terminate()
+                    proc.join(timeout=10)
+            self._dead = self._dead or "the tensor-parallel engine is closed"
             dist.destroy_process_group()
 
     def __enter__(self) -> LLM:
@@ -267,6 +405,42 @@ class LLM:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown: nothing sensible to do
             self.close()
+
+
+def _sampling_params_list(params: Any, num_prompts: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * num_prompts
+    if isinstance(params, SamplingParams):
+        return [params] * num_prompts
+    if not isinstance(params, (list, tuple)):
+        raise InvalidArgumentError("sampling_params must be a SamplingParams or a list of them, "
+                                   f"got {type(params).__name__}")
+    if len(params) != num_prompts:
+        raise InvalidArgumentError(f"{len(params)} sampling params for {num_prompts} prompts")
+    for i, p in enumerate(params):
+        if not isinstance(p, SamplingParams):
+            raise InvalidArgumentError(
+                f"sampling_params[{i}] must be a SamplingParams, got {type(p).__name__}")
+    return list(params)
+
+
+def _check_token_ids(ids: Any, vocab_size: int, what: str) -> list[int]:
+    """A copy of ``ids`` as a list of ints in ``[0, vocab_size)``, or InvalidArgumentError
+    naming the first bad one (integral non-``bool`` numbers, e.g. numpy ints, become ints)."""
+    if all(t.__class__ is int for t in ids):
+        out = list(ids)
+    else:
+        out = []
+        for pos, t in enumerate(ids):
+            if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+                raise InvalidArgumentError(f"{what}: token id {t!r} at position {pos} is not an "
+                                           f"int ({type(t).__name__})")
+            out.append(int(t))
+    if out and (min(out) < 0 or max(out) >= vocab_size):
+        pos, bad = next((i, t) for i, t in enumerate(out) if not 0 <= t < vocab_size)
+        raise InvalidArgumentError(f"{what}: token id {bad} at position {pos} is outside the "
+                                   f"vocabulary [0, {vocab_size})")
+    return out
 
 
 def _default_tokenizer(model: Any, cfg: Any) -> Any:
@@ -296,4 +470,5 @@ def _progress(total: int) -> Any:
     return tqdm(total=total, unit="req", desc="generate")
 
 
-__all__ = ["LLM", "EngineConfig", "ModelInputs", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "EngineConfig", "EngineDeadError", "ModelInputs", "RequestOutput",
+           "SamplingParams"]

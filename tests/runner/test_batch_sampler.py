@@ -65,7 +65,7 @@ def test_top_k_and_top_p_restrict_the_support() -> None:
     assert len(set(free.tolist())) >= 4
 
 
-@pytest.mark.parametrize("kwargs", [{"temperature": -1}, {"top_p": 0}, {"top_k": -1},
+@pytest.mark.parametrize("kwargs", [{"temperature": -1}, {"top_p": 0}, {"top_k": -2},
                                     {"max_tokens": 0}])
 def test_bad_sampling_params(kwargs: dict) -> None:  # type: ignore[type-arg]
     with pytest.raises(ValueError):
