@@ -8,19 +8,40 @@ Run as a script in either implementation's environment::
 or import :func:`replay_all` (kvcore side, in-process).  The module imports only the
 implementation under test, so it runs in the vLLM peer venv without kvcore.
 
-A trace is ``{"config": {...}, "ops": [...]}``; ops act on requests by id, the way a scheduler
-does:
+A trace is ``{"config": {...}, "ops": [...]}``.  The config names the groups (``full``, ``swa``,
+``chunked``, ``mamba``, ``cross``), the pool size, ``caching``, ``eagle`` (``use_eagle``) and
+``pending``: kvcore divergences not fixed yet, which the replay masks (see traces.py).  Ops act
+on requests by id, the way a scheduler does:
 
-    add      {rid, prompt}          create the request
-    admit    {rid, chunk}           get_computed_blocks + allocate_slots(min(chunk, rest))
-    step     {rid, chunk, token}    running request: next prefill chunk, or (prompt done) append
-                                    ``token`` and allocate one decode slot
-    free     {rid}                  finished
-    preempt  {rid}                  free, num_computed_tokens = 0, num_preemptions += 1
-    reset    {}                     reset_prefix_cache()
+    add       {rid, prompt}          create the request
+    admit     {rid, chunk, ext, delay, enc, fit}
+                                     get_computed_blocks, then allocate_slots for the hit, ``ext``
+                                     external tokens after it (clipped to the prompt) and
+                                     ``min(chunk, rest)`` new ones; ``enc`` encoder tokens (cross
+                                     attention); ``fit``: full_sequence_must_fit (the config's
+                                     ``budget`` is the per-step token bound of both managers).
+                                     ``delay`` (with ext > 0) is an async KV load:
+                                     no new tokens, ``delay_cache_blocks=True``; the request
+                                     waits for a ``cache`` op.  On success the request's stats
+                                     are recorded (vLLM's scheduler: once per admission).
+    cache     {rid}                  the load finished: cache_blocks(request, num_computed_tokens)
+                                     (and a fully loaded prompt recomputes its last token)
+    step      {rid, chunk, token, look}
+                                     running request: next prefill chunk, or (prompt done) append
+                                     ``token`` and allocate one decode slot; ``look`` lookahead
+                                     (draft) slots
+    free      {rid}                  finished
+    preempt   {rid}                  free, num_computed_tokens = 0, num_preemptions += 1
+    reset     {}                     reset_prefix_cache()
+    new_step  {}                     a scheduling step starts (Mamba: states cached in the
+                                     previous step become hittable)
+    stats     {}                     make_prefix_cache_stats()
 
 After every op the observation records the op's result (hit tokens and hit block ids, the new
-block ids or None, the request's block table) and the whole free queue in eviction order.
+block ids or None, the request's block table), the whole free queue in eviction order and the KV
+events the op produced.  Events are normalised so that the two implementations' different hash
+functions compare: every hash becomes the label ``"<rid>@<n>"`` of the token prefix it chains
+over (``n`` tokens of the first request that had that prefix).
 
 One deliberate difference: when vLLM's ``allocate_slots`` returns ``None`` for a running request
 it has already released the request's out-of-window blocks; kvcore's changes nothing.  The
@@ -31,8 +52,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
+
+STATS_FIELDS = ("requests", "queries", "hits", "preempted_requests", "preempted_queries",
+                "preempted_hits", "reset")
 
 
 def _ids(groups: Any) -> list[list[int]] | None:
@@ -41,37 +66,134 @@ def _ids(groups: Any) -> list[list[int]] | None:
     return [[b.block_id for b in g] for g in groups]
 
 
-def _specs(cfg: dict[str, Any], full: Any, swa: Any, chunked: Any) -> list[Any]:
+def _specs(cfg: dict[str, Any], classes: dict[str, Any], mamba_kw: dict[str, Any]) -> list[Any]:
     """The trace's groups as specs of either implementation (the classes are passed in)."""
     import torch
 
     out = []
     for g in cfg["groups"]:
-        common = dict(block_size=g["block_size"], num_kv_heads=1, head_size=8, dtype=torch.float16)
-        if g["type"] == "full":
-            out.append(full(**common))
-        elif g["type"] == "swa":
-            out.append(swa(sliding_window=g["window"], **common))
+        bs = g["block_size"]
+        if g["type"] == "mamba":
+            out.append(classes["mamba"](block_size=bs, shapes=((2, 4),), dtypes=(torch.float32,),
+                                        **mamba_kw))
+            continue
+        common = dict(block_size=bs, num_kv_heads=1, head_size=8, dtype=torch.float16)
+        if g["type"] == "swa":
+            out.append(classes["swa"](sliding_window=g["window"], **common))
+        elif g["type"] == "chunked":
+            out.append(classes["chunked"](attention_chunk_size=g["chunk"], **common))
         else:
-            out.append(chunked(attention_chunk_size=g["chunk"], **common))
+            out.append(classes[g["type"]](**common))
     return out
 
 
-class KvcoreImpl:
+class _Impl:
+    """What both implementations share: hash labels and event normalisation."""
+
+    hash_block_size: int
+
     def __init__(self, cfg: dict[str, Any]) -> None:
+        self.cfg = cfg
+        self.group_block_sizes = [g["block_size"] for g in cfg["groups"]]
+        self.pending = set(cfg.get("pending", ()))
+        self._labels: dict[Any, tuple[str, int]] = {}  # hash -> (label, prefix length)
+        self._prefixes: dict[tuple[int, ...], str] = {}
+        self._num_labelled: dict[str, int] = {}
+
+    def _external_hash(self, h: Any) -> Any:
+        return h
+
+    def label_hashes(self, rid: str, req: Any) -> None:
+        """Give the request's (new) block hashes their prefix labels."""
+        hashes = req.block_hashes
+        start = self._num_labelled.get(rid, 0)
+        tokens = req.all_token_ids
+        bs = self.hash_block_size
+        for i in range(start, len(hashes)):
+            n = (i + 1) * bs
+            label = self._prefixes.setdefault(tuple(tokens[:n]), f"{rid}@{n}")
+            self._labels.setdefault(self._external_hash(hashes[i]), (label, n))
+        self._num_labelled[rid] = len(hashes)
+
+    def _label(self, h: Any) -> tuple[str, int]:
+        if h is None:
+            return ("-", 0)
+        found = self._labels.get(h)
+        if found is None:
+            raw = h if isinstance(h, bytes) else str(h).encode()
+            return (f"?{raw.hex()[:12]}", -1)
+        return found
+
+    def events(self) -> list[list[Any]]:
+        """The op's KV events, normalised (see the module docstring)."""
+        partial = "partial_tail_entries" in self.pending
+        out: list[list[Any]] = []
+        for e in self.take_events():
+            kind = type(e).__name__
+            if kind == "AllBlocksCleared":
+                out.append(["cleared"])
+                continue
+            group = e.group_id if hasattr(e, "group_id") else e.group_idx
+            if kind == "BlockStored":
+                if partial and e.block_size != self.group_block_sizes[group]:
+                    continue  # vLLM's partial prompt-tail entry
+                extra = e.extra_keys
+                if extra is not None and "event_extra_keys" in self.pending and not any(extra):
+                    extra = None
+                stored = ["stored", group, e.block_size,
+                          [self._label(h)[0] for h in e.block_hashes],
+                          self._label(e.parent_block_hash)[0], list(e.token_ids),
+                          None if extra is None else [None if k is None else list(k)
+                                                      for k in extra]]
+                if "event_spec_metadata" not in self.pending:
+                    stored += [getattr(e, "kv_cache_spec_kind", None),
+                               getattr(e, "kv_cache_spec_sliding_window", None)]
+                out.append(stored)
+            elif kind == "BlockRemoved":
+                labels = [self._label(h) for h in e.block_hashes]
+                if partial:  # drop vLLM's partial entries (prefixes ending inside a block)
+                    bs = self.group_block_sizes[group]
+                    labels = [x for x in labels if x[1] < 0 or x[1] % bs == 0]
+                    if not labels:
+                        continue
+                out.append(["removed", group, [x[0] for x in labels]])
+            else:
+                out.append([kind])
+        return out
+
+    # Implementation-specific, overridden below.
+    def take_events(self) -> list[Any]:
+        raise NotImplementedError
+
+    def admitted(self, req: Any, hit: int) -> None:
+        """A lookup led to a successful admission."""
+
+
+class KvcoreImpl(_Impl):
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__(cfg)
         from kvcore.manager import KVCacheManager
         from kvcore.specs import (
             ChunkedLocalAttentionSpec,
+            CrossAttentionSpec,
             FullAttentionSpec,
             KVCacheConfig,
             KVCacheGroup,
+            MambaSpec,
             SlidingWindowSpec,
         )
 
-        specs = _specs(cfg, FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec)
+        classes = {"full": FullAttentionSpec, "swa": SlidingWindowSpec,
+                   "chunked": ChunkedLocalAttentionSpec, "mamba": MambaSpec,
+                   "cross": CrossAttentionSpec}
+        specs = _specs(cfg, classes, {})
         groups = [KVCacheGroup((f"layer{i}",), spec) for i, spec in enumerate(specs)]
-        self.m = KVCacheManager(KVCacheConfig(cfg["num_blocks"], tuple(groups)),
-                                cfg["max_model_len"], enable_caching=cfg.get("caching", True))
+        config = KVCacheConfig(cfg["num_blocks"], tuple(groups))
+        extra: dict[str, Any] = {"use_eagle": True} if cfg.get("eagle") else {}
+        self.m = KVCacheManager(config, cfg["max_model_len"], enable_caching=cfg.get("caching", True),
+                                enable_events=True, log_stats=True,
+                                max_num_batched_tokens=cfg.get("budget"), **extra)
+        self.hash_block_size = config.hash_block_size
 
     def make_request(self, rid: str, prompt: list[int]) -> Any:
         return self.m.make_request(rid, prompt)
@@ -79,11 +201,25 @@ class KvcoreImpl:
     def get_computed_blocks(self, req: Any) -> tuple[Any, int]:
         return self.m.get_computed_blocks(req)
 
-    def allocate(self, req: Any, n: int, hit: int = 0, blocks: Any = None) -> Any:
-        out = self.m.allocate_slots(req, n, hit, blocks)
+    def allocate(self, req: Any, n: int, hit: int = 0, blocks: Any = None, look: int = 0,
+                 ext: int = 0, delay: bool = False, enc: int = 0, fit: bool = False) -> Any:
+        out = self.m.allocate_slots(req, n, hit, blocks, num_lookahead_tokens=look,
+                                    num_external_computed_tokens=ext, delay_cache_blocks=delay,
+                                    num_encoder_tokens=enc, full_sequence_must_fit=fit)
         if out is None and req.request_id in self.m.requests():
             self.m.remove_skipped_blocks(req.request_id, req.num_computed_tokens)
         return out
+
+    def admitted(self, req: Any, hit: int) -> None:
+        record = getattr(self.m, "record_prefix_cache_stats", None)
+        if record is not None:  # vLLM's API, should kvcore grow one
+            record(req, hit)
+
+    def cache_blocks(self, req: Any, n: int) -> None:
+        self.m.cache_blocks(req, n)
+
+    def new_step(self) -> None:
+        self.m.new_step()
 
     def free(self, req: Any) -> None:
         self.m.free(req)
@@ -97,37 +233,74 @@ class KvcoreImpl:
     def reset(self) -> bool:
         return self.m.reset_prefix_cache()
 
+    def take_events(self) -> list[Any]:
+        return self.m.take_events()
 
-class VllmImpl:
+    def stats(self) -> Any:
+        return self.m.make_prefix_cache_stats()
+
+
+def vllm_block_sizes(cfg: dict[str, Any]) -> tuple[int, int]:
+    """(scheduler_block_size, hash_block_size) as vLLM's ``resolve_kv_cache_block_sizes``
+    derives them: one group -> its block size; several -> the lcm, and hashes at the gcd unless
+    caching is off or a Mamba group is not in "align" mode (then at the lcm)."""
+    groups = cfg["groups"]
+    sizes = [g["block_size"] for g in groups]
+    if len(sizes) == 1:
+        return sizes[0], sizes[0]
+    sched = math.lcm(*sizes)
+    if not cfg.get("caching", True) or any(g["type"] == "mamba" for g in groups):
+        return sched, sched
+    return sched, math.gcd(*sizes)
+
+
+class VllmImpl(_Impl):
     def __init__(self, cfg: dict[str, Any]) -> None:
-        import math
-
+        super().__init__(cfg)
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core.kv_cache_manager import KVCacheManager
-        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.core.kv_cache_utils import (
+            get_request_block_hasher,
+            init_none_hash,
+            maybe_convert_block_hash,
+        )
         from vllm.v1.kv_cache_interface import (
             ChunkedLocalAttentionSpec,
+            CrossAttentionSpec,
             FullAttentionSpec,
             KVCacheConfig,
             KVCacheGroupSpec,
+            MambaSpec,
             SlidingWindowSpec,
         )
         from vllm.v1.request import Request
 
-        specs = _specs(cfg, FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec)
+        classes = {"full": FullAttentionSpec, "swa": SlidingWindowSpec,
+                   "chunked": ChunkedLocalAttentionSpec, "mamba": MambaSpec,
+                   "cross": CrossAttentionSpec}
+        # Mamba "none": every block cached, hit = right-most cached state, no sub-block hits
+        # (kvcore's semantics); "align" is vLLM's checkpointing mode with partial hits.
+        specs = _specs(cfg, classes, {"mamba_cache_mode": "none"})
         groups = [KVCacheGroupSpec([f"layer{i}"], spec) for i, spec in enumerate(specs)]
-        sizes = [g["block_size"] for g in cfg["groups"]]
-        hash_bs, sched_bs = math.gcd(*sizes), math.lcm(*sizes)
+        sched_bs, hash_bs = vllm_block_sizes(cfg)
         fn = get_hash_fn_by_name("sha256")
         init_none_hash(fn)
         self.hasher = get_request_block_hasher(hash_bs, fn)
+        self.hash_block_size = hash_bs
+        self._convert = maybe_convert_block_hash
         self.m = KVCacheManager(KVCacheConfig(num_blocks=cfg["num_blocks"], kv_cache_tensors=[],
                                               kv_cache_groups=groups),
                                 cfg["max_model_len"], scheduler_block_size=sched_bs,
-                                hash_block_size=hash_bs, enable_caching=cfg.get("caching", True))
+                                hash_block_size=hash_bs, enable_caching=cfg.get("caching", True),
+                                max_in_flight_tokens=cfg.get("budget"),
+                                use_eagle=bool(cfg.get("eagle")), log_stats=True,
+                                enable_kv_cache_events=True)
         self._params = SamplingParams(max_tokens=1 << 20)
         self._request_cls = Request
+
+    def _external_hash(self, h: Any) -> Any:
+        return self._convert(h)
 
     def make_request(self, rid: str, prompt: list[int]) -> Any:
         return self._request_cls(rid, prompt, self._params, None, block_hasher=self.hasher)
@@ -136,14 +309,28 @@ class VllmImpl:
         blocks, hit, _ = self.m.get_computed_blocks(req)
         return blocks.blocks, hit
 
-    def allocate(self, req: Any, n: int, hit: int = 0, blocks: Any = None) -> Any:
+    def allocate(self, req: Any, n: int, hit: int = 0, blocks: Any = None, look: int = 0,
+                 ext: int = 0, delay: bool = False, enc: int = 0, fit: bool = False) -> Any:
         from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 
         wrapped = None if blocks is None else KVCacheBlocks(tuple(blocks))
         if wrapped is not None and not any(blocks):
             wrapped = self.m.empty_kv_cache_blocks
-        out = self.m.allocate_slots(req, n, hit, wrapped)
+        out = self.m.allocate_slots(req, n, hit, wrapped, num_lookahead_tokens=look,
+                                    num_external_computed_tokens=ext, delay_cache_blocks=delay,
+                                    num_encoder_tokens=enc, full_sequence_must_fit=fit)
         return None if out is None else out.blocks
+
+    def admitted(self, req: Any, hit: int) -> None:
+        # vLLM's scheduler records the lookup only once the admission succeeded
+        # (scheduler.py: "Record at admission so unscheduled lookups are not counted").
+        self.m.record_prefix_cache_stats(req, hit)
+
+    def cache_blocks(self, req: Any, n: int) -> None:
+        self.m.cache_blocks(req, n)
+
+    def new_step(self) -> None:
+        self.m.new_step_starts()
 
     def free(self, req: Any) -> None:
         self.m.free(req)
@@ -157,65 +344,115 @@ class VllmImpl:
     def reset(self) -> bool:
         return bool(self.m.reset_prefix_cache())
 
+    def take_events(self) -> list[Any]:
+        return self.m.take_events()
 
-def replay(impl: Any, trace: dict[str, Any]) -> list[dict[str, Any]]:
+    def stats(self) -> Any:
+        return self.m.make_prefix_cache_stats()
+
+
+class Replayer:
+    """Applies ops to one implementation and records one observation per op."""
+
+    def __init__(self, impl: Any) -> None:
+        self.impl = impl
+        self.requests: dict[str, Any] = {}
+        self.failed_admission = False  # since the last stats op
+
+    def apply(self, op: dict[str, Any]) -> dict[str, Any]:
+        impl = self.impl
+        kind = op["op"]
+        o: dict[str, Any] = {"op": kind}
+        rid: str = op.get("rid", "")
+        if kind == "add":
+            req = self.requests[rid] = impl.make_request(rid, op["prompt"])
+            impl.label_hashes(rid, req)
+        elif kind == "admit":
+            req = self.requests[rid]
+            blocks, hit = impl.get_computed_blocks(req)
+            rest = req.num_tokens - hit
+            delay = bool(op.get("delay"))
+            ext = max(min(op.get("ext", 0), rest if delay else rest - 1), 0)
+            delay = delay and ext > 0
+            n = 0 if delay else min(op["chunk"], rest - ext)
+            out = impl.allocate(req, n, hit, blocks, ext=ext, delay=delay, enc=op.get("enc", 0),
+                                fit=bool(op.get("fit")))
+            o.update(hit=hit, hit_blocks=_ids(blocks), new=_ids(out))
+            if ext:
+                o["ext"] = ext
+            if out is None:
+                self.failed_admission = True
+            else:
+                req.num_computed_tokens = hit + ext + n
+                impl.admitted(req, hit)
+                o["table"] = impl.block_ids(rid)
+        elif kind == "cache":
+            req = self.requests[rid]
+            impl.cache_blocks(req, req.num_computed_tokens)
+            if req.num_computed_tokens == req.num_tokens:
+                req.num_computed_tokens -= 1  # the last token's logits are recomputed
+        elif kind == "step":
+            req = self.requests[rid]
+            if req.num_computed_tokens < req.num_tokens:
+                n = min(op["chunk"], req.num_tokens - req.num_computed_tokens)
+            else:
+                req.append_output_token_ids(op["token"])
+                impl.label_hashes(rid, req)
+                n = 1
+            out = impl.allocate(req, n, look=op.get("look", 0))
+            o["new"] = _ids(out)
+            if out is not None:
+                req.num_computed_tokens += n
+            o["table"] = impl.block_ids(rid)
+        elif kind in ("free", "preempt"):
+            req = self.requests[rid]
+            impl.free(req)
+            if kind == "preempt":
+                req.num_computed_tokens = 0
+                req.num_preemptions += 1
+        elif kind == "reset":
+            o["ok"] = impl.reset()
+        elif kind == "new_step":
+            impl.new_step()
+        elif kind == "stats":
+            s = impl.stats()
+            if "stats_per_admission" in impl.pending and self.failed_admission:
+                o["stats"] = "masked: a failed admission in the interval"
+            else:
+                o["stats"] = None if s is None else [getattr(s, f) for f in STATS_FIELDS]
+            self.failed_admission = False
+        else:
+            raise ValueError(f"unknown op {kind!r}")
+        o["free_queue"] = impl.free_queue()
+        events = impl.events()
+        if events:
+            o["events"] = events
+        return o
+
+
+def make_impl(name: str, cfg: dict[str, Any]) -> Any:
+    return (KvcoreImpl if name == "kvcore" else VllmImpl)(cfg)
+
+
+def replay(impl_name: str, trace: dict[str, Any]) -> list[dict[str, Any]]:
     """Run one trace; return one observation per op.  An exception becomes the op's observation
     (``{"op", "error"}``) and ends the trace, so a divergence shows where it started."""
-    requests: dict[str, Any] = {}
+    try:
+        r = Replayer(make_impl(impl_name, trace["config"]))
+    except Exception as exc:
+        return [{"op": "init", "error": f"{type(exc).__name__}: {exc}"}]
     obs: list[dict[str, Any]] = []
     for op in trace["ops"]:
         try:
-            obs.append(_apply(impl, requests, op))
+            obs.append(r.apply(op))
         except Exception as exc:  # a crash is an observation too
             obs.append({"op": op["op"], "error": f"{type(exc).__name__}: {exc}"})
             break
     return obs
 
 
-def _apply(impl: Any, requests: dict[str, Any], op: dict[str, Any]) -> dict[str, Any]:
-    kind = op["op"]
-    o: dict[str, Any] = {"op": kind}
-    rid = op.get("rid")
-    if kind == "add":
-        requests[rid] = impl.make_request(rid, op["prompt"])
-    elif kind == "admit":
-        req = requests[rid]
-        blocks, hit = impl.get_computed_blocks(req)
-        n = min(op["chunk"], req.num_tokens - hit)
-        out = impl.allocate(req, n, hit, blocks)
-        o.update(hit=hit, hit_blocks=_ids(blocks), new=_ids(out))
-        if out is not None:
-            req.num_computed_tokens = hit + n
-            o["table"] = impl.block_ids(rid)
-    elif kind == "step":
-        req = requests[rid]
-        if req.num_computed_tokens < req.num_tokens:
-            n = min(op["chunk"], req.num_tokens - req.num_computed_tokens)
-        else:
-            req.append_output_token_ids(op["token"])
-            n = 1
-        out = impl.allocate(req, n)
-        o["new"] = _ids(out)
-        if out is not None:
-            req.num_computed_tokens += n
-        o["table"] = impl.block_ids(rid)
-    elif kind in ("free", "preempt"):
-        req = requests[rid]
-        impl.free(req)
-        if kind == "preempt":
-            req.num_computed_tokens = 0
-            req.num_preemptions += 1
-    elif kind == "reset":
-        o["ok"] = impl.reset()
-    else:
-        raise ValueError(f"unknown op {kind!r}")
-    o["free_queue"] = impl.free_queue()
-    return o
-
-
 def replay_all(impl_name: str, traces: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    cls = KvcoreImpl if impl_name == "kvcore" else VllmImpl
-    return [replay(cls(t["config"]), t) for t in traces]
+    return [replay(impl_name, t) for t in traces]
 
 
 def main() -> None:
