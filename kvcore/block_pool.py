@@ -37,6 +37,7 @@ from kvcore.hashing import block_extra_keys
 
 if TYPE_CHECKING:
     from kvcore.request import KVRequest
+    from kvcore.verify import PrefixNode
 
 
 def _check_count(name: str, value: object) -> int:
@@ -54,21 +55,27 @@ class BlockPool:
         num_groups: number of KV-cache groups; each has its own hash map, so a hash cached in
             group 0 never hits in group 1.
         enable_events: record :mod:`kvcore.events` for ``take_events``.
-        store_token_ids: remember each cached block's token ids (``verify_hits``).
+        verify_hits: every cached block keeps the exact prefix its KV belongs to (a
+            :class:`~kvcore.verify.PrefixNode`, given to ``cache_full_blocks``), so lookups can
+            prove a hit instead of trusting its hash.
     """
 
     def __init__(self, num_blocks: int, *, enable_caching: bool = True, num_groups: int = 1,
-                 enable_events: bool = False, store_token_ids: bool = False) -> None:
+                 enable_events: bool = False, verify_hits: bool = False) -> None:
         if not isinstance(num_blocks, int) or isinstance(num_blocks, bool) or num_blocks < 2:
             raise InvalidArgumentError(
                 f"num_blocks must be an int >= 2 (block 0 is the null block), got {num_blocks!r}")
-        if not isinstance(num_groups, int) or num_groups < 1:
+        if not isinstance(num_groups, int) or isinstance(num_groups, bool) or num_groups < 1:
             raise InvalidArgumentError(f"num_groups must be a positive int, got {num_groups!r}")
+        for name, flag in (("enable_caching", enable_caching), ("enable_events", enable_events),
+                           ("verify_hits", verify_hits)):
+            if not isinstance(flag, bool):
+                raise InvalidArgumentError(f"{name} must be a bool, got {flag!r}")
         self.num_blocks = num_blocks
         self.num_groups = num_groups
         self.enable_caching = enable_caching
         self.enable_events = enable_events
-        self.store_token_ids = store_token_ids and enable_caching
+        self.verify_hits = verify_hits and enable_caching
         self.null_block: KVCacheBlock = NullBlock(0)
         self.blocks: list[KVCacheBlock] = [self.null_block]
         self.blocks.extend(KVCacheBlock(i) for i in range(1, num_blocks))
@@ -80,7 +87,7 @@ class BlockPool:
         self._dups: list[dict[BlockHash, dict[int, KVCacheBlock]]] = [{} for _ in range(num_groups)]
         self._events: list[KVCacheEvent] = []
         self.num_evicted_blocks = 0
-        self.num_rejected_hits = 0  # hits refused because stored tokens differed (verify mode)
+        self.num_rejected_hits = 0  # lookups whose block held another prefix (verify mode)
 
     # -- queries --------------------------------------------------------------------------------
     @property
@@ -135,8 +142,7 @@ class BlockPool:
         A popped block that still carries a hash is evicted from its group's map (lazy eviction,
         emitting ``BlockRemoved``).  Raises :class:`NoFreeBlocksError` if too few are free.
         """
-        if not isinstance(num_blocks, int) or num_blocks < 0:
-            raise InvalidArgumentError(f"num_blocks must be a non-negative int, got {num_blocks!r}")
+        _check_count("num_blocks", num_blocks)
         if num_blocks > len(self.free_queue):
             raise NoFreeBlocksError(
                 f"cannot allocate {num_blocks} blocks: only {len(self.free_queue)} are free")
@@ -153,8 +159,21 @@ class BlockPool:
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take one more reference on each block; a free (cached) block leaves the free queue.
 
-        Null blocks are skipped: their reference count is not tracked.
+        Null blocks are skipped: their reference count is not tracked.  A block of another pool,
+        or a free block that is not in the free queue, raises :class:`BlockStateError` before
+        anything changes.
         """
+        batch = blocks if blocks.__class__ is list else list(blocks)
+        self._check_owned(batch, "touch")
+        for block in batch:
+            if block.ref_cnt == 0 and not block.is_null and block.prev_free is None:
+                raise BlockStateError(f"touch: block {block.block_id} has ref_cnt 0 but is "
+                                      "not in the free queue")
+        self._touch(batch)
+
+    def _touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """``touch`` for blocks known to be this pool's and consistent (the managers' hits,
+        checked where they enter the manager)."""
         # Unlinking is inlined (FreeBlockQueue.remove's logic): a prefix hit resurrects blocks one
         # by one and this is the hot path.  The null block reads ref_cnt 0 and is skipped there.
         resurrected = 0
@@ -164,27 +183,39 @@ class BlockPool:
                 if block.is_null:
                     continue
                 prev, nxt = block.prev_free, block.next_free
-                if prev is None or nxt is None:
-                    self.free_queue.forget(resurrected)
-                    raise BlockStateError(f"touch: block {block.block_id} has ref_cnt 0 but is "
-                                          "not in the free queue")
-                prev.next_free = nxt
-                nxt.prev_free = prev
+                prev.next_free = nxt  # type: ignore[union-attr]  # linked: it is free
+                nxt.prev_free = prev  # type: ignore[union-attr]
                 block.prev_free = block.next_free = None
                 resurrected += 1
             block.ref_cnt = ref_cnt + 1
         if resurrected:
-            self.free_queue._num_free -= resurrected
+            self.free_queue.forget(resurrected)
+
+    def _check_owned(self, blocks: Sequence[KVCacheBlock], op: str) -> None:
+        """Raise :class:`BlockStateError` if any block is not one of this pool's."""
+        mine = self.blocks
+        n = len(mine)
+        for block in blocks:
+            if block.__class__ is not KVCacheBlock and not isinstance(block, KVCacheBlock):
+                raise BlockStateError(f"{op}: {block!r} is not a KV-cache block")
+            bid = block.block_id
+            if not 0 <= bid < n or mine[bid] is not block:
+                raise BlockStateError(f"{op}: {block!r} is not a block of this pool")
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference on each block, ``ordered_blocks`` being in eviction priority order
         (first = evict first).  Blocks reaching zero return to the free queue: unhashed ones to the
         head, hashed ones to the tail.  Null blocks are skipped.
 
-        Freeing a block more often than it is referenced raises :class:`DoubleFreeError` and
-        leaves every reference count and the queue unchanged.
+        Freeing a block more often than it is referenced raises :class:`DoubleFreeError`, and a
+        block of another pool :class:`BlockStateError`; either leaves everything unchanged.
         """
         blocks = ordered_blocks if ordered_blocks.__class__ is list else list(ordered_blocks)
+        self._check_owned(blocks, "free_blocks")
+        self._free_blocks(blocks)
+
+    def _free_blocks(self, blocks: list[KVCacheBlock]) -> None:
+        """``free_blocks`` for blocks known to be this pool's (the managers' own tables)."""
         to_head: list[KVCacheBlock] = []
         to_tail: list[KVCacheBlock] = []
         head_append, tail_append = to_head.append, to_tail.append
@@ -224,6 +255,7 @@ class BlockPool:
         group_id: int,
         block_hashes: Sequence[BlockHash] | None = None,
         block_mask: Sequence[bool] | None = None,
+        prefix_nodes: Sequence[PrefixNode] | None = None,
     ) -> None:
         """Register ``blocks[num_cached_blocks:num_full_blocks]`` (now full) in group
         ``group_id``'s map under their hashes.
@@ -234,6 +266,9 @@ class BlockPool:
         hash in the same group is left as it is; a block cached elsewhere (another group or
         another hash) is rejected with :class:`InvalidGroupError` / :class:`BlockStateError`
         before anything changes.  Emits one ``BlockStored`` for the call.
+
+        With ``verify_hits``, ``prefix_nodes`` (aligned with ``block_hashes``) give each block the
+        exact prefix its KV belongs to.
         """
         if not self.enable_caching:
             return
@@ -252,6 +287,10 @@ class BlockPool:
         if block_mask is not None and len(block_mask) != len(new_blocks):
             raise InvalidArgumentError(
                 f"block_mask has {len(block_mask)} entries for {len(new_blocks)} new blocks")
+        if self.verify_hits and (prefix_nodes is None or len(prefix_nodes) < num_full_blocks):
+            raise InvalidArgumentError(
+                "a pool that verifies hits needs the prefix node of every block it caches")
+        self._check_owned(new_blocks, "cache_full_blocks")
         for i, block in enumerate(new_blocks):
             if block.is_null or (block_mask is not None and not block_mask[i]):
                 continue
@@ -266,8 +305,7 @@ class BlockPool:
                     raise BlockStateError(f"block {block.block_id} is already cached under another hash")
 
         cached = self._cached[group_id]
-        store_tokens = self.store_token_ids
-        tokens = request.all_token_ids
+        nodes = prefix_nodes if self.verify_hits else None
         stored: list[int] = []  # indices into new_blocks
         for i, block in enumerate(new_blocks):
             if block.is_null or block.block_hash is not None:
@@ -278,8 +316,8 @@ class BlockPool:
             h = hashes[idx]
             block.block_hash = h
             block.group_id = group_id
-            if store_tokens:
-                block.cached_token_ids = tuple(tokens[idx * block_size:(idx + 1) * block_size])
+            if nodes is not None:
+                block.prefix_node = nodes[idx]
             first = cached.get(h)
             if first is None:
                 cached[h] = block
@@ -335,7 +373,7 @@ class BlockPool:
                 del dups[h]
         block.block_hash = None
         block.group_id = -1
-        block.cached_token_ids = None
+        block.prefix_node = None
         self.num_evicted_blocks += 1
         if self.enable_events:
             self._events.append(BlockRemoved(block_hashes=(h,), group_id=g))
@@ -348,7 +386,7 @@ class BlockPool:
         """
         ids = list(block_ids)
         for block_id in ids:
-            if not isinstance(block_id, int) or not 0 <= block_id < self.num_blocks:
+            if block_id.__class__ is not int or not 0 <= block_id < self.num_blocks:
                 raise InvalidArgumentError(f"block id {block_id!r} out of range [0, {self.num_blocks})")
             if block_id == self.null_block.block_id:
                 raise NullBlockError("the null block is never cached, cannot evict it")
@@ -368,7 +406,7 @@ class BlockPool:
         for block in self.blocks:
             block.block_hash = None
             block.group_id = -1
-            block.cached_token_ids = None
+            block.prefix_node = None
         if self.enable_events:
             self._events.append(AllBlocksCleared())
         return True

@@ -13,9 +13,12 @@ Queue order is eviction order: the head is reused first.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import NewType
+from typing import TYPE_CHECKING, NewType
 
 from kvcore.errors import BlockStateError, InvalidArgumentError, NoFreeBlocksError, NullBlockError
+
+if TYPE_CHECKING:
+    from kvcore.verify import PrefixNode
 
 BlockHash = NewType("BlockHash", bytes)
 """A chained block hash (see ``kvcore.hashing``)."""
@@ -27,20 +30,20 @@ class KVCacheBlock:
     """Metadata of one KV-cache block.
 
     ``block_hash`` is set while the block is registered in its group's prefix-cache map, and
-    ``group_id`` names that group.  ``cached_token_ids`` holds the block's tokens when the pool
-    verifies hits.  ``prev_free`` / ``next_free`` are owned by :class:`FreeBlockQueue`; both are
-    ``None`` exactly when the block is not in a queue.
+    ``group_id`` names that group.  ``prefix_node`` is the exact prefix its KV belongs to when the
+    pool verifies hits (:mod:`kvcore.verify`).  ``prev_free`` / ``next_free`` are owned by
+    :class:`FreeBlockQueue`; both are ``None`` exactly when the block is not in a queue.
     """
 
-    __slots__ = ("block_hash", "block_id", "cached_token_ids", "group_id", "is_null",
-                 "next_free", "prev_free", "ref_cnt")
+    __slots__ = ("block_hash", "block_id", "group_id", "is_null", "next_free", "prefix_node",
+                 "prev_free", "ref_cnt")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_cnt = 0
         self.block_hash: BlockHash | None = None
         self.group_id = -1
-        self.cached_token_ids: tuple[int, ...] | None = None
+        self.prefix_node: PrefixNode | None = None
         self.prev_free: KVCacheBlock | None = None
         self.next_free: KVCacheBlock | None = None
         self.is_null = False

@@ -17,6 +17,19 @@ class InvalidArgumentError(KVCoreError, ValueError):
     """An argument has the wrong type or is out of range (negative or oversized counts, ...)."""
 
 
+class RequestStateError(InvalidArgumentError):
+    """A call does not fit the request's state: it was freed (or never admitted) but claims
+    computed tokens, it is running and claims a new prefix hit, another live request holds its
+    id, or it claims tokens as computed that never had a slot."""
+
+
+class InvalidHitError(InvalidArgumentError):
+    """``new_computed_blocks`` do not form a valid prefix hit for the request: the wrong number
+    of blocks for ``num_new_computed_tokens``, blocks of another pool, a null block where the
+    next token needs KV, or a block no longer cached under the request's hash (evicted or reused
+    since ``get_computed_blocks``; look the hit up again)."""
+
+
 class NoFreeBlocksError(KVCoreError, ValueError):
     """More blocks were asked for than the free queue holds."""
 
@@ -38,7 +51,7 @@ class InvalidGroupError(KVCoreError, ValueError):
     """A KV-cache group id is out of range, or a block is used with a group it does not belong to."""
 
 
-class UnknownHashAlgorithmError(KVCoreError, ValueError):
+class UnknownHashAlgorithmError(InvalidArgumentError):
     """The requested block-hash algorithm is not one kvcore implements."""
 
 

@@ -142,14 +142,14 @@ def block_extra_keys(request: KVRequest, start: int, end: int) -> ExtraKeys | No
     ``("salt", salt)`` on the first block only.
     """
     keys: list[tuple[Any, ...]] = []
-    if request.lora_name:
+    if request.lora_name is not None:
         keys.append(("lora", request.lora_name))
     for item in request.mm_items:
         if item.offset >= end:
             break
         if item.offset + item.length > start:
             keys.append(("mm", item.identifier, item.offset - start))
-    if start == 0 and request.cache_salt:
+    if start == 0 and request.cache_salt is not None:
         keys.append(("salt", request.cache_salt))
     return tuple(keys) if keys else None
 
@@ -180,7 +180,8 @@ class RequestBlockHasher:
         tokens = request.all_token_ids
         hash_block = self.hasher.hash_block
         parent = hashes[-1] if hashes else None
-        plain = not (request.lora_name or request.mm_items or request.cache_salt)
+        plain = (request.lora_name is None and not request.mm_items
+                 and request.cache_salt is None)
         out: list[BlockHash] = []
         while start + bs <= num_tokens:
             end = start + bs

@@ -15,7 +15,7 @@ the first broken rule, the block and the observed values:
 ``map-entry``       every map entry's block carries exactly that hash and group
 ``hashed-unmapped`` every hashed block is in its group's map (exactly once)
 ``caching-off``     with caching disabled no block carries a hash
-``token-ids``       stored token ids only on hashed blocks (and on all of them when verifying hits)
+``prefix-node``     prefix nodes only on hashed blocks (and on all of them when verifying hits)
 
 It is O(num_blocks + map size): cheap enough to call after every step of a property test.
 """
@@ -165,11 +165,11 @@ def check_invariants(pool: BlockPool, owners: Mapping[object, BlockLists] | None
                 raise _fail("caching-off", "block carries a hash with caching disabled", block)
     _check_maps(pool)
     for block in blocks:
-        if block.cached_token_ids is not None and block.block_hash is None:
-            raise _fail("token-ids", "unhashed block holds cached token ids", block)
-        if pool.store_token_ids and block.block_hash is not None and block.cached_token_ids is None:
-            raise _fail("token-ids", "hashed block lacks its token ids while hits are verified",
-                        block)
+        if block.prefix_node is not None and block.block_hash is None:
+            raise _fail("prefix-node", "unhashed block holds a prefix node", block)
+        if pool.verify_hits and block.block_hash is not None and block.prefix_node is None:
+            raise _fail("prefix-node", "hashed block lacks its prefix node while hits are "
+                        "verified", block)
 
 
 def check_manager_invariants(manager: KVCacheManager) -> None:

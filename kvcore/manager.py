@@ -27,13 +27,19 @@ from typing import Any
 
 from kvcore.blocks import KVCacheBlock
 from kvcore.coordinator import KVCacheCoordinator, make_coordinator
-from kvcore.errors import InvalidArgumentError, UnknownRequestError
+from kvcore.errors import (
+    InvalidArgumentError,
+    InvalidHitError,
+    RequestStateError,
+    UnknownRequestError,
+)
 from kvcore.events import KVCacheEvent
-from kvcore.hashing import BlockHasher, RequestBlockHasher, Seed
+from kvcore.hashing import BlockHasher, RequestBlockHasher, Seed, hashes_at
 from kvcore.managers import ManagerClasses
 from kvcore.request import KVRequest, Request
 from kvcore.specs import KVCacheConfig
 from kvcore.stats import PrefixCacheStats
+from kvcore.verify import HitVerifier, PrefixNode
 
 
 class KVCacheBlocks(tuple):
@@ -65,6 +71,9 @@ class KVCacheBlocks(tuple):
         return KVCacheBlocks(() for _ in self)
 
 
+_ZERO = 0  # the default count; see the fast path of allocate_slots
+
+
 def _count(name: str, value: object) -> int:
     """``value`` as a non-negative int (numpy integers accepted), else InvalidArgumentError."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
@@ -87,24 +96,41 @@ class KVCacheManager:
         max_num_batched_tokens: the scheduler's per-step token budget; bounds the blocks a
             sliding-window / chunked-local request needs at once for ``full_sequence_must_fit``.
         manager_classes: extra spec type -> manager class entries (custom attention types).
+        block_hasher: a :class:`~kvcore.hashing.BlockHasher` to use instead of
+            ``hash_algo``/``hash_seed`` (e.g. a deliberately colliding one from
+            :mod:`kvcore.testing.faults`, to test a scheduler under hash collisions).
     """
 
     def __init__(self, config: KVCacheConfig, max_model_len: int, *, enable_caching: bool = True,
                  hash_algo: str = "xxh3_128", hash_seed: Seed = None, verify_hits: bool = False,
                  enable_events: bool = False, log_stats: bool = True,
                  max_num_batched_tokens: int | None = None,
-                 manager_classes: ManagerClasses | None = None) -> None:
-        if not isinstance(max_model_len, int) or max_model_len <= 0:
+                 manager_classes: ManagerClasses | None = None,
+                 block_hasher: BlockHasher | None = None) -> None:
+        if not isinstance(config, KVCacheConfig):
+            raise InvalidArgumentError(f"config must be a KVCacheConfig, got {config!r}")
+        if max_model_len.__class__ is not int or max_model_len <= 0:
             raise InvalidArgumentError(f"max_model_len must be a positive int, got {max_model_len!r}")
-        if max_num_batched_tokens is not None:
-            _count("max_num_batched_tokens", max_num_batched_tokens)
+        if max_num_batched_tokens is not None and (
+                max_num_batched_tokens.__class__ is not int or max_num_batched_tokens <= 0):
+            raise InvalidArgumentError("max_num_batched_tokens must be a positive int or None, "
+                                       f"got {max_num_batched_tokens!r}")
+        for name, flag in (("enable_caching", enable_caching), ("verify_hits", verify_hits),
+                           ("enable_events", enable_events), ("log_stats", log_stats)):
+            if not isinstance(flag, bool):
+                raise InvalidArgumentError(f"{name} must be a bool, got {flag!r}")
+        if not isinstance(hash_algo, str):
+            raise InvalidArgumentError(f"hash_algo must be a str, got {hash_algo!r}")
+        if block_hasher is not None and not isinstance(block_hasher, BlockHasher):
+            raise InvalidArgumentError(f"block_hasher must be a BlockHasher, got {block_hasher!r}")
         self.config = config
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_caching = enable_caching
         self.verify_hits = verify_hits and enable_caching
-        self.block_hasher = RequestBlockHasher(config.hash_block_size,
-                                               BlockHasher(hash_algo, hash_seed))
+        self.block_hasher = RequestBlockHasher(
+            config.hash_block_size,
+            block_hasher if block_hasher is not None else BlockHasher(hash_algo, hash_seed))
         self.coordinator: KVCacheCoordinator = make_coordinator(
             config, enable_caching=enable_caching, enable_events=enable_events,
             verify_hits=verify_hits, manager_classes=manager_classes)
@@ -114,6 +140,7 @@ class KVCacheManager:
         self.log_stats = log_stats
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
         self._requests: dict[str, KVRequest] = {}
+        self._num_slots: dict[str, int] = {}  # tokens each running request has slots for
         self._empty = KVCacheBlocks(() for _ in range(self.num_groups))
         self._admission_caps = tuple(
             g.spec.max_blocks_per_request(max_model_len, max_num_batched_tokens)
@@ -147,7 +174,7 @@ class KVCacheManager:
         self._sync_hashes(request)
         blocks, num_hit_tokens = self.coordinator.find_longest_cache_hit(
             request.block_hashes, request.num_tokens - 1,
-            request.all_token_ids if self.verify_hits else None)
+            HitVerifier(request) if self.verify_hits else None)
         if self.prefix_cache_stats is not None:
             self.prefix_cache_stats.record(request.num_tokens, num_hit_tokens,
                                            request.num_preemptions > 0)
@@ -170,15 +197,19 @@ class KVCacheManager:
         """Slots for ``num_new_tokens`` (+ lookahead) tokens after the computed ones (see the
         module docstring's layout).  Returns the newly allocated blocks per group, or ``None``
         (nothing changed) when the pool cannot supply them."""
+        rid = request.request_id
+        # `is _ZERO` (identity with the int 0) keeps the hot path cheap: a bool, float, None or
+        # numpy zero is not that object and takes the checked path below.
         if (num_new_tokens.__class__ is int and num_new_tokens > 0
-                and num_new_computed_tokens.__class__ is int and not num_new_computed_tokens
-                and not num_lookahead_tokens and not num_external_computed_tokens
-                and not num_encoder_tokens and not full_sequence_must_fit
+                and num_new_computed_tokens is _ZERO and num_lookahead_tokens is _ZERO
+                and num_external_computed_tokens is _ZERO and num_encoder_tokens is _ZERO
+                and not full_sequence_must_fit
                 and (new_computed_blocks is None or new_computed_blocks is self._empty)):
             # Hot paths: a running request grows, or a fresh request without hits starts.
-            if request.request_id in self._requests:
+            tracked = self._requests.get(rid)
+            if tracked is request:
                 return self._grow(request, num_new_tokens, delay_cache_blocks)
-            if not request.num_computed_tokens:
+            if tracked is None and not request.num_computed_tokens:
                 return self._start(request, num_new_tokens, delay_cache_blocks)
         if not (num_new_tokens.__class__ is int and num_new_tokens >= 0
                 and num_new_computed_tokens.__class__ is int and num_new_computed_tokens >= 0
@@ -194,16 +225,25 @@ class KVCacheManager:
             num_encoder_tokens = _count("num_encoder_tokens", num_encoder_tokens)
         if num_new_tokens == 0 and num_new_computed_tokens == 0 and num_external_computed_tokens == 0:
             raise InvalidArgumentError("allocate_slots needs new tokens or computed tokens to adopt")
-        rid = request.request_id
-        running = rid in self._requests
         hits: Sequence[Sequence[KVCacheBlock]] = (
             self._empty if new_computed_blocks is None else new_computed_blocks)
-        if len(hits) != self.num_groups:
+        if not isinstance(hits, (tuple, list)) or len(hits) != self.num_groups:
             raise InvalidArgumentError(
-                f"new_computed_blocks has {len(hits)} groups, the manager has {self.num_groups}")
+                f"new_computed_blocks must hold one block list per group ({self.num_groups}), "
+                f"got {new_computed_blocks!r}")
         has_hits = any(hits)
+        running = self._check_request(request)
         if running and (has_hits or num_new_computed_tokens):
-            raise InvalidArgumentError(f"request {rid!r} is running: it cannot take a new prefix hit")
+            raise RequestStateError(f"request {rid!r} is running: it cannot take a new prefix hit")
+        if not running:
+            if num_new_computed_tokens + num_external_computed_tokens > request.num_tokens:
+                raise InvalidHitError(
+                    f"request {rid!r}: {num_new_computed_tokens} hit + "
+                    f"{num_external_computed_tokens} external tokens exceed its "
+                    f"{request.num_tokens} tokens")
+            if has_hits or num_new_computed_tokens:
+                self._check_hits(request, hits, num_new_computed_tokens,
+                                 num_external_computed_tokens)
         num_local_computed = request.num_computed_tokens + num_new_computed_tokens
         total_computed = num_local_computed + num_external_computed_tokens
         if total_computed + num_new_tokens > self.max_model_len:
@@ -230,8 +270,12 @@ class KVCacheManager:
             coord.remove_skipped_blocks(rid, total_computed)
         elif has_hits or num_external_computed_tokens:
             coord.add_computed_blocks(rid, hits, num_local_computed, num_external_computed_tokens)
+            if coord.prefix_chains is not None and has_hits:
+                self._adopt_chains(rid, hits)
         new_blocks = coord.allocate_new_blocks(rid, num_slots, num_encoder_tokens)
         self._requests[rid] = request
+        if num_slots > self._num_slots.get(rid, 0):
+            self._num_slots[rid] = num_slots
         if self.enable_caching and not delay_cache_blocks:
             self._sync_hashes(request)
             coord.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
@@ -239,18 +283,111 @@ class KVCacheManager:
             return self._empty
         return KVCacheBlocks(new_blocks)
 
+    def _check_request(self, request: KVRequest) -> bool:
+        """Whether ``request`` is running; raises if another object holds its id, or if it is not
+        running but claims computed tokens (freed, finished, or never admitted)."""
+        rid = request.request_id
+        tracked = self._requests.get(rid)
+        if tracked is None:
+            if request.num_computed_tokens:
+                raise RequestStateError(
+                    f"request {rid!r} has num_computed_tokens={request.num_computed_tokens} but "
+                    "holds no blocks: it was freed (finished, or preempted without resetting "
+                    "num_computed_tokens to 0) or never admitted")
+            return False
+        if tracked is not request:
+            raise RequestStateError(f"request id {rid!r} is already used by another live request")
+        slots = self._num_slots[rid]
+        if request.num_computed_tokens > slots:
+            raise RequestStateError(
+                f"request {rid!r} has num_computed_tokens={request.num_computed_tokens} but slots "
+                f"for only {slots} tokens: tokens without a slot were never computed")
+        return True
+
+    def _check_hits(self, request: KVRequest, hits: Sequence[Sequence[KVCacheBlock]],
+                    num_hit_tokens: int, num_external_tokens: int) -> None:
+        """Raise :class:`InvalidHitError` unless ``hits`` is a prefix hit of ``num_hit_tokens``
+        tokens that this manager could serve the request now: in every group, one block per
+        ``block_size`` hit tokens, each one of this pool's blocks still cached under the
+        request's hash at its position (and, in verify mode, proven to hold the request's own
+        prefix), and the null block only where the next token reads no KV."""
+        rid = request.request_id
+        if not self.enable_caching:
+            raise InvalidHitError(f"request {rid!r}: prefix caching is disabled, so "
+                                  f"new_computed_blocks / num_new_computed_tokens must be empty")
+        total_computed = num_hit_tokens + num_external_tokens
+        self._sync_hashes(request)
+        pool = self.pool
+        mine = pool.blocks
+        null = pool.null_block
+        verifier = HitVerifier(request) if self.verify_hits else None
+        for g, (m, blocks) in enumerate(zip(self.coordinator.managers, hits)):
+            bs = m.block_size
+            if not m.enable_caching:
+                if blocks:
+                    raise InvalidHitError(f"request {rid!r}: group {g} is never cached, but "
+                                          f"new_computed_blocks holds {len(blocks)} blocks for it")
+                continue
+            if len(blocks) * bs != num_hit_tokens:
+                raise InvalidHitError(
+                    f"request {rid!r}: num_new_computed_tokens={num_hit_tokens} but group {g} "
+                    f"has {len(blocks)} hit blocks of {bs} tokens")
+            needed_from = m.get_num_skipped_tokens(total_computed) // bs
+            hashes = hashes_at(request.block_hashes, self.hash_block_size, bs)
+            for i, block in enumerate(blocks):
+                if block is null:
+                    if i >= needed_from:
+                        raise InvalidHitError(
+                            f"request {rid!r}: group {g} position {i} of the hit is the null "
+                            "block, but the next token attends to it")
+                    continue
+                if (not isinstance(block, KVCacheBlock) or not 0 <= block.block_id < len(mine)
+                        or mine[block.block_id] is not block):
+                    raise InvalidHitError(f"request {rid!r}: group {g} position {i}: {block!r} "
+                                          "is not a block of this manager's pool")
+                if block.block_hash != hashes[i] or block.group_id != g:
+                    raise InvalidHitError(
+                        f"request {rid!r}: block {block.block_id} at group {g} position {i} is no "
+                        "longer cached under the request's hash (evicted or reused since "
+                        "get_computed_blocks)")
+                if verifier is not None and not verifier.matches(block.prefix_node, i, bs):
+                    raise InvalidHitError(
+                        f"request {rid!r}: block {block.block_id} at group {g} position {i} "
+                        "holds KV of another prefix")
+
+    def _adopt_chains(self, request_id: str, hits: Sequence[Sequence[KVCacheBlock]]) -> None:
+        """Verify mode: the request's prefix chain continues its (proven) hit's, per block size."""
+        chains = self.coordinator.prefix_chains
+        assert chains is not None
+        deepest: dict[int, PrefixNode] = {}
+        for m, blocks in zip(self.coordinator.managers, hits):
+            node = next((b.prefix_node for b in reversed(blocks) if not b.is_null), None)
+            if node is None:
+                continue
+            best = deepest.get(m.block_size)
+            if best is None or best.index < node.index:
+                deepest[m.block_size] = node
+        for block_size, node in deepest.items():
+            chains.adopt(request_id, block_size, node)
+
     def _grow(self, request: KVRequest, num_new_tokens: int,
               delay_cache_blocks: bool) -> KVCacheBlocks | None:
         """``allocate_slots`` for a running request with only new tokens (chunked prefill and
         decode): the hot path, same semantics as the general one."""
         total_computed = request.num_computed_tokens
         num_slots = total_computed + num_new_tokens
+        slots = self._num_slots
+        rid = request.request_id
+        if total_computed > slots[rid]:
+            self._check_request(request)  # raises, naming the numbers
         if num_slots > self.max_model_len:
             self._too_long(request, total_computed, num_new_tokens)
         cache_upto = self._cache_upto(request, num_slots, delay_cache_blocks)
         new_blocks = self.coordinator.grow(request, total_computed, num_slots, cache_upto)
         if new_blocks is None:
             return None
+        if num_slots > slots[rid]:
+            slots[rid] = num_slots
         return KVCacheBlocks(new_blocks) if any(new_blocks) else self._empty
 
     def _start(self, request: KVRequest, num_new_tokens: int,
@@ -263,6 +400,7 @@ class KVCacheManager:
         if new_blocks is None:
             return None
         self._requests[request.request_id] = request
+        self._num_slots[request.request_id] = num_new_tokens
         return KVCacheBlocks(new_blocks) if any(new_blocks) else self._empty
 
     def _cache_upto(self, request: KVRequest, num_slots: int, delay: bool) -> int | None:
@@ -278,22 +416,19 @@ class KVCacheManager:
 
     def free(self, request: KVRequest) -> None:
         """Release every block of the request, tail first, so its prefix is evicted last."""
-        rid = request.request_id
-        if rid not in self._requests:
-            raise UnknownRequestError(f"request {rid!r} holds no blocks (never allocated, or "
-                                      "already freed)")
+        rid = self._tracked(request)
         self.coordinator.free(rid)
         del self._requests[rid]
+        del self._num_slots[rid]
 
     def cache_blocks(self, request: KVRequest, num_computed_tokens: int) -> None:
         """Cache the request's blocks that are full within its first ``num_computed_tokens``
         tokens (e.g. after a delayed KV transfer completed)."""
-        _count("num_computed_tokens", num_computed_tokens)
-        if request.request_id not in self._requests:
-            raise UnknownRequestError(f"request {request.request_id!r} holds no blocks")
+        n = _count("num_computed_tokens", num_computed_tokens)
+        self._check_slots(self._tracked(request), n)
         if self.enable_caching:
             self._sync_hashes(request)
-            self.coordinator.cache_blocks(request, min(num_computed_tokens, request.num_tokens))
+            self.coordinator.cache_blocks(request, min(n, request.num_tokens))
 
     def uncache_blocks(self, request: KVRequest, num_computed_tokens: int) -> None:
         """Drop from the prefix cache the request's blocks that hold any token at or after
@@ -301,16 +436,17 @@ class KVCacheManager:
         failed).  Reference counts and block tables are unchanged; the blocks are cached again
         once their tokens are recomputed."""
         n = _count("num_computed_tokens", num_computed_tokens)
-        self._known(request.request_id)
+        self._tracked(request)
         for m in self.coordinator.managers:
             m.uncache_blocks(request.request_id, n)
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """Release the request's blocks that left the attention window at ``num_computed_tokens``
         (``allocate_slots`` does this itself when it succeeds)."""
-        _count("num_computed_tokens", num_computed_tokens)
+        n = _count("num_computed_tokens", num_computed_tokens)
         self._known(request_id)
-        self.coordinator.remove_skipped_blocks(request_id, num_computed_tokens)
+        self._check_slots(request_id, n)
+        self.coordinator.remove_skipped_blocks(request_id, n)
 
     def new_step(self) -> None:
         """Mark a scheduling step boundary (Mamba states cached last step become hittable)."""
@@ -320,6 +456,23 @@ class KVCacheManager:
     def _known(self, request_id: str) -> None:
         if request_id not in self._requests:
             raise UnknownRequestError(f"request {request_id!r} holds no blocks")
+
+    def _tracked(self, request: KVRequest) -> str:
+        """The id of ``request``, which must be the object holding blocks under it."""
+        rid = request.request_id
+        tracked = self._requests.get(rid)
+        if tracked is None:
+            raise UnknownRequestError(f"request {rid!r} holds no blocks (never allocated, or "
+                                      "already freed)")
+        if tracked is not request:
+            raise RequestStateError(f"request id {rid!r} is held by another request object")
+        return rid
+
+    def _check_slots(self, request_id: str, num_tokens: int) -> None:
+        if num_tokens > self._num_slots[request_id]:
+            raise RequestStateError(
+                f"request {request_id!r} has slots for {self._num_slots[request_id]} tokens, "
+                f"not {num_tokens}")
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         self._known(request_id)

@@ -117,8 +117,13 @@ class Request:
         prompt = _check_tokens(prompt_token_ids, "prompt token ids")
         if not prompt:
             raise InvalidArgumentError(f"request {request_id!r}: the prompt is empty")
-        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 0):
+        if max_tokens is not None and (max_tokens.__class__ is not int or max_tokens < 0):
             raise InvalidArgumentError(f"max_tokens must be a non-negative int, got {max_tokens!r}")
+        for name, value in (("cache_salt", cache_salt), ("lora_name", lora_name)):
+            # "" would hash like no salt / no adapter at all: refuse it rather than share KV.
+            if value is not None and (not isinstance(value, str) or not value):
+                raise InvalidArgumentError(
+                    f"{name} must be a non-empty str or None, got {value!r}")
         items = tuple(mm_items)
         for prev, item in pairwise(items):
             if item.offset < prev.offset:

@@ -157,9 +157,16 @@ class KVCacheGroup:
     spec: KVCacheSpec
 
     def __post_init__(self) -> None:
-        if not self.layer_names:
-            raise InvalidArgumentError("a KV-cache group needs at least one layer")
+        if isinstance(self.layer_names, str) or not self.layer_names:
+            raise InvalidArgumentError(
+                f"a KV-cache group needs a non-empty sequence of layer names, got "
+                f"{self.layer_names!r}")
         object.__setattr__(self, "layer_names", tuple(self.layer_names))
+        if not all(isinstance(n, str) for n in self.layer_names):
+            raise InvalidArgumentError(f"layer names must be str, got {self.layer_names!r}")
+        if not isinstance(self.spec, KVCacheSpec):
+            raise InvalidArgumentError(f"a KV-cache group's spec must be a KVCacheSpec, got "
+                                       f"{self.spec!r}")
 
 
 @dataclass(frozen=True)
@@ -170,12 +177,16 @@ class KVCacheConfig:
     groups: tuple[KVCacheGroup, ...] = field(default=())
 
     def __post_init__(self) -> None:
-        if not isinstance(self.num_blocks, int) or self.num_blocks < 2:
+        if self.num_blocks.__class__ is not int or self.num_blocks < 2:
             raise InvalidArgumentError(
                 f"num_blocks must be an int >= 2 (block 0 is the null block), got {self.num_blocks!r}")
         object.__setattr__(self, "groups", tuple(self.groups))
         if not self.groups:
             raise InvalidArgumentError("a KV-cache config needs at least one group")
+        for g in self.groups:
+            if not isinstance(g, KVCacheGroup):
+                raise InvalidArgumentError(f"KVCacheConfig.groups must hold KVCacheGroup "
+                                           f"objects, got {g!r}")
 
     @property
     def num_groups(self) -> int:

@@ -17,6 +17,7 @@ from kvcore import (
     NullBlockError,
     check_invariants,
 )
+from kvcore.verify import PrefixChains
 from tests.factories import ids, make_request, pool_snapshot
 
 
@@ -231,13 +232,19 @@ def test_caching_disabled_never_hashes() -> None:
     check_invariants(pool)
 
 
-def test_verify_mode_stores_token_ids() -> None:
-    pool = BlockPool(6, store_token_ids=True)
-    _, blocks = cached_request_blocks(pool, "a", list(range(8)))
-    assert blocks[1].cached_token_ids == (4, 5, 6, 7)
+def test_verify_mode_stores_prefix_nodes() -> None:
+    pool = BlockPool(6, verify_hits=True)
+    req = make_request("a", list(range(8)))
+    blocks = pool.get_new_blocks(2)
+    with pytest.raises(InvalidArgumentError, match="prefix node"):
+        pool.cache_full_blocks(req, blocks, 0, 2, 4, 0)
+    nodes = PrefixChains().nodes(req, 4, 2)
+    pool.cache_full_blocks(req, blocks, 0, 2, 4, 0, prefix_nodes=nodes)
+    assert blocks[1].prefix_node is nodes[1] and nodes[1].parent is nodes[0]
+    assert nodes[1].tokens == [4, 5, 6, 7] and nodes[1].index == 1
     pool.free_blocks(reversed(blocks))
     pool.get_new_blocks(5)
-    assert all(b.cached_token_ids is None for b in blocks)
+    assert all(b.prefix_node is None for b in blocks)
     check_invariants(pool)
 
 

@@ -7,18 +7,20 @@ from collections.abc import Callable
 import pytest
 
 from kvcore import BlockHash, BlockPool, InvariantError, KVCacheBlock, check_invariants
+from kvcore.verify import PrefixChains, PrefixNode
 from tests.factories import make_request
 
 
 def populated_pool(**kwargs: object) -> tuple[BlockPool, list[KVCacheBlock]]:
     """Blocks 1-3 in use by request "a" (1, 2 cached), 4-9 free, then 2 freed cached blocks of "b"."""
     pool = BlockPool(12, **kwargs)  # type: ignore[arg-type]
+    chains = PrefixChains()
     req = make_request("a", list(range(10)), 4)
     a = pool.get_new_blocks(3)
-    pool.cache_full_blocks(req, a, 0, 2, 4, 0)
+    pool.cache_full_blocks(req, a, 0, 2, 4, 0, prefix_nodes=chains.nodes(req, 4, 2))
     other = make_request("b", list(range(50, 58)), 4)
     b = pool.get_new_blocks(2)
-    pool.cache_full_blocks(other, b, 0, 2, 4, 0)
+    pool.cache_full_blocks(other, b, 0, 2, 4, 0, prefix_nodes=chains.nodes(other, 4, 2))
     pool.free_blocks(reversed(b))
     check_invariants(pool, {"a": [a]})
     return pool, a
@@ -194,11 +196,11 @@ def test_hash_with_caching_disabled() -> None:
     assert info.value.rule == "caching-off" and info.value.block_id == 1
 
 
-def test_token_ids_rules() -> None:
+def test_prefix_node_rules() -> None:
     def stray(pool: BlockPool, a: list[KVCacheBlock]) -> None:
-        a[2].cached_token_ids = (1, 2, 3, 4)
-    expect("token-ids", stray, block_id=3)
+        a[2].prefix_node = PrefixNode(None, 0, [1, 2, 3, 4], None)
+    expect("prefix-node", stray, block_id=3)
 
     def missing(pool: BlockPool, a: list[KVCacheBlock]) -> None:
-        a[0].cached_token_ids = None
-    expect("token-ids", missing, block_id=1, store_token_ids=True)
+        a[0].prefix_node = None
+    expect("prefix-node", missing, block_id=1, verify_hits=True)

@@ -312,7 +312,7 @@ def test_bad_counts_and_lengths_raise_and_change_nothing() -> None:
         m.allocate_slots(long, 20)
     with pytest.raises(InvalidArgumentError, match="running"):
         m.allocate_slots(r, 1, 4, KVCacheBlocks([m.get_blocks("a")[0][:1]]))
-    with pytest.raises(InvalidArgumentError, match="groups"):
+    with pytest.raises(InvalidArgumentError, match="per group"):
         m.allocate_slots(m.make_request("c", range(4)), 4, 0, KVCacheBlocks([(), ()]))
     assert manager_snapshot(m) == before
 

@@ -1,136 +1,145 @@
-"""Hypothesis state machines over KVCacheManager: random admissions (with prefix hits), chunked
-prefill, decode, preemption, re-admission, frees, resets and bad calls, for several group layouts.
-After every step ``check_invariants()`` must pass; a ``None`` allocation must change nothing; every
-non-null hit block must hold exactly the request's tokens (verify mode keeps them)."""
+"""Hypothesis state machines over KVCacheManager, mixing valid and hostile calls.
+
+Each machine drives a :class:`kvcore.testing.driver.HostileDriver`: admissions with prefix hits
+(and tokens computed elsewhere, loaded now or later), chunked prefill, decode, preemption,
+failed steps, frees, evictions and resets, interleaved with calls a buggy scheduler makes
+(freed or duplicate requests, hits without blocks, foreign, stale or perturbed hits, null
+blocks where KV is needed, bad counts).  After every step: ``check_invariants()``, every running
+table holds its request's KV (content oracle), refused calls changed nothing, no leak once idle.
+
+The machines cover full, sliding-window and chunked-local attention (chunk sizes that are not
+multiples of the block size), hybrids with different block sizes, Mamba and cross attention,
+caching off, and colliding hashers under ``verify_hits``.  The seeded fuzz in test_fuzz.py runs
+every setup of ``kvcore.testing.driver.SETUPS``.
+"""
 
 from __future__ import annotations
 
 import hypothesis.strategies as st
-import pytest
-import torch
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvcore import Request, UnknownRequestError
-from kvcore.manager import KVCacheManager
-from kvcore.specs import ChunkedLocalAttentionSpec, MambaSpec
-from tests.factories import full_spec, make_manager, manager_snapshot, swa_spec
+from kvcore.testing.driver import PERTURBATIONS, SETUPS, VOCAB, HostileDriver, Setup
 
-MAX_LEN = 64
+INDEX = st.integers(0, 99)
 
 
-class ManagerMachine(RuleBasedStateMachine):
-    specs: tuple[object, ...] = ()
-    num_blocks = 24
-    enable_caching = True
+class HostileMachine(RuleBasedStateMachine):
+    setup: Setup = SETUPS[0]
 
     def __init__(self) -> None:
         super().__init__()
-        self.m: KVCacheManager = make_manager(  # type: ignore[assignment]
-            *self.specs, num_blocks=self.num_blocks, max_model_len=MAX_LEN, verify_hits=True,
-            enable_caching=self.enable_caching)
-        self.running: dict[str, Request] = {}
-        self.preempted: list[Request] = []
-        self.counter = 0
+        self.d = HostileDriver(self.setup)
 
-    def _check_hit(self, r: Request, blocks: object, hit: int) -> None:
-        assert 0 <= hit <= r.num_tokens - 1
-        for g, group_blocks in enumerate(blocks):  # type: ignore[attr-defined]
-            bs = self.m.coordinator.managers[g].block_size
-            for i, b in enumerate(group_blocks):
-                if not b.is_null:
-                    assert b.cached_token_ids == tuple(r.all_token_ids[i * bs:(i + 1) * bs])
+    # -- valid ----------------------------------------------------------------------------------
+    @rule(family=st.integers(0, 2), keep=st.integers(0, 40),
+          tail=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=24),
+          salt=st.integers(0, 3), lora=st.integers(0, 3), image=st.booleans())
+    def add(self, family: int, keep: int, tail: list[int], salt: int, lora: int,
+            image: bool) -> None:
+        self.d.add(family, keep, tail, salt, lora, image)
 
-    def _admit(self, r: Request, chunk: int) -> None:
-        blocks, hit = self.m.get_computed_blocks(r)
-        self._check_hit(r, blocks, hit)
-        n = min(chunk, r.num_tokens - hit)
-        before = manager_snapshot(self.m)
-        out = self.m.allocate_slots(r, n, hit, blocks)
-        if out is None:
-            assert manager_snapshot(self.m) == before
-            return
-        r.num_computed_tokens = hit + n
-        self.running[r.request_id] = r
+    @precondition(lambda self: bool(self.d.waiting))
+    @rule(i=INDEX, chunk=st.integers(1, 40), external=st.sampled_from([0, 0, 0, 3, 9]),
+          lookahead=st.sampled_from([0, 0, 2]), delay=st.booleans())
+    def admit(self, i: int, chunk: int, external: int, lookahead: int, delay: bool) -> None:
+        self.d.admit(i, chunk, external, lookahead, delay)
 
-    @rule(tokens=st.lists(st.integers(0, 2), min_size=1, max_size=40),
-          chunk=st.integers(1, 40))
-    def admit(self, tokens: list[int], chunk: int) -> None:
-        self.counter += 1
-        self._admit(self.m.make_request(f"r{self.counter}", tokens), chunk)
+    @precondition(lambda self: bool(self.d.running))
+    @rule(i=INDEX, chunk=st.integers(1, 16), token=st.integers(0, VOCAB - 1),
+          lookahead=st.sampled_from([0, 0, 0, 2]))
+    def step(self, i: int, chunk: int, token: int, lookahead: int) -> None:
+        self.d.step(i, chunk, token, lookahead)
 
-    @precondition(lambda self: bool(self.preempted))
-    @rule(chunk=st.integers(1, 40))
-    def readmit(self, chunk: int) -> None:
-        self._admit(self.preempted.pop(0), chunk)
+    @precondition(lambda self: bool(self.d.running or self.d.loading))
+    @rule(i=INDEX, preempt=st.booleans())
+    def free(self, i: int, preempt: bool) -> None:
+        self.d.free(i, preempt)
 
-    @precondition(lambda self: bool(self.running))
-    @rule(data=st.data())
-    def step(self, data: st.DataObject) -> None:
-        rid = data.draw(st.sampled_from(sorted(self.running)))
-        r = self.running[rid]
-        if r.num_computed_tokens < r.num_tokens:  # prefill continues
-            n = min(data.draw(st.integers(1, 16)), r.num_tokens - r.num_computed_tokens)
-        else:  # decode: the sampled token becomes a new token to compute
-            if r.num_tokens >= MAX_LEN:
-                return
-            r.append_output_token_ids(data.draw(st.integers(0, 2)))
-            n = 1
-        before = manager_snapshot(self.m)
-        out = self.m.allocate_slots(r, n)
-        if out is None:
-            assert manager_snapshot(self.m) == before
-            return
-        r.num_computed_tokens += n
-
-    @precondition(lambda self: bool(self.running))
-    @rule(data=st.data(), preempt=st.booleans())
-    def free(self, data: st.DataObject, preempt: bool) -> None:
-        rid = data.draw(st.sampled_from(sorted(self.running)))
-        r = self.running.pop(rid)
-        self.m.free(r)
-        if preempt:
-            r.num_computed_tokens = 0
-            r.num_preemptions += 1
-            self.preempted.append(r)
-        before = manager_snapshot(self.m)
-        with pytest.raises(UnknownRequestError):
-            self.m.free(r)
-        assert manager_snapshot(self.m) == before
+    @precondition(lambda self: bool(self.d.loading))
+    @rule(i=INDEX)
+    def finish_load(self, i: int) -> None:
+        self.d.finish_load(i)
 
     @rule()
-    def reset(self) -> None:
-        assert self.m.reset_prefix_cache() == (not self.running)
+    def fail_step(self) -> None:
+        self.d.fail_step()
 
     @rule()
     def new_step(self) -> None:
-        self.m.new_step()
+        self.d.new_step()
+
+    @rule(ids=st.lists(INDEX, min_size=1, max_size=3))
+    def evict(self, ids: list[int]) -> None:
+        self.d.evict(ids)
+
+    @rule()
+    def reset(self) -> None:
+        self.d.reset()
+
+    # -- hostile --------------------------------------------------------------------------------
+    @rule(i=INDEX, arg=st.integers(0, 4), value=st.integers(0, 4))
+    def bad_count(self, i: int, arg: int, value: int) -> None:
+        self.d.bad_count(i, arg, value)
+
+    @rule(i=INDEX)
+    def use_freed(self, i: int) -> None:
+        self.d.use_freed(i)
+
+    @rule(i=INDEX, blocks=st.integers(0, 2))
+    def claim_without_blocks(self, i: int, blocks: int) -> None:
+        self.d.claim_without_blocks(i, blocks)
+
+    @rule(i=INDEX)
+    def foreign_hit(self, i: int) -> None:
+        self.d.foreign_hit(i)
+
+    @rule(i=INDEX)
+    def stale_hit(self, i: int) -> None:
+        self.d.stale_hit(i)
+
+    @rule(i=INDEX)
+    def duplicate_id(self, i: int) -> None:
+        self.d.duplicate_id(i)
+
+    @rule(i=INDEX, extra=st.integers(0, 3))
+    def overrun(self, i: int, extra: int) -> None:
+        self.d.overrun(i, extra)
+
+    @rule(i=INDEX)
+    def null_where_needed(self, i: int) -> None:
+        self.d.null_where_needed(i)
+
+    @rule(i=INDEX)
+    def hit_while_running(self, i: int) -> None:
+        self.d.hit_while_running(i)
+
+    @rule(i=INDEX)
+    def bad_calls(self, i: int) -> None:
+        self.d.bad_calls(i)
+
+    @rule(i=INDEX, j=INDEX, how=st.integers(0, len(PERTURBATIONS) - 1), k=INDEX)
+    def perturbed_hit(self, i: int, j: int, how: int, k: int) -> None:
+        self.d.perturbed_hit(i, j, how, k)
 
     @invariant()
-    def invariants_hold(self) -> None:
-        self.m.check_invariants()
-        if not self.running:
-            assert self.m.usage == 0.0
-            assert self.m.num_free_blocks == self.num_blocks - 1
+    def checked(self) -> None:
+        self.d.check()
+
+    def teardown(self) -> None:
+        self.d.drain()
 
 
-def _machine(name: str, specs: tuple[object, ...], **attrs: object) -> type:
-    return type(name, (ManagerMachine,), {"specs": specs, **attrs})
+def _machine(name: str) -> type[RuleBasedStateMachine]:
+    setup = next(s for s in SETUPS if s.name == name)
+    return type(f"Hostile[{name}]", (HostileMachine,), {"setup": setup})
 
 
-def _mamba() -> MambaSpec:
-    return MambaSpec(block_size=4, shapes=((2, 4),), dtypes=(torch.float32,))
-
-
-def _chunked() -> ChunkedLocalAttentionSpec:
-    return ChunkedLocalAttentionSpec(block_size=4, num_kv_heads=2, head_size=8,
-                                     dtype=torch.float16, attention_chunk_size=12)
-
-
-TestUnitaryFull = _machine("UnitaryFull", (full_spec(4),)).TestCase
-TestSlidingWindow = _machine("SlidingWindow", (swa_spec(7, 4),)).TestCase
-TestHybridFullSlidingDifferentBlockSizes = _machine(
-    "HybridFullSliding", (full_spec(4), swa_spec(12, 8)), num_blocks=32).TestCase
-TestHybridFullMamba = _machine("HybridFullMamba", (full_spec(4), _mamba()), num_blocks=32).TestCase
-TestChunkedLocal = _machine("ChunkedLocal", (_chunked(),)).TestCase
-TestNoPrefixCacheHybrid = _machine("NoCache", (full_spec(4), swa_spec(8, 4)), num_blocks=32,
-                                   enable_caching=False).TestCase
+TestFull = _machine("full").TestCase
+TestSlidingWindowVerify = _machine("swa7 verify").TestCase
+TestChunkedOddChunk = _machine("chunked13").TestCase
+TestHybridFullChunkedOddChunk = _machine("full+chunked13").TestCase
+TestHybridBlockSizesColliding = _machine("full4+swa12/8 tokens").TestCase
+TestHybridFullMambaColliding = _machine("full+mamba constant").TestCase
+TestHybridFullCross = _machine("full+cross").TestCase
+TestTwoSlidingGroupsTruncatedHash = _machine("full+swa5+swa5 truncated").TestCase
+TestNoPrefixCache = _machine("nocache full+swa").TestCase

@@ -16,6 +16,7 @@ from kvcore.managers import ManagerClasses, SingleTypeKVCacheManager, make_manag
 from kvcore.managers.cross_attention import CrossAttentionManager
 from kvcore.request import KVRequest
 from kvcore.specs import KVCacheConfig
+from kvcore.verify import HitVerifier, PrefixChains
 
 GroupBlocks = tuple[list[KVCacheBlock], ...]
 
@@ -31,13 +32,14 @@ class KVCacheCoordinator:
         self.verify_hits = verify_hits and enable_caching
         self.pool = BlockPool(config.num_blocks, enable_caching=enable_caching,
                               num_groups=config.num_groups, enable_events=enable_events,
-                              store_token_ids=self.verify_hits)
+                              verify_hits=self.verify_hits)
         self.hash_block_size = config.hash_block_size
         self.alignment_tokens = alignment_tokens
+        self.prefix_chains = PrefixChains() if self.verify_hits else None
         self.managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
             make_manager(g.spec, self.pool, i, enable_caching=enable_caching,
                          hash_block_size=self.hash_block_size, alignment_tokens=alignment_tokens,
-                         overrides=manager_classes)
+                         prefix_chains=self.prefix_chains, overrides=manager_classes)
             for i, g in enumerate(config.groups))
         self._is_cross = tuple(isinstance(m, CrossAttentionManager) for m in self.managers)
         self._attention = tuple(m for m, cross in zip(self.managers, self._is_cross) if not cross)
@@ -47,7 +49,7 @@ class KVCacheCoordinator:
 
     # -- hits -------------------------------------------------------------------------------------
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int,
-                               token_ids: Sequence[int] | None) -> tuple[GroupBlocks, int]:
+                               verifier: HitVerifier | None) -> tuple[GroupBlocks, int]:
         """Per-group hit blocks and the hit length in tokens (at most ``max_length``)."""
         raise NotImplementedError
 
@@ -171,6 +173,8 @@ class KVCacheCoordinator:
     def free(self, request_id: str) -> None:
         for manager in self.managers:
             manager.free(request_id)
+        if self.prefix_chains is not None:
+            self.prefix_chains.drop(request_id)
 
     def get_blocks(self, request_id: str) -> GroupBlocks:
         return tuple(m.req_to_blocks.get(request_id) or [] for m in self.managers)

@@ -17,9 +17,10 @@ from kvcore.blocks import BlockHash, KVCacheBlock
 from kvcore.coordinator.base import GroupBlocks, KVCacheCoordinator
 from kvcore.hashing import hashes_at
 from kvcore.managers import ManagerClasses, SingleTypeKVCacheManager
-from kvcore.managers.base import cdiv
+from kvcore.managers.base import HitQuery, cdiv
 from kvcore.managers.full_attention import FullAttentionManager
 from kvcore.specs import KVCacheConfig, KVCacheSpec
+from kvcore.verify import HitVerifier
 
 
 @dataclass
@@ -57,7 +58,7 @@ class HybridCoordinator(KVCacheCoordinator):
         return num_tokens - num_tokens % self.alignment_tokens
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int,
-                               token_ids: Sequence[int] | None) -> tuple[GroupBlocks, int]:
+                               verifier: HitVerifier | None) -> tuple[GroupBlocks, int]:
         n = len(self.managers)
         hit_blocks: list[list[KVCacheBlock] | None] = [None] * n
         hit_lengths = [0] * n
@@ -70,9 +71,9 @@ class HybridCoordinator(KVCacheCoordinator):
                 if sg.is_full and hit_blocks[first] is not None:
                     curr = min(curr, hit_lengths[first])  # downward closed: just trim later
                     continue
-                blocks, length = sg.manager_cls.find_longest_cache_hit(
+                blocks, length = sg.manager_cls.find_longest_cache_hit(HitQuery(
                     hashes_at(block_hashes, hbs, sg.spec.block_size), curr, sg.group_ids,
-                    self.pool, sg.spec, self.alignment_tokens, token_ids)
+                    self.pool, sg.spec, self.alignment_tokens, verifier))
                 curr = length
                 for gid, group_blocks in zip(sg.group_ids, blocks):
                     hit_blocks[gid] = group_blocks

@@ -8,6 +8,7 @@ from kvcore.blocks import BlockHash
 from kvcore.coordinator.base import GroupBlocks, KVCacheCoordinator
 from kvcore.managers import ManagerClasses
 from kvcore.specs import KVCacheConfig
+from kvcore.verify import HitVerifier
 
 
 class NoPrefixCacheCoordinator(KVCacheCoordinator):
@@ -18,5 +19,5 @@ class NoPrefixCacheCoordinator(KVCacheCoordinator):
                          manager_classes=manager_classes)
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int,
-                               token_ids: Sequence[int] | None) -> tuple[GroupBlocks, int]:
+                               verifier: HitVerifier | None) -> tuple[GroupBlocks, int]:
         return tuple([] for _ in self.managers), 0

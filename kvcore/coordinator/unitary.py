@@ -8,8 +8,10 @@ from kvcore.blocks import BlockHash, KVCacheBlock
 from kvcore.coordinator.base import GroupBlocks, KVCacheCoordinator
 from kvcore.errors import InvalidArgumentError
 from kvcore.managers import ManagerClasses
+from kvcore.managers.base import HitQuery
 from kvcore.request import KVRequest
 from kvcore.specs import KVCacheConfig
+from kvcore.verify import HitVerifier
 
 
 class UnitaryCoordinator(KVCacheCoordinator):
@@ -82,10 +84,10 @@ class UnitaryCoordinator(KVCacheCoordinator):
         self._manager.cache_blocks(request, num_tokens)
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int,
-                               token_ids: Sequence[int] | None) -> tuple[GroupBlocks, int]:
+                               verifier: HitVerifier | None) -> tuple[GroupBlocks, int]:
         m = self._manager
         if not m.enable_caching:
             return ([],), 0
-        blocks, length = m.find_longest_cache_hit(block_hashes, max_length, self._group_ids,
-                                                  self.pool, m.spec, m.block_size, token_ids)
+        blocks, length = m.find_longest_cache_hit(HitQuery(
+            block_hashes, max_length, self._group_ids, self.pool, m.spec, m.block_size, verifier))
         return tuple(blocks), length

@@ -25,6 +25,7 @@ from kvcore.specs import (
     MambaSpec,
     SlidingWindowSpec,
 )
+from kvcore.verify import PrefixChains
 
 ManagerClasses = Mapping[type[KVCacheSpec], type[SingleTypeKVCacheManager]]
 
@@ -51,10 +52,12 @@ def manager_class_for(spec: KVCacheSpec,
 
 def make_manager(spec: KVCacheSpec, pool: BlockPool, group_id: int, *, enable_caching: bool,
                  hash_block_size: int, alignment_tokens: int,
+                 prefix_chains: PrefixChains | None = None,
                  overrides: ManagerClasses | None = None) -> SingleTypeKVCacheManager:
     return manager_class_for(spec, overrides)(spec, pool, group_id, enable_caching=enable_caching,
                                               hash_block_size=hash_block_size,
-                                              alignment_tokens=alignment_tokens)
+                                              alignment_tokens=alignment_tokens,
+                                              prefix_chains=prefix_chains)
 
 
 __all__ = [

@@ -20,31 +20,51 @@ from kvcore.blocks import BlockHash, KVCacheBlock
 from kvcore.hashing import hashes_at
 from kvcore.request import KVRequest
 from kvcore.specs import KVCacheSpec
+from kvcore.verify import HitVerifier, PrefixChains
 
 HitBlocks = list[list[KVCacheBlock]]
-"""One list of hit blocks per group id passed to ``find_longest_cache_hit``."""
+"""One list of hit blocks per group id of a :class:`HitQuery`."""
 
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def lookup(pool: BlockPool, block_hash: BlockHash, group_ids: Sequence[int],
-           token_ids: Sequence[int] | None, start: int, block_size: int) -> list[KVCacheBlock] | None:
-    """Cached blocks for ``block_hash`` in every group, or ``None``.
+class HitQuery:
+    """One prefix-cache lookup, for the groups ``group_ids`` that share ``spec``.
 
-    With ``token_ids`` (``verify_hits``), a block whose stored tokens differ from
-    ``token_ids[start:start + block_size]`` is a hash collision and counts as a miss.
+    ``block_hashes`` are the request's hashes at ``spec.block_size``; the hit may cover at most
+    ``max_length`` tokens and must be a multiple of ``alignment_tokens``.  ``verifier`` (verify
+    mode) proves each found block's prefix equal to the request's (:mod:`kvcore.verify`).
     """
-    found = pool.get_cached_block(block_hash, group_ids)
-    if found is None or token_ids is None:
+
+    __slots__ = ("alignment_tokens", "block_hashes", "group_ids", "max_length", "pool", "spec",
+                 "verifier")
+
+    def __init__(self, block_hashes: Sequence[BlockHash], max_length: int,
+                 group_ids: Sequence[int], pool: BlockPool, spec: KVCacheSpec,
+                 alignment_tokens: int, verifier: HitVerifier | None = None) -> None:
+        self.block_hashes = block_hashes
+        self.max_length = max_length
+        self.group_ids = group_ids
+        self.pool = pool
+        self.spec = spec
+        self.alignment_tokens = alignment_tokens
+        self.verifier = verifier
+
+    def lookup(self, index: int) -> list[KVCacheBlock] | None:
+        """The cached block at block ``index`` in every group, or ``None`` (a miss in any group,
+        or, in verify mode, a block whose prefix is not the request's)."""
+        found = self.pool.get_cached_block(self.block_hashes[index], self.group_ids)
+        verifier = self.verifier
+        if found is None or verifier is None:
+            return found
+        bs = self.spec.block_size
+        for block in found:
+            if not verifier.matches(block.prefix_node, index, bs):
+                self.pool.num_rejected_hits += 1
+                return None
         return found
-    want = tuple(token_ids[start:start + block_size])
-    for block in found:
-        if block.cached_token_ids != want:
-            pool.num_rejected_hits += 1
-            return None
-    return found
 
 
 class SingleTypeKVCacheManager:
@@ -57,7 +77,8 @@ class SingleTypeKVCacheManager:
     """Whether ``get_num_skipped_tokens`` can be non-zero (blocks leave as a request advances)."""
 
     def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_id: int, *,
-                 enable_caching: bool, hash_block_size: int, alignment_tokens: int) -> None:
+                 enable_caching: bool, hash_block_size: int, alignment_tokens: int,
+                 prefix_chains: PrefixChains | None = None) -> None:
         self.spec = spec
         self.block_size = spec.block_size
         self.pool = pool
@@ -68,24 +89,17 @@ class SingleTypeKVCacheManager:
         self.null_block = pool.null_block
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}
+        self.prefix_chains = prefix_chains  # verify mode: the exact prefix of each cached block
 
     # -- the attention type's rules ---------------------------------------------------------------
     @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence[BlockHash],
-        max_length: int,
-        group_ids: Sequence[int],
-        pool: BlockPool,
-        spec: KVCacheSpec,
-        alignment_tokens: int,
-        token_ids: Sequence[int] | None = None,
-    ) -> tuple[HitBlocks, int]:
-        """The longest prefix hit of at most ``max_length`` tokens, common to ``group_ids``.
+    def find_longest_cache_hit(cls, query: HitQuery) -> tuple[HitBlocks, int]:
+        """The longest prefix hit of at most ``query.max_length`` tokens, common to the query's
+        groups.  Returns one block list per group (positions the type does not need hold the null
+        block) and the hit length in tokens, a multiple of ``query.alignment_tokens``.
 
-        ``block_hashes`` are at ``spec.block_size``.  Returns one block list per group (positions
-        the type does not need hold the null block) and the hit length in tokens, a multiple of
-        ``alignment_tokens``.
+        Every position the first token after the hit attends to must be a real cached block of
+        the request's own prefix: a hit that would leave such a position null is never returned.
         """
         raise NotImplementedError
 
@@ -143,7 +157,7 @@ class SingleTypeKVCacheManager:
         num_skipped = self.get_num_skipped_tokens(num_total_computed_tokens) // self.block_size
         hits = new_computed_blocks[num_skipped:] if num_skipped else new_computed_blocks
         if hits:
-            self.pool.touch(hits)
+            self.pool._touch(hits)  # checked by KVCacheManager.allocate_slots
         blocks = [self.null_block] * num_skipped
         blocks.extend(hits)
         self.req_to_blocks[request_id] = blocks
@@ -186,9 +200,12 @@ class SingleTypeKVCacheManager:
         if num_cached >= num_full:
             return
         hashes = hashes_at(request.block_hashes, self.hash_block_size, self.block_size)
+        chains = self.prefix_chains
+        nodes = None if chains is None else chains.nodes(request, self.block_size, num_full)
         self.pool.cache_full_blocks(request, self.req_to_blocks[rid], num_cached, num_full,
                                     self.block_size, self.group_id, hashes,
-                                    block_mask=self.cache_mask(num_cached, num_full))
+                                    block_mask=self.cache_mask(num_cached, num_full),
+                                    prefix_nodes=nodes)
         self.num_cached_block[rid] = num_full
 
     def uncache_blocks(self, request_id: str, num_computed_tokens: int) -> None:
@@ -223,7 +240,7 @@ class SingleTypeKVCacheManager:
             freed.append(block)
             blocks[i] = null
         if freed:
-            self.pool.free_blocks(freed)
+            self.pool._free_blocks(freed)
 
     def free(self, request_id: str) -> None:
         """Release all of the request's blocks, tail first (so its prefix is evicted last)."""
@@ -231,7 +248,7 @@ class SingleTypeKVCacheManager:
         self.num_cached_block.pop(request_id, None)
         if blocks:
             blocks.reverse()
-            self.pool.free_blocks(blocks)
+            self.pool._free_blocks(blocks)
 
     def get_num_common_prefix_blocks(self, request_id: str, num_running_requests: int) -> int:
         """Leading blocks of this request that every running request shares."""

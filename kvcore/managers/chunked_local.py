@@ -1,16 +1,21 @@
-"""Chunked local attention (Llama-4 style): tokens attend only within their
-``attention_chunk_size``-aligned chunk, so blocks before the current chunk are null in a hit and
-released as the request crosses chunk boundaries."""
+"""Chunked local attention (Llama-4 style): a token attends only to the tokens of its own
+``attention_chunk_size``-aligned chunk, so blocks wholly before the current chunk are null in a
+hit and released as the request crosses chunk boundaries.
+
+The chunk size need not be a multiple of the block size.  A hit of ``L`` tokens is valid when
+every block from the one holding ``L``'s chunk start up to ``L`` is a real cached block; when the
+chunk start falls inside a block, that block is needed too (it holds the start of the chunk), and
+when it is missing the hit moves back into the previous chunk, whose blocks are then needed.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from kvcore.block_pool import BlockPool
-from kvcore.blocks import BlockHash
+from kvcore.blocks import KVCacheBlock
 from kvcore.errors import InvalidArgumentError
-from kvcore.managers.base import HitBlocks, SingleTypeKVCacheManager, lookup
+from kvcore.managers.base import HitBlocks, HitQuery, SingleTypeKVCacheManager
 from kvcore.specs import ChunkedLocalAttentionSpec, KVCacheSpec
+from kvcore.verify import PrefixChains
 
 
 class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
@@ -18,39 +23,52 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
     releases_blocks = True
 
     def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_id: int, *, enable_caching: bool,
-                 hash_block_size: int, alignment_tokens: int) -> None:
+                 hash_block_size: int, alignment_tokens: int,
+                 prefix_chains: PrefixChains | None = None) -> None:
         assert isinstance(spec, ChunkedLocalAttentionSpec)
         super().__init__(spec, pool, group_id, enable_caching=enable_caching,
-                         hash_block_size=hash_block_size, alignment_tokens=alignment_tokens)
+                         hash_block_size=hash_block_size, alignment_tokens=alignment_tokens,
+                         prefix_chains=prefix_chains)
         if self.alignment_tokens != self.block_size:
             raise InvalidArgumentError(
                 "chunked local attention needs every group to use the same block size")
         self.attention_chunk_size = spec.attention_chunk_size
 
     @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence[BlockHash],
-        max_length: int,
-        group_ids: Sequence[int],
-        pool: BlockPool,
-        spec: KVCacheSpec,
-        alignment_tokens: int,
-        token_ids: Sequence[int] | None = None,
-    ) -> tuple[HitBlocks, int]:
+    def find_longest_cache_hit(cls, query: HitQuery) -> tuple[HitBlocks, int]:
+        spec = query.spec
         assert isinstance(spec, ChunkedLocalAttentionSpec)
         bs = spec.block_size
-        max_blocks = max_length // bs
-        chunk_start = max_length // spec.attention_chunk_size * spec.attention_chunk_size
-        first = chunk_start // bs
-        out: HitBlocks = [[pool.null_block] * first for _ in group_ids]
-        for i in range(first, max_blocks):
-            found = lookup(pool, block_hashes[i], group_ids, token_ids, i * bs, bs)
-            if found is None:
+        chunk = spec.attention_chunk_size
+        end = min(query.max_length // bs, len(query.block_hashes))  # candidate hit, in blocks
+        known = end  # blocks [known, end) are cached (found[i - known])
+        found: list[list[KVCacheBlock]] = []
+        while True:
+            first = end * bs // chunk * chunk // bs  # the block holding the chunk start
+            scanned: list[list[KVCacheBlock]] = []
+            miss = -1
+            for i in range(first, known):
+                hit = query.lookup(i)
+                if hit is None:
+                    miss = i
+                    break
+                scanned.append(hit)
+            if miss < 0:
+                found = scanned + found
+                known = min(first, known)
                 break
-            for blocks, block in zip(out, found):
-                blocks.append(block)
-        return out, len(out[0]) * bs
+            # The chunk's blocks up to `miss` are cached; the hit can end there at the latest,
+            # which may put it in an earlier chunk with blocks of its own to check.
+            found = scanned
+            end = miss
+            known = first
+        null = query.pool.null_block
+        out: HitBlocks = []
+        for g in range(len(query.group_ids)):
+            blocks = [null] * known
+            blocks.extend(f[g] for f in found[:end - known])
+            out.append(blocks)
+        return out, end * bs
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return num_computed_tokens // self.attention_chunk_size * self.attention_chunk_size

@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvcore.block_pool import BlockPool
-from kvcore.blocks import BlockHash, KVCacheBlock
-from kvcore.managers.base import HitBlocks, SingleTypeKVCacheManager, lookup
+from kvcore.blocks import KVCacheBlock
+from kvcore.managers.base import HitBlocks, HitQuery, SingleTypeKVCacheManager
 from kvcore.request import KVRequest
 from kvcore.specs import KVCacheSpec
+from kvcore.verify import PrefixChains
 
 
 class MambaManager(SingleTypeKVCacheManager):
@@ -22,32 +23,26 @@ class MambaManager(SingleTypeKVCacheManager):
     releases_blocks = True
 
     def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_id: int, *, enable_caching: bool,
-                 hash_block_size: int, alignment_tokens: int) -> None:
+                 hash_block_size: int, alignment_tokens: int,
+                 prefix_chains: PrefixChains | None = None) -> None:
         super().__init__(spec, pool, group_id, enable_caching=enable_caching,
-                         hash_block_size=hash_block_size, alignment_tokens=alignment_tokens)
+                         hash_block_size=hash_block_size, alignment_tokens=alignment_tokens,
+                         prefix_chains=prefix_chains)
         self.cached_this_step: set[int] = set()  # block ids cached since new_step()
 
     @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence[BlockHash],
-        max_length: int,
-        group_ids: Sequence[int],
-        pool: BlockPool,
-        spec: KVCacheSpec,
-        alignment_tokens: int,
-        token_ids: Sequence[int] | None = None,
-    ) -> tuple[HitBlocks, int]:
-        bs = spec.block_size
-        null = pool.null_block
-        for i in range(max_length // bs - 1, -1, -1):
-            found = lookup(pool, block_hashes[i], group_ids, token_ids, i * bs, bs)
+    def find_longest_cache_hit(cls, query: HitQuery) -> tuple[HitBlocks, int]:
+        bs = query.spec.block_size
+        alignment = query.alignment_tokens
+        null = query.pool.null_block
+        for i in range(min(query.max_length // bs, len(query.block_hashes)) - 1, -1, -1):
+            if bs != alignment and (i + 1) * bs % alignment:
+                continue
+            found = query.lookup(i)
             if found is None:
                 continue
-            if bs != alignment_tokens and (i + 1) * bs % alignment_tokens:
-                continue
             return [[null] * i + [block] for block in found], (i + 1) * bs
-        return [[] for _ in group_ids], 0
+        return [[] for _ in query.group_ids], 0
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return max(0, num_computed_tokens - 1)

@@ -8,12 +8,10 @@ advances.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from kvcore.block_pool import BlockPool
-from kvcore.blocks import BlockHash
-from kvcore.managers.base import HitBlocks, SingleTypeKVCacheManager, cdiv, lookup
+from kvcore.managers.base import HitBlocks, HitQuery, SingleTypeKVCacheManager, cdiv
 from kvcore.specs import KVCacheSpec, SlidingWindowSpec
+from kvcore.verify import PrefixChains
 
 
 class SlidingWindowManager(SingleTypeKVCacheManager):
@@ -21,37 +19,32 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     releases_blocks = True
 
     def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_id: int, *, enable_caching: bool,
-                 hash_block_size: int, alignment_tokens: int) -> None:
+                 hash_block_size: int, alignment_tokens: int,
+                 prefix_chains: PrefixChains | None = None) -> None:
         assert isinstance(spec, SlidingWindowSpec)
         super().__init__(spec, pool, group_id, enable_caching=enable_caching,
-                         hash_block_size=hash_block_size, alignment_tokens=alignment_tokens)
+                         hash_block_size=hash_block_size, alignment_tokens=alignment_tokens,
+                         prefix_chains=prefix_chains)
         self.sliding_window = spec.sliding_window
 
     @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence[BlockHash],
-        max_length: int,
-        group_ids: Sequence[int],
-        pool: BlockPool,
-        spec: KVCacheSpec,
-        alignment_tokens: int,
-        token_ids: Sequence[int] | None = None,
-    ) -> tuple[HitBlocks, int]:
+    def find_longest_cache_hit(cls, query: HitQuery) -> tuple[HitBlocks, int]:
+        spec = query.spec
         assert isinstance(spec, SlidingWindowSpec)
         bs = spec.block_size
+        alignment = query.alignment_tokens
         need = cdiv(spec.sliding_window - 1, bs)
-        max_blocks = max_length // bs
-        null = pool.null_block
-        out: HitBlocks = [[null] * max_blocks for _ in group_ids]
+        max_blocks = min(query.max_length // bs, len(query.block_hashes))
+        null = query.pool.null_block
+        out: HitBlocks = [[null] * max_blocks for _ in query.group_ids]
         run = 0
         matched = False
         for i in range(max_blocks - 1, -1, -1):
-            found = lookup(pool, block_hashes[i], group_ids, token_ids, i * bs, bs)
+            found = query.lookup(i)
             if found is None:
                 run = 0
                 continue
-            if run == 0 and bs != alignment_tokens and (i + 1) * bs % alignment_tokens:
+            if run == 0 and bs != alignment and (i + 1) * bs % alignment:
                 continue  # a run must end on an aligned boundary
             for blocks, block in zip(out, found):
                 blocks[i] = block
@@ -65,7 +58,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             # No full window anywhere: only a run starting at block 0 is a hit.
             for blocks in out:
                 del blocks[run:]
-            while bs != alignment_tokens and len(out[0]) * bs % alignment_tokens:
+            while bs != alignment and len(out[0]) * bs % alignment:
                 for blocks in out:
                     blocks.pop()
         return out, len(out[0]) * bs

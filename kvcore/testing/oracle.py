@@ -1,0 +1,201 @@
+"""A content oracle: what every KV slot of a manager's pool holds, tracked without hashes.
+
+The code driving a :class:`~kvcore.manager.KVCacheManager` reports what each step computes
+(``written``); the oracle then checks every prefix hit (``check_hit``) and every running
+request's block table (``check_table``) against what the blocks really hold.  A token's KV is
+identified by its exact prefix — every token up to it, the request's LoRA and cache salt (the
+tenant) and the multimodal item position it belongs to — interned as a small int, so two slots
+hold the same KV exactly when they hold the same key.  Nothing here uses kvcore's hashes: a hash
+collision that serves the wrong KV is caught as a mismatch.
+
+What a token attends to decides which positions a hit or table must cover with real blocks:
+full attention all earlier positions, a sliding window of ``w`` the last ``w - 1``, chunked
+local attention its own chunk, a Mamba state the one after the token before it.  A state (Mamba)
+is produced at the end of the step that computes it, so another request may not read it before
+the next step (``end_step`` counts steps); attention KV is written before attention reads it in
+the same forward pass, so it can be shared within the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvcore.blocks import KVCacheBlock
+from kvcore.manager import KVCacheManager
+from kvcore.request import KVRequest
+from kvcore.specs import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
+
+UNWRITTEN = -1
+"""Slot content before anything is written, and after a failed step (``discard``)."""
+
+
+class WrongKVError(AssertionError):
+    """A block served as a hit, or held in a running request's table, does not hold that
+    request's KV where the request needs it."""
+
+
+def _needed(spec: KVCacheSpec, num_tokens: int) -> range:
+    """Positions whose KV the token at ``num_tokens`` reads (empty: none)."""
+    if num_tokens <= 0 or isinstance(spec, CrossAttentionSpec):
+        return range(0)
+    if isinstance(spec, SlidingWindowSpec):
+        return range(max(0, num_tokens - spec.sliding_window + 1), num_tokens)
+    if isinstance(spec, ChunkedLocalAttentionSpec):
+        c = spec.attention_chunk_size
+        return range(num_tokens // c * c, num_tokens)
+    if isinstance(spec, MambaSpec):  # the state after the previous token
+        return range(num_tokens - 1, num_tokens)
+    return range(num_tokens)  # full attention, and any unknown type: everything
+
+
+class ContentOracle:
+    """Tracks the content of every slot of ``manager``'s pool (see the module docstring)."""
+
+    def __init__(self, manager: KVCacheManager) -> None:
+        self._manager = manager
+        self._specs = [g.spec for g in manager.config.groups]
+        width = max(s.block_size for s in self._specs)
+        self._slots: list[list[int]] = [[UNWRITTEN] * width
+                                        for _ in range(manager.pool.num_blocks)]
+        self._intern: dict[tuple[object, ...], int] = {}
+        self._keys: dict[str, tuple[KVRequest, list[int]]] = {}
+        self._step = 0
+        self._state_step = [-1] * manager.pool.num_blocks  # step that last wrote a state block
+
+    # -- what a request's tokens are -----------------------------------------------------------
+    def keys(self, request: KVRequest) -> list[int]:
+        """One key per token of ``request`` (its exact prefix up to and including the token)."""
+        rid = request.request_id
+        entry = self._keys.get(rid)
+        if entry is None or entry[0] is not request:
+            entry = self._keys[rid] = (request, [])
+        keys = entry[1]
+        tokens = request.all_token_ids
+        if len(keys) < len(tokens):
+            intern = self._intern
+            parent = keys[-1] if keys else self._intern_key(
+                ("root", request.cache_salt, request.lora_name))
+            items = request.mm_items
+            for p in range(len(keys), len(tokens)):
+                item = next(((it.identifier, p - it.offset) for it in items
+                             if it.offset <= p < it.offset + it.length), None)
+                key = (parent, tokens[p], item)
+                value = intern.get(key)
+                if value is None:
+                    value = intern[key] = len(intern)
+                keys.append(value)
+                parent = value
+        return keys
+
+    def _intern_key(self, key: tuple[object, ...]) -> int:
+        value = self._intern.get(key)
+        if value is None:
+            value = self._intern[key] = len(self._intern)
+        return value
+
+    # -- writes ---------------------------------------------------------------------------------
+    def written(self, request: KVRequest, start: int, end: int) -> None:
+        """The request's tokens ``[start, end)`` were computed (or loaded) into its current block
+        tables.  Positions that no later token reads may have no block (tokens loaded from
+        elsewhere that are already outside the window or chunk)."""
+        if start >= end:
+            return
+        keys = self.keys(request)
+        tables = self._manager.get_blocks(request.request_id)
+        for g, spec in enumerate(self._specs):
+            if isinstance(spec, CrossAttentionSpec):
+                continue
+            bs = spec.block_size
+            blocks = tables[g]
+            state = isinstance(spec, MambaSpec)
+            read_later = _needed(spec, end).start
+            for p in range(start, end):
+                i = p // bs
+                if i >= len(blocks) or blocks[i].is_null:
+                    if p < read_later:
+                        continue
+                    raise WrongKVError(f"request {request.request_id!r} computes position {p} "
+                                       f"but group {g} has no block for it")
+                self._slots[blocks[i].block_id][p - i * bs] = keys[p]
+                if state:
+                    self._state_step[blocks[i].block_id] = self._step
+
+    def discard(self, request: KVRequest, start: int, end: int) -> None:
+        """The step that was to compute tokens ``[start, end)`` failed: their slots hold garbage."""
+        tables = self._manager.get_blocks(request.request_id)
+        for g, spec in enumerate(self._specs):
+            bs = spec.block_size
+            for p in range(start, end):
+                i = p // bs
+                if i < len(tables[g]) and not tables[g][i].is_null:
+                    self._slots[tables[g][i].block_id][p - i * bs] = UNWRITTEN
+
+    def end_step(self) -> None:
+        """A scheduling step ended: the states it computed can now be read by other requests."""
+        self._step += 1
+
+    # -- checks ---------------------------------------------------------------------------------
+    def check_hit(self, request: KVRequest, blocks: Sequence[Sequence[KVCacheBlock]],
+                  num_hit_tokens: int) -> None:
+        """``blocks`` (one list per group) as a hit of ``num_hit_tokens`` tokens for ``request``:
+        every real block must hold the request's KV, and every position the next token reads
+        must be covered by a real block."""
+        keys = self.keys(request)
+        rid = request.request_id
+        for g, spec in enumerate(self._specs):
+            hit = blocks[g] if g < len(blocks) else ()
+            bs = spec.block_size
+            if isinstance(spec, CrossAttentionSpec):
+                if hit:
+                    raise WrongKVError(f"request {rid!r}: a hit in cross-attention group {g}")
+                continue
+            for i, block in enumerate(hit):
+                if block.is_null:
+                    continue
+                self._check_block(rid, g, block, i, bs, keys, i * bs, (i + 1) * bs, "hit")
+                if isinstance(spec, MambaSpec) and self._state_step[block.block_id] >= self._step:
+                    raise WrongKVError(f"request {rid!r} hit: state block {block.block_id} of "
+                                       f"group {g} is computed in this step, not readable yet")
+            self._check_covered(rid, g, hit, bs, keys, _needed(spec, num_hit_tokens), "hit")
+
+    def check_table(self, request: KVRequest) -> None:
+        """A running request's table covers, with its own KV, every position its next token
+        reads (attention groups; state groups are checked when hit)."""
+        keys = self.keys(request)
+        tables = self._manager.get_blocks(request.request_id)
+        for g, spec in enumerate(self._specs):
+            if isinstance(spec, MambaSpec):
+                continue
+            self._check_covered(request.request_id, g, tables[g], spec.block_size, keys,
+                                _needed(spec, request.num_computed_tokens), "table")
+
+    def _check_covered(self, rid: str, g: int, blocks: Sequence[KVCacheBlock], bs: int,
+                       keys: list[int], positions: range, what: str) -> None:
+        p, end = positions.start, positions.stop
+        while p < end:
+            i = p // bs
+            if i >= len(blocks) or blocks[i].is_null:
+                raise WrongKVError(f"request {rid!r} {what}: group {g} position {p} is read by "
+                                   "the next token but has no block")
+            stop = min(end, (i + 1) * bs)
+            self._check_block(rid, g, blocks[i], i, bs, keys, p, stop, what)
+            p = stop
+
+    def _check_block(self, rid: str, g: int, block: KVCacheBlock, index: int, bs: int,
+                     keys: list[int], lo: int, hi: int, what: str) -> None:
+        """Positions ``[lo, hi)`` of the request, in its block ``index``, hold its KV."""
+        base = index * bs
+        have = self._slots[block.block_id][lo - base:hi - base]
+        want = keys[lo:hi]
+        if have != want:
+            k = next((k for k, (a, b) in enumerate(zip(have, want)) if a != b), len(have))
+            state = ("was never written" if k < len(have) and have[k] == UNWRITTEN
+                     else "holds KV of another prefix")
+            raise WrongKVError(f"request {rid!r} {what}: group {g} block {block.block_id} at "
+                               f"block position {index}: token {lo + k} {state}")

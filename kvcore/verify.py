@@ -1,0 +1,145 @@
+"""Exact verification of prefix-cache hits (``verify_hits=True``).
+
+A block hash is evidence, not proof: a collision — an unlucky one, a deliberate one, or a weak
+hash function — makes a lookup return a block whose KV was computed for other tokens, at another
+position or after another prefix.  In verify mode every cached block also carries a
+:class:`PrefixNode`, the exact identity of the prefix its KV belongs to: the block's tokens and
+extra keys (LoRA, multimodal items, salt), its position, and the node of the block before it,
+back to position 0.  A hit is served only when the found block's chain equals the request's own
+prefix, compared token by token; hashes play no part in the proof.
+
+Nodes are shared: a request that adopts a verified hit continues the hit's chain, so a prefix
+that many requests use is stored once.  A node lives as long as a cached block or a running
+request refers to it or to one of its descendants (a sliding-window hit needs the whole prefix
+before its window, so that prefix stays known even after its blocks were evicted).
+
+Cost: a :class:`HitVerifier` remembers every node it has proven or refuted for its request, so
+each node is compared at most once per lookup.  A full-attention hit costs one block comparison
+per block (the parent was proven one step earlier); a sliding-window or Mamba hit additionally
+walks the chain before its first block once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from kvcore.hashing import ExtraKeys, block_extra_keys
+
+if TYPE_CHECKING:
+    from kvcore.request import KVRequest
+
+
+class PrefixNode:
+    """The prefix ending with block ``index`` (``tokens``: that block's token ids, ``extra``:
+    its extra keys), after the prefix ``parent`` (``None`` for the first block)."""
+
+    __slots__ = ("extra", "index", "parent", "tokens")
+
+    def __init__(self, parent: PrefixNode | None, index: int, tokens: list[int],
+                 extra: ExtraKeys | None) -> None:
+        self.parent = parent
+        self.index = index
+        self.tokens = tokens
+        self.extra = extra
+
+    def __repr__(self) -> str:
+        return f"PrefixNode(index={self.index}, tokens={self.tokens[:4]}...)"
+
+
+def _is_plain(request: KVRequest) -> bool:
+    return request.lora_name is None and not request.mm_items and request.cache_salt is None
+
+
+class HitVerifier:
+    """Decides whether cached prefixes equal one request's prefix (see the module docstring).
+
+    ``matches(node, index, block_size)`` is true when ``node`` is exactly the request's prefix
+    ending with its block ``index`` of ``block_size`` tokens.
+    """
+
+    __slots__ = ("_memo", "_plain", "_request", "_tokens")
+
+    def __init__(self, request: KVRequest) -> None:
+        self._request = request
+        self._tokens = request.all_token_ids
+        self._plain = _is_plain(request)
+        self._memo: dict[PrefixNode, bool] = {}  # node -> equals the request's prefix there
+
+    def matches(self, node: PrefixNode | None, index: int, block_size: int) -> bool:
+        if node is None or node.index != index or len(node.tokens) != block_size:
+            return False
+        memo = self._memo
+        tokens = self._tokens
+        path: list[PrefixNode] = []
+        n: PrefixNode | None = node
+        ok = True
+        while n is not None:
+            known = memo.get(n)
+            if known is not None:
+                ok = known
+                break
+            path.append(n)
+            start = n.index * block_size
+            end = start + block_size
+            if n.tokens != tokens[start:end] or n.extra != (
+                    None if self._plain else block_extra_keys(self._request, start, end)):
+                ok = False
+                break
+            n = n.parent
+        for p in path:  # a mismatch anywhere above makes every descendant a mismatch too
+            memo[p] = ok
+        return ok
+
+
+class PrefixChains:
+    """The prefix nodes of the requests a manager tracks, one chain per request and block size.
+
+    ``nodes(request, block_size, count)`` extends the request's chain to ``count`` nodes from its
+    own tokens; ``adopt`` starts it with a verified hit's chain instead, so shared prefixes share
+    nodes; ``drop`` forgets the request (its cached blocks keep the nodes they need).
+    """
+
+    __slots__ = ("_chains",)
+
+    def __init__(self) -> None:
+        self._chains: dict[str, dict[int, list[PrefixNode]]] = {}
+
+    def nodes(self, request: KVRequest, block_size: int, count: int) -> Sequence[PrefixNode]:
+        per_size = self._chains.get(request.request_id)
+        if per_size is None:
+            per_size = self._chains[request.request_id] = {}
+        chain = per_size.get(block_size)
+        if chain is None:
+            chain = per_size[block_size] = []
+        if len(chain) < count:
+            tokens = request.all_token_ids
+            plain = _is_plain(request)
+            parent = chain[-1] if chain else None
+            for i in range(len(chain), count):
+                start = i * block_size
+                end = start + block_size
+                parent = PrefixNode(parent, i, tokens[start:end],
+                                    None if plain else block_extra_keys(request, start, end))
+                chain.append(parent)
+        return chain
+
+    def adopt(self, request_id: str, block_size: int, node: PrefixNode) -> None:
+        """The request's chain at ``block_size`` becomes ``node`` and its ancestors (``node``
+        must have been verified against the request)."""
+        chain: list[PrefixNode] = []
+        n: PrefixNode | None = node
+        while n is not None:
+            chain.append(n)
+            n = n.parent
+        chain.reverse()
+        per_size = self._chains.get(request_id)
+        if per_size is None:
+            per_size = self._chains[request_id] = {}
+        per_size[block_size] = chain
+
+    def drop(self, request_id: str) -> None:
+        self._chains.pop(request_id, None)
+
+    def request_ids(self) -> list[str]:
+        return list(self._chains)
