@@ -87,6 +87,7 @@ class BlockPool:
         self._dups: list[dict[BlockHash, dict[int, KVCacheBlock]]] = [{} for _ in range(num_groups)]
         self._events: list[KVCacheEvent] = []
         self.num_evicted_blocks = 0
+        self.num_resets = 0  # successful reset_prefix_cache calls
         self.num_rejected_hits = 0  # lookups whose block held another prefix (verify mode)
 
     # -- queries --------------------------------------------------------------------------------
@@ -290,19 +291,25 @@ class BlockPool:
         if self.verify_hits and (prefix_nodes is None or len(prefix_nodes) < num_full_blocks):
             raise InvalidArgumentError(
                 "a pool that verifies hits needs the prefix node of every block it caches")
-        self._check_owned(new_blocks, "cache_full_blocks")
-        for i, block in enumerate(new_blocks):
-            if block.is_null or (block_mask is not None and not block_mask[i]):
-                continue
-            if block.ref_cnt <= 0:
-                raise BlockStateError(f"block {block.block_id} is free; only blocks in use can be cached")
-            if block.block_hash is not None:
-                if block.group_id != group_id:
-                    raise InvalidGroupError(
-                        f"block {block.block_id} is cached in group {block.group_id}, "
-                        f"cannot cache it in group {group_id}")
-                if block.block_hash != hashes[num_cached_blocks + i]:
-                    raise BlockStateError(f"block {block.block_id} is already cached under another hash")
+        mine = self.blocks
+        try:
+            for i, block in enumerate(new_blocks):
+                if block.is_null or (block_mask is not None and not block_mask[i]):
+                    continue
+                if mine[block.block_id] is not block:
+                    self._check_owned([block], "cache_full_blocks")  # raises, naming it
+                if block.ref_cnt <= 0:
+                    raise BlockStateError(f"block {block.block_id} is free; only blocks in use can be cached")
+                if block.block_hash is not None:
+                    if block.group_id != group_id:
+                        raise InvalidGroupError(
+                            f"block {block.block_id} is cached in group {block.group_id}, "
+                            f"cannot cache it in group {group_id}")
+                    if block.block_hash != hashes[num_cached_blocks + i]:
+                        raise BlockStateError(f"block {block.block_id} is already cached under another hash")
+        except (AttributeError, IndexError, TypeError):  # not a block, or an id out of range
+            self._check_owned(new_blocks, "cache_full_blocks")  # raises, naming it
+            raise
 
         cached = self._cached[group_id]
         nodes = prefix_nodes if self.verify_hits else None
@@ -407,6 +414,7 @@ class BlockPool:
             block.block_hash = None
             block.group_id = -1
             block.prefix_node = None
+        self.num_resets += 1
         if self.enable_events:
             self._events.append(AllBlocksCleared())
         return True

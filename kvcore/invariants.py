@@ -193,6 +193,11 @@ def check_manager_invariants(manager: KVCacheManager) -> None:
     for rid in requests:
         owners[rid] = [m.req_to_blocks.get(rid, []) for m in coord.managers]
     check_invariants(manager.pool, owners)
+    if coord.prefix_chains is not None:
+        stale = sorted(set(coord.prefix_chains.request_ids()) - set(requests))
+        if stale:
+            raise InvariantError("request-registry", f"prefix chains kept for untracked "
+                                 f"requests {stale}")
 
     hbs = manager.hash_block_size
     for rid, request in requests.items():

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from kvcore.blocks import KVCacheBlock
 from kvcore.coordinator import KVCacheCoordinator, make_coordinator
@@ -72,6 +72,16 @@ class KVCacheBlocks(tuple):
 
 
 _ZERO = 0  # the default count; see the fast path of allocate_slots
+
+
+class _Tracked:
+    """A request holding blocks, and how many tokens it has slots for."""
+
+    __slots__ = ("num_slots", "request")
+
+    def __init__(self, request: KVRequest, num_slots: int) -> None:
+        self.request = request
+        self.num_slots = num_slots
 
 
 def _count(name: str, value: object) -> int:
@@ -139,8 +149,10 @@ class KVCacheManager:
         self.num_groups = config.num_groups
         self.log_stats = log_stats
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
-        self._requests: dict[str, KVRequest] = {}
-        self._num_slots: dict[str, int] = {}  # tokens each running request has slots for
+        self._requests: dict[str, _Tracked] = {}
+        # The latest hit get_computed_blocks returned: (blocks, request, (hit tokens, pool
+        # evictions, pool resets)); see allocate_slots.
+        self._last_lookup: tuple[KVCacheBlocks, KVRequest, tuple[int, int, int]] | None = None
         self._empty = KVCacheBlocks(() for _ in range(self.num_groups))
         self._admission_caps = tuple(
             g.spec.max_blocks_per_request(max_model_len, max_num_batched_tokens)
@@ -175,12 +187,28 @@ class KVCacheManager:
         blocks, num_hit_tokens = self.coordinator.find_longest_cache_hit(
             request.block_hashes, request.num_tokens - 1,
             HitVerifier(request) if self.verify_hits else None)
-        if self.prefix_cache_stats is not None:
-            self.prefix_cache_stats.record(request.num_tokens, num_hit_tokens,
-                                           request.num_preemptions > 0)
         if not any(blocks):
             return self._empty, num_hit_tokens
-        return KVCacheBlocks(blocks), num_hit_tokens
+        # Immutable per-group tuples, remembered with the pool's eviction counters: handed back
+        # unchanged to allocate_slots for the same request with nothing evicted since, the hit
+        # needs no re-check (only eviction or a reset can change what its blocks hold).
+        hit = KVCacheBlocks(map(tuple, blocks))
+        pool = self.pool
+        self._last_lookup = (hit, request,
+                             (num_hit_tokens, pool.num_evicted_blocks, pool.num_resets))
+        return hit, num_hit_tokens
+
+    def record_prefix_cache_stats(self, request: KVRequest, num_hit_tokens: int) -> None:
+        """Count one prefix-cache query of ``request`` that hit ``num_hit_tokens`` tokens.
+
+        As in vLLM, a scheduler calls this once per admission, after ``allocate_slots``
+        succeeded (lookups of a request that did not fit are not queries); requests that were
+        preempted before are counted apart (``preempted_*``).  Nothing is counted with caching
+        off or for a request that skips reading the prefix cache (no lookup happened)."""
+        n = _count("num_hit_tokens", num_hit_tokens)
+        stats = self.prefix_cache_stats
+        if stats is not None and self.enable_caching and not request.skip_reading_prefix_cache:
+            stats.record(request.num_tokens, n, request.num_preemptions > 0)
 
     def allocate_slots(
         self,
@@ -207,10 +235,11 @@ class KVCacheManager:
                 and (new_computed_blocks is None or new_computed_blocks is self._empty)):
             # Hot paths: a running request grows, or a fresh request without hits starts.
             tracked = self._requests.get(rid)
-            if tracked is request:
-                return self._grow(request, num_new_tokens, delay_cache_blocks)
-            if tracked is None and not request.num_computed_tokens:
-                return self._start(request, num_new_tokens, delay_cache_blocks)
+            if tracked is None:
+                if not request.num_computed_tokens:
+                    return self._start(request, num_new_tokens, delay_cache_blocks)
+            elif tracked.request is request:
+                return self._grow(request, tracked, num_new_tokens, delay_cache_blocks)
         if not (num_new_tokens.__class__ is int and num_new_tokens >= 0
                 and num_new_computed_tokens.__class__ is int and num_new_computed_tokens >= 0
                 and num_lookahead_tokens.__class__ is int and num_lookahead_tokens >= 0
@@ -232,7 +261,9 @@ class KVCacheManager:
                 f"new_computed_blocks must hold one block list per group ({self.num_groups}), "
                 f"got {new_computed_blocks!r}")
         has_hits = any(hits)
-        running = self._check_request(request)
+        running = rid in self._requests
+        if running or request.num_computed_tokens:
+            self._check_request(request)  # raises for a stranger or a freed request
         if running and (has_hits or num_new_computed_tokens):
             raise RequestStateError(f"request {rid!r} is running: it cannot take a new prefix hit")
         if not running:
@@ -242,8 +273,13 @@ class KVCacheManager:
                     f"{num_external_computed_tokens} external tokens exceed its "
                     f"{request.num_tokens} tokens")
             if has_hits or num_new_computed_tokens:
-                self._check_hits(request, hits, num_new_computed_tokens,
-                                 num_external_computed_tokens)
+                look = self._last_lookup
+                pool = self.pool
+                if (look is None or look[0] is not hits or look[1] is not request
+                        or look[2] != (num_new_computed_tokens, pool.num_evicted_blocks,
+                                       pool.num_resets)):
+                    self._check_hits(request, hits, num_new_computed_tokens,
+                                     num_external_computed_tokens)
         num_local_computed = request.num_computed_tokens + num_new_computed_tokens
         total_computed = num_local_computed + num_external_computed_tokens
         if total_computed + num_new_tokens > self.max_model_len:
@@ -273,9 +309,11 @@ class KVCacheManager:
             if coord.prefix_chains is not None and has_hits:
                 self._adopt_chains(rid, hits)
         new_blocks = coord.allocate_new_blocks(rid, num_slots, num_encoder_tokens)
-        self._requests[rid] = request
-        if num_slots > self._num_slots.get(rid, 0):
-            self._num_slots[rid] = num_slots
+        tracked = self._requests.get(rid)
+        if tracked is None:
+            self._requests[rid] = _Tracked(request, num_slots)
+        elif num_slots > tracked.num_slots:
+            tracked.num_slots = num_slots
         if self.enable_caching and not delay_cache_blocks:
             self._sync_hashes(request)
             coord.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
@@ -284,8 +322,9 @@ class KVCacheManager:
         return KVCacheBlocks(new_blocks)
 
     def _check_request(self, request: KVRequest) -> bool:
-        """Whether ``request`` is running; raises if another object holds its id, or if it is not
-        running but claims computed tokens (freed, finished, or never admitted)."""
+        """Whether ``request`` is running; raises if another object holds its id, if it claims
+        tokens computed beyond its slots, or if it is not running but claims computed tokens
+        (freed, finished, or never admitted)."""
         rid = request.request_id
         tracked = self._requests.get(rid)
         if tracked is None:
@@ -295,9 +334,9 @@ class KVCacheManager:
                     "holds no blocks: it was freed (finished, or preempted without resetting "
                     "num_computed_tokens to 0) or never admitted")
             return False
-        if tracked is not request:
+        if tracked.request is not request:
             raise RequestStateError(f"request id {rid!r} is already used by another live request")
-        slots = self._num_slots[rid]
+        slots = tracked.num_slots
         if request.num_computed_tokens > slots:
             raise RequestStateError(
                 f"request {rid!r} has num_computed_tokens={request.num_computed_tokens} but slots "
@@ -315,12 +354,10 @@ class KVCacheManager:
         if not self.enable_caching:
             raise InvalidHitError(f"request {rid!r}: prefix caching is disabled, so "
                                   f"new_computed_blocks / num_new_computed_tokens must be empty")
-        total_computed = num_hit_tokens + num_external_tokens
         self._sync_hashes(request)
-        pool = self.pool
-        mine = pool.blocks
-        null = pool.null_block
-        verifier = HitVerifier(request) if self.verify_hits else None
+        mine = self.pool.blocks
+        null = self.pool.null_block
+        total_computed = num_hit_tokens + num_external_tokens
         for g, (m, blocks) in enumerate(zip(self.coordinator.managers, hits)):
             bs = m.block_size
             if not m.enable_caching:
@@ -334,26 +371,42 @@ class KVCacheManager:
                     f"has {len(blocks)} hit blocks of {bs} tokens")
             needed_from = m.get_num_skipped_tokens(total_computed) // bs
             hashes = hashes_at(request.block_hashes, self.hash_block_size, bs)
-            for i, block in enumerate(blocks):
-                if block is null:
-                    if i >= needed_from:
+            i = 0
+            try:  # the common case in one tight pass; _bad_hit explains a failure
+                for i, block in enumerate(blocks):
+                    if block is null:
+                        if i < needed_from:
+                            continue
+                    elif (block.block_hash == hashes[i] and block.group_id == g
+                          and mine[block.block_id] is block):
+                        continue
+                    self._bad_hit(rid, g, i, block, needed_from, hashes)
+            except (AttributeError, IndexError, TypeError):
+                self._bad_hit(rid, g, i, blocks[i], needed_from, hashes)
+        if self.verify_hits:
+            verifier = HitVerifier(request)
+            for g, (m, blocks) in enumerate(zip(self.coordinator.managers, hits)):
+                for i, block in enumerate(blocks):
+                    if not block.is_null and not verifier.matches(block.prefix_node, i,
+                                                                  m.block_size):
                         raise InvalidHitError(
-                            f"request {rid!r}: group {g} position {i} of the hit is the null "
-                            "block, but the next token attends to it")
-                    continue
-                if (not isinstance(block, KVCacheBlock) or not 0 <= block.block_id < len(mine)
-                        or mine[block.block_id] is not block):
-                    raise InvalidHitError(f"request {rid!r}: group {g} position {i}: {block!r} "
-                                          "is not a block of this manager's pool")
-                if block.block_hash != hashes[i] or block.group_id != g:
-                    raise InvalidHitError(
-                        f"request {rid!r}: block {block.block_id} at group {g} position {i} is no "
-                        "longer cached under the request's hash (evicted or reused since "
-                        "get_computed_blocks)")
-                if verifier is not None and not verifier.matches(block.prefix_node, i, bs):
-                    raise InvalidHitError(
-                        f"request {rid!r}: block {block.block_id} at group {g} position {i} "
-                        "holds KV of another prefix")
+                            f"request {rid!r}: block {block.block_id} at group {g} position "
+                            f"{i} holds KV of another prefix")
+
+    def _bad_hit(self, rid: str, g: int, i: int, block: object, needed_from: int,
+                 hashes: Sequence[object]) -> NoReturn:
+        """Raise the :class:`InvalidHitError` that says why ``block`` cannot be hit ``i`` of
+        group ``g``."""
+        mine = self.pool.blocks
+        where = f"request {rid!r}: group {g} position {i}"
+        if block is self.pool.null_block:
+            raise InvalidHitError(f"{where} of the hit is the null block, but the next token "
+                                  "attends to it")
+        if (not isinstance(block, KVCacheBlock) or not 0 <= block.block_id < len(mine)
+                or mine[block.block_id] is not block):
+            raise InvalidHitError(f"{where}: {block!r} is not a block of this manager's pool")
+        raise InvalidHitError(f"{where}: block {block.block_id} is no longer cached under the "
+                              "request's hash (evicted or reused since get_computed_blocks)")
 
     def _adopt_chains(self, request_id: str, hits: Sequence[Sequence[KVCacheBlock]]) -> None:
         """Verify mode: the request's prefix chain continues its (proven) hit's, per block size."""
@@ -370,15 +423,14 @@ class KVCacheManager:
         for block_size, node in deepest.items():
             chains.adopt(request_id, block_size, node)
 
-    def _grow(self, request: KVRequest, num_new_tokens: int,
+    def _grow(self, request: KVRequest, tracked: _Tracked, num_new_tokens: int,
               delay_cache_blocks: bool) -> KVCacheBlocks | None:
         """``allocate_slots`` for a running request with only new tokens (chunked prefill and
         decode): the hot path, same semantics as the general one."""
         total_computed = request.num_computed_tokens
         num_slots = total_computed + num_new_tokens
-        slots = self._num_slots
-        rid = request.request_id
-        if total_computed > slots[rid]:
+        had_slots = tracked.num_slots
+        if total_computed > had_slots:
             self._check_request(request)  # raises, naming the numbers
         if num_slots > self.max_model_len:
             self._too_long(request, total_computed, num_new_tokens)
@@ -386,8 +438,8 @@ class KVCacheManager:
         new_blocks = self.coordinator.grow(request, total_computed, num_slots, cache_upto)
         if new_blocks is None:
             return None
-        if num_slots > slots[rid]:
-            slots[rid] = num_slots
+        if num_slots > had_slots:
+            tracked.num_slots = num_slots
         return KVCacheBlocks(new_blocks) if any(new_blocks) else self._empty
 
     def _start(self, request: KVRequest, num_new_tokens: int,
@@ -399,8 +451,7 @@ class KVCacheManager:
         new_blocks = self.coordinator.start(request, num_new_tokens, cache_upto)
         if new_blocks is None:
             return None
-        self._requests[request.request_id] = request
-        self._num_slots[request.request_id] = num_new_tokens
+        self._requests[request.request_id] = _Tracked(request, num_new_tokens)
         return KVCacheBlocks(new_blocks) if any(new_blocks) else self._empty
 
     def _cache_upto(self, request: KVRequest, num_slots: int, delay: bool) -> int | None:
@@ -416,10 +467,12 @@ class KVCacheManager:
 
     def free(self, request: KVRequest) -> None:
         """Release every block of the request, tail first, so its prefix is evicted last."""
-        rid = self._tracked(request)
+        rid = request.request_id
+        tracked = self._requests.get(rid)
+        if tracked is None or tracked.request is not request:
+            self._tracked(request)  # raises, saying which
         self.coordinator.free(rid)
         del self._requests[rid]
-        del self._num_slots[rid]
 
     def cache_blocks(self, request: KVRequest, num_computed_tokens: int) -> None:
         """Cache the request's blocks that are full within its first ``num_computed_tokens``
@@ -445,7 +498,7 @@ class KVCacheManager:
         (``allocate_slots`` does this itself when it succeeds)."""
         n = _count("num_computed_tokens", num_computed_tokens)
         self._known(request_id)
-        self._check_slots(request_id, n)
+        self._check_slots(self._requests[request_id], n)
         self.coordinator.remove_skipped_blocks(request_id, n)
 
     def new_step(self) -> None:
@@ -457,22 +510,22 @@ class KVCacheManager:
         if request_id not in self._requests:
             raise UnknownRequestError(f"request {request_id!r} holds no blocks")
 
-    def _tracked(self, request: KVRequest) -> str:
-        """The id of ``request``, which must be the object holding blocks under it."""
+    def _tracked(self, request: KVRequest) -> _Tracked:
+        """The record of ``request``, which must be the object holding blocks under its id."""
         rid = request.request_id
         tracked = self._requests.get(rid)
         if tracked is None:
             raise UnknownRequestError(f"request {rid!r} holds no blocks (never allocated, or "
                                       "already freed)")
-        if tracked is not request:
+        if tracked.request is not request:
             raise RequestStateError(f"request id {rid!r} is held by another request object")
-        return rid
+        return tracked
 
-    def _check_slots(self, request_id: str, num_tokens: int) -> None:
-        if num_tokens > self._num_slots[request_id]:
+    def _check_slots(self, tracked: _Tracked, num_tokens: int) -> None:
+        if num_tokens > tracked.num_slots:
             raise RequestStateError(
-                f"request {request_id!r} has slots for {self._num_slots[request_id]} tokens, "
-                f"not {num_tokens}")
+                f"request {tracked.request.request_id!r} has slots for {tracked.num_slots} "
+                f"tokens, not {num_tokens}")
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         self._known(request_id)
@@ -530,4 +583,9 @@ class KVCacheManager:
 
     def requests(self) -> dict[str, KVRequest]:
         """The requests holding blocks, by id (a copy)."""
-        return dict(self._requests)
+        return {rid: t.request for rid, t in self._requests.items()}
+
+    def num_slots(self, request_id: str) -> int:
+        """How many tokens the request has slots for (computed tokens never exceed it)."""
+        self._known(request_id)
+        return self._requests[request_id].num_slots

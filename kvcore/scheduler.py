@@ -275,6 +275,7 @@ class Scheduler:
                         continue
                     break
                 self.waiting.popleft()
+                kv.record_prefix_cache_stats(req, num_hit)  # once per admission, as vLLM
                 req.status = RequestStatus.RUNNING
                 req.num_computed_tokens = num_hit
                 req.num_cached_tokens = num_hit

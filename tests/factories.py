@@ -64,12 +64,14 @@ def make_manager(*specs: KVCacheSpec, num_blocks: int = 16, max_model_len: int =
 
 def admit(manager: KVCacheManager, request: Request,
           num_new_tokens: int | None = None) -> KVCacheBlocks | None:
-    """get_computed_blocks + allocate_slots for a new request, as a scheduler does; advances
-    ``num_computed_tokens`` on success.  Returns the allocate_slots result."""
+    """get_computed_blocks + allocate_slots for a new request, as a scheduler does; on success
+    records the lookup in the prefix-cache stats and advances ``num_computed_tokens``.  Returns
+    the allocate_slots result."""
     blocks, hit = manager.get_computed_blocks(request)
     n = request.num_tokens - hit if num_new_tokens is None else num_new_tokens
     out = manager.allocate_slots(request, n, hit, blocks)
     if out is not None:
+        manager.record_prefix_cache_stats(request, hit)
         request.num_computed_tokens += hit + n
     return out
 

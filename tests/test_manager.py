@@ -121,6 +121,7 @@ def test_preemption_then_rehit() -> None:
     blocks, hit = m.get_computed_blocks(r)
     assert hit == 12 and [b.block_id for b in blocks[0]] == [1, 2, 3]
     m.allocate_slots(r, r.num_tokens - hit, hit, blocks)
+    m.record_prefix_cache_stats(r, hit)
     assert m.get_block_ids("a")[0][:3] == [1, 2, 3]
     stats = m.make_prefix_cache_stats()
     assert stats is not None
@@ -241,17 +242,23 @@ def test_events_carry_group_ids() -> None:
     assert sorted(e.group_id for e in removed) == [0, 0, 1, 1]
 
 
-def test_stats_and_hit_rate() -> None:
-    m = mgr()
+def test_stats_count_admissions_not_lookups() -> None:
+    # As vLLM: a query is counted once, when the request is admitted; lookups of a request that
+    # does not fit (a scheduler retries them every step) are not queries.
+    m = mgr(num_blocks=6)
     a = m.make_request("a", range(12))
     admit(m, a)
     b = m.make_request("b", range(12))
-    m.get_computed_blocks(b)
-    skip = Request("c", list(range(12)), skip_reading_prefix_cache=True)
-    assert m.get_computed_blocks(skip)[1] == 0
+    assert admit(m, b, 4) is not None  # hits 8
+    big = m.make_request("big", range(100, 120))
+    for _ in range(3):
+        assert admit(m, big) is None
+    m.get_computed_blocks(m.make_request("peek", range(12)))  # a lookup alone counts nothing
     stats = m.make_prefix_cache_stats()
     assert stats is not None and (stats.requests, stats.queries, stats.hits) == (2, 24, 8)
     assert stats.hit_rate == pytest.approx(8 / 24)
+    with pytest.raises(InvalidArgumentError):
+        m.record_prefix_cache_stats(b, -1)
     fresh = m.make_prefix_cache_stats()
     assert fresh is not None and fresh.requests == 0
     assert mgr(log_stats=False).make_prefix_cache_stats() is None

@@ -125,6 +125,7 @@ class BlockManager:
         if self.manager.allocate_slots(req, len(seq) - hit, hit, blocks) is None:
             raise NoFreeBlocksError(f"not enough free blocks for sequence {seq.seq_id}; "
                                     "call can_allocate first")
+        self.manager.record_prefix_cache_stats(req, hit)
         req.num_computed_tokens = len(seq)
         seq.num_cached_tokens = hit
         seq.block_table[:] = [i - 1 for i in self.manager.get_block_ids(req.request_id)[0]]

@@ -24,7 +24,10 @@ class UnitaryCoordinator(KVCacheCoordinator):
                          verify_hits=verify_hits, alignment_tokens=config.groups[0].spec.block_size,
                          manager_classes=manager_classes)
         self._manager = self.managers[0]
-        self._group_ids = (0,)
+        m = self._manager
+        # One query reused by every lookup (lookups are not reentrant): building a fresh one
+        # would cost more than a short hit itself.
+        self._query = HitQuery((), 0, (0,), self.pool, m.spec, m.block_size)
         if not self._is_cross[0]:
             # One group: skip the per-group loops of the base class (hot path).
             self.get_num_blocks_to_allocate = self._get_num_blocks_to_allocate  # type: ignore[method-assign]
@@ -34,8 +37,9 @@ class UnitaryCoordinator(KVCacheCoordinator):
             self.get_num_freeable_skipped_blocks = (  # type: ignore[method-assign]
                 self._manager.get_num_freeable_skipped_blocks)
             self.grow = self._grow  # type: ignore[method-assign]
-            self.free = self._manager.free  # type: ignore[method-assign]
             self.start = self._start  # type: ignore[method-assign]
+            if self.prefix_chains is None:  # else the base free also drops the request's chain
+                self.free = self._manager.free  # type: ignore[method-assign]
 
     def _grow(self, request: KVRequest, num_computed_tokens: int, num_slots: int,
               num_tokens_to_cache: int | None) -> GroupBlocks | None:
@@ -88,6 +92,9 @@ class UnitaryCoordinator(KVCacheCoordinator):
         m = self._manager
         if not m.enable_caching:
             return ([],), 0
-        blocks, length = m.find_longest_cache_hit(HitQuery(
-            block_hashes, max_length, self._group_ids, self.pool, m.spec, m.block_size, verifier))
+        query = self._query
+        query.block_hashes = block_hashes
+        query.max_length = max_length
+        query.verifier = verifier
+        blocks, length = m.find_longest_cache_hit(query)
         return tuple(blocks), length

@@ -11,7 +11,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
     @classmethod
     def find_longest_cache_hit(cls, query: HitQuery) -> tuple[HitBlocks, int]:
         bs = query.spec.block_size
-        max_blocks = min(query.max_length // bs, len(query.block_hashes))
+        max_blocks = query.max_length // bs
         if len(query.group_ids) == 1 and query.verifier is None:
             # Hot path: one group, plain dict lookups.  Hashes chain, so the first miss ends it.
             cached = query.pool.cached_blocks_map(query.group_ids[0])
@@ -24,7 +24,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
             out: HitBlocks = [hits]
         else:
             out = [[] for _ in query.group_ids]
-            for i in range(max_blocks):
+            for i in range(min(max_blocks, len(query.block_hashes))):
                 found = query.lookup(i)
                 if found is None:
                     break

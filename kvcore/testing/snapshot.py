@@ -47,8 +47,8 @@ def manager_snapshot(manager: KVCacheManager) -> tuple[object, ...]:
             for bs, chain in per_size.items()))
     stats = manager.prefix_cache_stats
     return (pool_snapshot(coord.pool), tables, cached, mamba, chains,
-            tuple(sorted((rid, id(r)) for rid, r in manager._requests.items())),
-            tuple(sorted(manager._num_slots.items())),
+            tuple(sorted((rid, id(t.request), t.num_slots)
+                         for rid, t in manager._requests.items())),
             None if stats is None else astuple(stats))
 
 

@@ -211,9 +211,7 @@ class KvcoreImpl(_Impl):
         return out
 
     def admitted(self, req: Any, hit: int) -> None:
-        record = getattr(self.m, "record_prefix_cache_stats", None)
-        if record is not None:  # vLLM's API, should kvcore grow one
-            record(req, hit)
+        self.m.record_prefix_cache_stats(req, hit)
 
     def cache_blocks(self, req: Any, n: int) -> None:
         self.m.cache_blocks(req, n)
@@ -357,7 +355,6 @@ class Replayer:
     def __init__(self, impl: Any) -> None:
         self.impl = impl
         self.requests: dict[str, Any] = {}
-        self.failed_admission = False  # since the last stats op
 
     def apply(self, op: dict[str, Any]) -> dict[str, Any]:
         impl = self.impl
@@ -380,9 +377,7 @@ class Replayer:
             o.update(hit=hit, hit_blocks=_ids(blocks), new=_ids(out))
             if ext:
                 o["ext"] = ext
-            if out is None:
-                self.failed_admission = True
-            else:
+            if out is not None:
                 req.num_computed_tokens = hit + ext + n
                 impl.admitted(req, hit)
                 o["table"] = impl.block_ids(rid)
@@ -416,11 +411,7 @@ class Replayer:
             impl.new_step()
         elif kind == "stats":
             s = impl.stats()
-            if "stats_per_admission" in impl.pending and self.failed_admission:
-                o["stats"] = "masked: a failed admission in the interval"
-            else:
-                o["stats"] = None if s is None else [getattr(s, f) for f in STATS_FIELDS]
-            self.failed_admission = False
+            o["stats"] = None if s is None else [getattr(s, f) for f in STATS_FIELDS]
         else:
             raise ValueError(f"unknown op {kind!r}")
         o["free_queue"] = impl.free_queue()

@@ -32,11 +32,6 @@ KVCORE_PENDING: dict[str, str] = {
         "block, then drops it; hybrid: looks one block past the candidate length) and, in "
         "hybrid configs, caches one block past the aligned boundary.  While pending, no trace "
         "sets eagle."),
-    "stats_per_admission": (
-        "vLLM records a prefix-cache query once per successful admission (the scheduler calls "
-        "record_prefix_cache_stats after allocate_slots succeeded); kvcore records one per "
-        "get_computed_blocks call, so failed admissions that are retried count again.  While "
-        "pending, stats are compared only over intervals without a failed admission."),
     "partial_tail_entries": (
         "With a full-attention block larger than the hash block (full 8 + SWA 4), vLLM "
         "registers the prompt's last hash boundary inside a block as a partial prefix-cache "
