@@ -354,7 +354,7 @@ class BlockPool:
             block_size=block_size,
             group_id=group_id,
             lora_name=request.lora_name,
-            extra_keys=tuple(extra) if any(e is not None for e in extra) else None,
+            extra_keys=tuple(extra),
         )
 
     def _evict(self, block: KVCacheBlock) -> None:

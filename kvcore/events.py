@@ -22,7 +22,10 @@ MEDIUM_GPU = "GPU"
 @dataclass(frozen=True, slots=True)
 class BlockStored:
     """Blocks ``block_hashes`` (consecutive, chained onto ``parent_block_hash``) were cached in
-    group ``group_id``; ``token_ids`` are their tokens and ``extra_keys`` one entry per block."""
+    group ``group_id``; ``token_ids`` are their tokens and ``extra_keys`` one entry per block
+    (``None`` for a block without extra keys).  ``kv_cache_spec_kind`` (``"full_attention"``,
+    ``"sliding_window"``, ...) and ``kv_cache_spec_sliding_window`` describe the group, as
+    vLLM's ``KVCacheManager.take_events`` annotates them."""
 
     block_hashes: tuple[bytes, ...]
     parent_block_hash: bytes | None
@@ -32,6 +35,8 @@ class BlockStored:
     lora_name: str | None = None
     extra_keys: tuple[tuple[Any, ...] | None, ...] | None = None
     medium: str = MEDIUM_GPU
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +82,10 @@ def _to_wire(event: KVCacheEvent) -> dict[str, Any]:
         if event.extra_keys is not None:
             out["extra_keys"] = [None if k is None else list(k) for k in event.extra_keys]
         out["group_idx"] = event.group_id
+        if event.kv_cache_spec_kind is not None:
+            out["kv_cache_spec_kind"] = event.kv_cache_spec_kind
+        if event.kv_cache_spec_sliding_window is not None:
+            out["kv_cache_spec_sliding_window"] = event.kv_cache_spec_sliding_window
         return out
     if isinstance(event, BlockRemoved):
         return {"type": "BlockRemoved", "block_hashes": list(event.block_hashes),
@@ -101,6 +110,8 @@ def _from_wire(obj: dict[str, Any]) -> KVCacheEvent:
                 None if k is None else tuple(tuple(x) if isinstance(x, list) else x for x in k)
                 for k in extra),
             medium=obj.get("medium") or MEDIUM_GPU,
+            kv_cache_spec_kind=obj.get("kv_cache_spec_kind"),
+            kv_cache_spec_sliding_window=obj.get("kv_cache_spec_sliding_window"),
         )
     if kind == "BlockRemoved":
         return BlockRemoved(block_hashes=tuple(obj["block_hashes"]),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any, NoReturn
 
 from kvcore.blocks import KVCacheBlock
@@ -33,11 +34,11 @@ from kvcore.errors import (
     RequestStateError,
     UnknownRequestError,
 )
-from kvcore.events import KVCacheEvent
+from kvcore.events import BlockStored, KVCacheEvent
 from kvcore.hashing import BlockHasher, RequestBlockHasher, Seed, hashes_at
 from kvcore.managers import ManagerClasses
 from kvcore.request import KVRequest, Request
-from kvcore.specs import KVCacheConfig
+from kvcore.specs import KVCacheConfig, SlidingWindowSpec
 from kvcore.stats import PrefixCacheStats
 from kvcore.verify import HitVerifier, PrefixNode
 
@@ -154,9 +155,13 @@ class KVCacheManager:
         # evictions, pool resets)); see allocate_slots.
         self._last_lookup: tuple[KVCacheBlocks, KVRequest, tuple[int, int, int]] | None = None
         self._empty = KVCacheBlocks(() for _ in range(self.num_groups))
+        self._event_metadata = tuple(
+            (g.spec.kind if g.spec.kind != "abstract" else "unknown",
+             g.spec.sliding_window if isinstance(g.spec, SlidingWindowSpec) else None)
+            for g in config.groups)
         self._admission_caps = tuple(
             g.spec.max_blocks_per_request(max_model_len, max_num_batched_tokens)
-            for g in config.groups)
+            if g.spec.admission_capped else None for g in config.groups)
 
     # -- requests -------------------------------------------------------------------------------
     def make_request(self, request_id: str, prompt_token_ids: Sequence[int],
@@ -564,7 +569,13 @@ class KVCacheManager:
         self.pool.evict_blocks(block_ids)
 
     def take_events(self) -> list[KVCacheEvent]:
-        return self.pool.take_events()
+        """The KV events recorded since the last call; ``BlockStored`` events carry their group's
+        spec kind and sliding window, as vLLM publishes them."""
+        events = self.pool.take_events()
+        meta = self._event_metadata
+        return [replace(e, kv_cache_spec_kind=meta[e.group_id][0],
+                        kv_cache_spec_sliding_window=meta[e.group_id][1])
+                if isinstance(e, BlockStored) else e for e in events]
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
         """The stats collected since the last call (and start a new interval); ``None`` when

@@ -46,6 +46,10 @@ class KVCacheSpec:
     kind: ClassVar[str] = "abstract"
     cacheable: ClassVar[bool] = True
     """Whether blocks of this type can be shared through the prefix cache."""
+    admission_capped: ClassVar[bool] = False
+    """Whether ``full_sequence_must_fit`` admission counts at most ``max_blocks_per_request``
+    blocks for this type (vLLM caps the types that recycle blocks within a window: sliding
+    window and chunked local attention)."""
 
     def __post_init__(self) -> None:
         _positive("block_size", self.block_size)
@@ -83,6 +87,7 @@ class SlidingWindowSpec(KVCacheSpec):
 
     sliding_window: int
     kind: ClassVar[str] = "sliding_window"
+    admission_capped: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -102,6 +107,7 @@ class ChunkedLocalAttentionSpec(KVCacheSpec):
 
     attention_chunk_size: int
     kind: ClassVar[str] = "chunked_local_attention"
+    admission_capped: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

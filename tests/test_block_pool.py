@@ -101,7 +101,8 @@ def test_reused_block_loses_old_hash_and_emits_block_removed() -> None:
     req, blocks = cached_request_blocks(pool, "a", list(range(8)))
     stored = pool.take_events()
     assert stored == [BlockStored(block_hashes=tuple(req.block_hashes), parent_block_hash=None,
-                                  token_ids=tuple(range(8)), block_size=4, group_id=0)]
+                                  token_ids=tuple(range(8)), block_size=4, group_id=0,
+                                  extra_keys=(None, None))]
     pool.free_blocks(reversed(blocks))
     assert ids(list(pool.free_queue)) == [3, 2, 1]
     reused = pool.get_new_blocks(2)  # 3 (never hashed) then 2 (hash of block index 1)

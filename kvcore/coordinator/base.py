@@ -61,7 +61,7 @@ class KVCacheCoordinator:
     def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
                                    new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
                                    num_encoder_tokens: int, total_computed_tokens: int,
-                                   max_blocks: Sequence[int] | None = None) -> int:
+                                   max_blocks: Sequence[int | None] | None = None) -> int:
         """Free blocks all groups need together; ``max_blocks`` caps each group's per-request
         holding (admission of the whole sequence)."""
         n = 0

@@ -75,7 +75,7 @@ class UnitaryCoordinator(KVCacheCoordinator):
     def _get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
                                     new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
                                     num_encoder_tokens: int, total_computed_tokens: int,
-                                    max_blocks: Sequence[int] | None = None) -> int:
+                                    max_blocks: Sequence[int | None] | None = None) -> int:
         return self._manager.get_num_blocks_to_allocate(
             request_id, num_tokens, new_computed_blocks[0], total_computed_tokens,
             None if max_blocks is None else max_blocks[0])

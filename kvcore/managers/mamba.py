@@ -3,7 +3,8 @@ so only the latest block matters.  A hit is the right-most cached block (earlier
 older blocks are released as the request advances.
 
 A state cached during the current step is not written yet (the scan produces it at the end of
-the step), so another request cannot use it as a hit until ``new_step()``.
+the step), so another request cannot use a hit with that hash until ``new_step()`` — not even an
+older block cached under the same hash, as vLLM keys this by hash.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvcore.block_pool import BlockPool
-from kvcore.blocks import KVCacheBlock
+from kvcore.blocks import BlockHash, KVCacheBlock
 from kvcore.managers.base import HitBlocks, HitQuery, SingleTypeKVCacheManager
 from kvcore.request import KVRequest
 from kvcore.specs import KVCacheSpec
@@ -28,7 +29,7 @@ class MambaManager(SingleTypeKVCacheManager):
         super().__init__(spec, pool, group_id, enable_caching=enable_caching,
                          hash_block_size=hash_block_size, alignment_tokens=alignment_tokens,
                          prefix_chains=prefix_chains)
-        self.cached_this_step: set[int] = set()  # block ids cached since new_step()
+        self.cached_this_step: set[BlockHash] = set()  # hashes cached since new_step()
 
     @classmethod
     def find_longest_cache_hit(cls, query: HitQuery) -> tuple[HitBlocks, int]:
@@ -50,8 +51,9 @@ class MambaManager(SingleTypeKVCacheManager):
     def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
                                    new_computed_blocks: Sequence[KVCacheBlock],
                                    total_computed_tokens: int, max_blocks: int | None = None) -> int:
-        if new_computed_blocks and new_computed_blocks[-1].block_id in self.cached_this_step:
-            # The hit state is still being computed: make the allocation impossible this step.
+        if new_computed_blocks and new_computed_blocks[-1].block_hash in self.cached_this_step:
+            # A state with this hash is still being computed (by whichever block): make the
+            # allocation impossible this step, as vLLM does.
             return self.pool.num_blocks + 1
         return super().get_num_blocks_to_allocate(request_id, num_tokens, new_computed_blocks,
                                                   total_computed_tokens, max_blocks)
@@ -63,7 +65,7 @@ class MambaManager(SingleTypeKVCacheManager):
         blocks = self.req_to_blocks.get(request.request_id, [])
         for block in blocks[before:after]:
             if not block.is_null and block.block_hash is not None:
-                self.cached_this_step.add(block.block_id)
+                self.cached_this_step.add(block.block_hash)
 
     def new_step(self) -> None:
         self.cached_this_step.clear()

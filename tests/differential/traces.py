@@ -38,28 +38,6 @@ KVCORE_PENDING: dict[str, str] = {
         "entry (BlockStored with block_size = hash block size, later BlockRemoved); kvcore has "
         "no partial entries.  No effect on hits, block ids or the free queue without eagle.  "
         "While pending, those events are dropped from both sides' event lists."),
-    "event_extra_keys": (
-        "BlockStored.extra_keys: vLLM publishes one entry per stored block ([None, None] when "
-        "no block has extra keys; None only for an event without blocks); kvcore publishes None "
-        "unless some block has extra keys.  While pending, an all-None list reads as None."),
-    "event_spec_metadata": (
-        "vLLM's KVCacheManager.take_events annotates every BlockStored with "
-        "kv_cache_spec_kind ('full_attention', 'sliding_window', 'mamba', ...) and "
-        "kv_cache_spec_sliding_window (the window, else None); kvcore's BlockStored has neither.  "
-        "While pending, the two fields are not compared."),
-    "mamba_cached_this_step_by_hash": (
-        "A Mamba state cached in the current step is not hittable until the next step.  vLLM "
-        "keys that set by block hash (cached_blocks_this_step holds BlockHashWithGroupId), "
-        "kvcore by block id: when a block with the same hash was cached earlier (duplicate "
-        "cached blocks: a request that recomputed a prefix another request had cached), vLLM "
-        "refuses a hit on the older block in that step, kvcore admits it.  While pending, the "
-        "generator starts a new step before such an admission."),
-    "mamba_admission_cap": (
-        "full_sequence_must_fit with a Mamba group: vLLM (mamba_cache_mode 'none') counts "
-        "cdiv(num_tokens, block_size) blocks minus the skipped ones, with no per-request cap; "
-        "kvcore caps Mamba at MambaSpec.max_blocks_per_request (cdiv(budget, block_size) + 1), "
-        "so it admits requests vLLM refuses.  While pending, no admission with a Mamba group "
-        "sets full_sequence_must_fit."),
 }
 """Known kvcore divergences still masked by the harness (name -> what differs)."""
 
