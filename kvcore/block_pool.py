@@ -85,6 +85,12 @@ class BlockPool:
         # insertion order.  Lookups hit only the first dict.
         self._cached: list[dict[BlockHash, KVCacheBlock]] = [{} for _ in range(num_groups)]
         self._dups: list[dict[BlockHash, dict[int, KVCacheBlock]]] = [{} for _ in range(num_groups)]
+        # Partial prompt-tail entries (see cache_partial_block): a block's extra keys beyond its
+        # primary hash, in insertion order, and the blocks whose primary hash is itself a partial
+        # entry (block id -> tokens it covers).  Both stay empty unless a full-attention group's
+        # blocks are larger than the hash block.
+        self._secondary: dict[int, list[BlockHash]] = {}
+        self._partial_primary: dict[int, int] = {}
         self._events: list[KVCacheEvent] = []
         self.num_evicted_blocks = 0
         self.num_resets = 0  # successful reset_prefix_cache calls
@@ -300,7 +306,7 @@ class BlockPool:
                     self._check_owned([block], "cache_full_blocks")  # raises, naming it
                 if block.ref_cnt <= 0:
                     raise BlockStateError(f"block {block.block_id} is free; only blocks in use can be cached")
-                if block.block_hash is not None:
+                if block.block_hash is not None and block.block_id not in self._partial_primary:
                     if block.group_id != group_id:
                         raise InvalidGroupError(
                             f"block {block.block_id} is cached in group {block.group_id}, "
@@ -314,11 +320,18 @@ class BlockPool:
         cached = self._cached[group_id]
         nodes = prefix_nodes if self.verify_hits else None
         stored: list[int] = []  # indices into new_blocks
+        partial = self._partial_primary
         for i, block in enumerate(new_blocks):
-            if block.is_null or block.block_hash is not None:
+            if block.is_null or (block_mask is not None and not block_mask[i]):
                 continue
-            if block_mask is not None and not block_mask[i]:
-                continue
+            if block.block_hash is not None:
+                if not partial or block.block_id not in partial:
+                    continue
+                # The block's hash is a partial entry and the block is now full: replace it
+                # (and any extra keys) by the full hash, as vLLM promotes it.
+                for h in self._drop_keys(block):
+                    if self.enable_events:
+                        self._events.append(BlockRemoved(block_hashes=(h,), group_id=group_id))
             idx = num_cached_blocks + i
             h = hashes[idx]
             block.block_hash = h
@@ -358,10 +371,43 @@ class BlockPool:
         )
 
     def _evict(self, block: KVCacheBlock) -> None:
-        """Remove ``block``'s hash from its group's map (the block itself stays where it is)."""
+        """Remove every key of ``block`` from its group's map (the block itself stays where it
+        is): its hash, and any partial entries it also carries."""
+        g = block.group_id
+        removed = self._drop_keys(block)
+        self.num_evicted_blocks += 1
+        if self.enable_events:
+            for h in removed:
+                self._events.append(BlockRemoved(block_hashes=(h,), group_id=g))
+
+    def _drop_keys(self, block: KVCacheBlock) -> list[BlockHash]:
+        """Unmap and clear ``block``'s hash and partial entries; returns them, primary first."""
         h = block.block_hash
         g = block.group_id
         assert h is not None
+        self._unmap(g, h, block)
+        removed = [h]
+        if self._secondary:
+            extra = self._secondary.pop(block.block_id, None)
+            if extra:
+                for key in extra:
+                    self._unmap(g, key, block)
+                removed.extend(extra)
+        if self._partial_primary:
+            self._partial_primary.pop(block.block_id, None)
+        block.block_hash = None
+        block.group_id = -1
+        block.prefix_node = None
+        return removed
+
+    def _map(self, g: int, h: BlockHash, block: KVCacheBlock) -> None:
+        cached = self._cached[g]
+        if h not in cached:
+            cached[h] = block
+        else:
+            self._dups[g].setdefault(h, {})[block.block_id] = block
+
+    def _unmap(self, g: int, h: BlockHash, block: KVCacheBlock) -> None:
         cached = self._cached[g]
         dups = self._dups[g]
         if cached.get(h) is block:
@@ -378,12 +424,60 @@ class BlockPool:
             del more[block.block_id]
             if not more:
                 del dups[h]
-        block.block_hash = None
-        block.group_id = -1
-        block.prefix_node = None
-        self.num_evicted_blocks += 1
+
+    def cache_partial_block(self, request: KVRequest, block: KVCacheBlock, num_tokens: int,
+                            hash_block_size: int, group_id: int) -> None:
+        """Register ``block`` under the request's hash at ``num_tokens`` (a multiple of the hash
+        block size inside the block): a *partial* prefix-cache entry, as vLLM registers the
+        prompt's last hash boundary when a full-attention block is larger than the hash block.
+
+        The entry becomes the block's hash if it has none (the block is then cached: freed to
+        the tail, evicted with a ``BlockRemoved``), otherwise an extra key evicted with it; a
+        later ``cache_full_blocks`` of the filled block replaces it.  No lookup finds a partial
+        entry through a full block's hash (it is a different prefix length): it exists so that
+        KV events, eviction order and free-queue placement match vLLM's.  Emits ``BlockStored``
+        (``block_size`` = the hash block size) when the entry is new.
+        """
+        if not self.enable_caching or block.is_null:
+            return
+        idx = num_tokens // hash_block_size
+        key = request.block_hashes[idx - 1]
+        extra = self._secondary.get(block.block_id, ())
+        already = (block.block_hash == key and block.group_id == group_id) or key in extra
+        if already:
+            return
+        covered = self._partial_primary.get(block.block_id)
+        if covered is not None and covered < num_tokens:  # an older, shorter partial entry
+            removed = self._drop_keys(block)
+            if self.enable_events:
+                for h in removed:
+                    self._events.append(BlockRemoved(block_hashes=(h,), group_id=group_id))
+        if block.block_hash is None:
+            block.block_hash = key
+            block.group_id = group_id
+            self._partial_primary[block.block_id] = num_tokens
+        else:
+            self._secondary.setdefault(block.block_id, []).append(key)
+        self._map(group_id, key, block)
         if self.enable_events:
-            self._events.append(BlockRemoved(block_hashes=(h,), group_id=g))
+            start = num_tokens - hash_block_size
+            self._events.append(BlockStored(
+                block_hashes=(key,),
+                parent_block_hash=request.block_hashes[idx - 2] if idx > 1 else None,
+                token_ids=tuple(request.all_token_ids[start:num_tokens]),
+                block_size=hash_block_size,
+                group_id=group_id,
+                lora_name=request.lora_name,
+                extra_keys=(untag_extra_keys(block_extra_keys(request, start, num_tokens)),),
+            ))
+
+    def has_partial_primary(self, block: KVCacheBlock) -> bool:
+        """Whether ``block``'s hash is a partial prompt-tail entry (``cache_partial_block``)."""
+        return block.block_id in self._partial_primary
+
+    def secondary_keys(self, block: KVCacheBlock) -> tuple[BlockHash, ...]:
+        """The partial entries ``block`` carries besides its hash."""
+        return tuple(self._secondary.get(block.block_id, ()))
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop the listed blocks from the prefix cache (their reference counts are unchanged).
@@ -410,6 +504,8 @@ class BlockPool:
         for g in range(self.num_groups):
             self._cached[g] = {}
             self._dups[g] = {}
+        self._secondary.clear()
+        self._partial_primary.clear()
         for block in self.blocks:
             block.block_hash = None
             block.group_id = -1

@@ -100,7 +100,8 @@ def _check_maps(pool: BlockPool) -> None:
         for h, block in pool.iter_cached(g):
             if block.is_null:
                 raise _fail("null-block", f"the null block is in group {g}'s map", block)
-            if block.block_hash != h or block.group_id != g:
+            if (block.block_hash != h and h not in pool.secondary_keys(block)) \
+                    or block.group_id != g:
                 raise _fail("map-entry", f"entry (group {g}, hash {h.hex()[:12]}) points to a "
                             f"block carrying group {block.group_id}, hash "
                             f"{block.block_hash.hex()[:12] if block.block_hash else None}", block,
@@ -108,11 +109,14 @@ def _check_maps(pool: BlockPool) -> None:
             mapped[block.block_id] += 1
     for block in pool.blocks:
         n = mapped.get(block.block_id, 0)
-        if block.block_hash is not None and n != 1:
+        extra = pool.secondary_keys(block)
+        if block.block_hash is not None and n != 1 + len(extra):
             raise _fail("hashed-unmapped", f"hashed block appears {n} times in group "
-                        f"{block.group_id}'s map", block, observed=n)
-        if block.block_hash is None and block.group_id != -1:
-            raise _fail("map-entry", f"unhashed block names group {block.group_id}", block)
+                        f"{block.group_id}'s map (1 + {len(extra)} partial entries expected)",
+                        block, observed=n)
+        if block.block_hash is None and (block.group_id != -1 or extra):
+            raise _fail("map-entry", f"unhashed block names group {block.group_id} or carries "
+                        "partial entries", block)
 
 
 def check_invariants(pool: BlockPool, owners: Mapping[object, BlockLists] | None = None) -> None:
@@ -167,7 +171,8 @@ def check_invariants(pool: BlockPool, owners: Mapping[object, BlockLists] | None
     for block in blocks:
         if block.prefix_node is not None and block.block_hash is None:
             raise _fail("prefix-node", "unhashed block holds a prefix node", block)
-        if pool.verify_hits and block.block_hash is not None and block.prefix_node is None:
+        if (pool.verify_hits and block.block_hash is not None and block.prefix_node is None
+                and not pool.has_partial_primary(block)):  # a partial entry is never a hit
             raise _fail("prefix-node", "hashed block lacks its prefix node while hits are "
                         "verified", block)
 
@@ -231,7 +236,8 @@ def check_manager_invariants(manager: KVCacheManager) -> None:
                                      observed=num_cached)
             hashes = hashes_at(request.block_hashes, hbs, bs)
             for i, block in enumerate(blocks):
-                if block.is_null or block.block_hash is None:
+                if block.is_null or block.block_hash is None or manager.pool.has_partial_primary(
+                        block):
                     continue
                 if i >= num_cached:
                     raise InvariantError("block-hash", f"request {rid!r} group {g}: block at {i} is "

@@ -110,6 +110,9 @@ class KVCacheManager:
         block_hasher: a :class:`~kvcore.hashing.BlockHasher` to use instead of
             ``hash_algo``/``hash_seed`` (e.g. a deliberately colliding one from
             :mod:`kvcore.testing.faults`, to test a scheduler under hash collisions).
+        use_eagle: EAGLE/MTP speculative decoding: every prefix hit drops its last block, whose
+            tokens the draft model must recompute (as vLLM's ``use_eagle``; not supported with
+            chunked local attention).
     """
 
     def __init__(self, config: KVCacheConfig, max_model_len: int, *, enable_caching: bool = True,
@@ -117,7 +120,7 @@ class KVCacheManager:
                  enable_events: bool = False, log_stats: bool = True,
                  max_num_batched_tokens: int | None = None,
                  manager_classes: ManagerClasses | None = None,
-                 block_hasher: BlockHasher | None = None) -> None:
+                 block_hasher: BlockHasher | None = None, use_eagle: bool = False) -> None:
         if not isinstance(config, KVCacheConfig):
             raise InvalidArgumentError(f"config must be a KVCacheConfig, got {config!r}")
         if max_model_len.__class__ is not int or max_model_len <= 0:
@@ -127,7 +130,8 @@ class KVCacheManager:
             raise InvalidArgumentError("max_num_batched_tokens must be a positive int or None, "
                                        f"got {max_num_batched_tokens!r}")
         for name, flag in (("enable_caching", enable_caching), ("verify_hits", verify_hits),
-                           ("enable_events", enable_events), ("log_stats", log_stats)):
+                           ("enable_events", enable_events), ("log_stats", log_stats),
+                           ("use_eagle", use_eagle)):
             if not isinstance(flag, bool):
                 raise InvalidArgumentError(f"{name} must be a bool, got {flag!r}")
         if not isinstance(hash_algo, str):
@@ -144,7 +148,7 @@ class KVCacheManager:
             block_hasher if block_hasher is not None else BlockHasher(hash_algo, hash_seed))
         self.coordinator: KVCacheCoordinator = make_coordinator(
             config, enable_caching=enable_caching, enable_events=enable_events,
-            verify_hits=verify_hits, manager_classes=manager_classes)
+            verify_hits=verify_hits, use_eagle=use_eagle, manager_classes=manager_classes)
         self.pool = self.coordinator.pool
         self.hash_block_size = config.hash_block_size
         self.num_groups = config.num_groups

@@ -143,3 +143,5 @@ TestHybridFullMambaColliding = _machine("full+mamba constant").TestCase
 TestHybridFullCross = _machine("full+cross").TestCase
 TestTwoSlidingGroupsTruncatedHash = _machine("full+swa5+swa5 truncated").TestCase
 TestNoPrefixCache = _machine("nocache full+swa").TestCase
+TestPartialTailEntriesEagleVerify = _machine("full8+swa4 eagle verify").TestCase
+TestHybridThreeTypesEagleColliding = _machine("full+swa7+mamba eagle tokens").TestCase

@@ -12,16 +12,17 @@ from kvcore.specs import KVCacheConfig
 
 def make_coordinator(config: KVCacheConfig, *, enable_caching: bool = True,
                      enable_events: bool = False, verify_hits: bool = False,
+                     use_eagle: bool = False,
                      manager_classes: ManagerClasses | None = None) -> KVCacheCoordinator:
     """No prefix cache when caching is off; unitary for one group; hybrid otherwise."""
     if not enable_caching:
-        return NoPrefixCacheCoordinator(config, enable_events=enable_events,
+        return NoPrefixCacheCoordinator(config, enable_events=enable_events, use_eagle=use_eagle,
                                         manager_classes=manager_classes)
     if config.num_groups == 1:
         return UnitaryCoordinator(config, enable_events=enable_events, verify_hits=verify_hits,
-                                  manager_classes=manager_classes)
+                                  use_eagle=use_eagle, manager_classes=manager_classes)
     return HybridCoordinator(config, enable_events=enable_events, verify_hits=verify_hits,
-                             manager_classes=manager_classes)
+                             use_eagle=use_eagle, manager_classes=manager_classes)
 
 
 __all__ = ["GroupBlocks", "HybridCoordinator", "KVCacheCoordinator", "NoPrefixCacheCoordinator",

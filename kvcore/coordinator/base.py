@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from kvcore.block_pool import BlockPool
 from kvcore.blocks import BlockHash, KVCacheBlock
 from kvcore.managers import ManagerClasses, SingleTypeKVCacheManager, make_manager
+from kvcore.managers.base import ManagerContext
 from kvcore.managers.cross_attention import CrossAttentionManager
 from kvcore.request import KVRequest
 from kvcore.specs import KVCacheConfig
@@ -25,21 +26,22 @@ class KVCacheCoordinator:
     """Base: everything except how a prefix hit is found."""
 
     def __init__(self, config: KVCacheConfig, *, enable_caching: bool, enable_events: bool,
-                 verify_hits: bool, alignment_tokens: int,
+                 verify_hits: bool, alignment_tokens: int, use_eagle: bool = False,
                  manager_classes: ManagerClasses | None = None) -> None:
         self.config = config
         self.enable_caching = enable_caching
         self.verify_hits = verify_hits and enable_caching
+        self.use_eagle = use_eagle
         self.pool = BlockPool(config.num_blocks, enable_caching=enable_caching,
                               num_groups=config.num_groups, enable_events=enable_events,
                               verify_hits=self.verify_hits)
         self.hash_block_size = config.hash_block_size
         self.alignment_tokens = alignment_tokens
         self.prefix_chains = PrefixChains() if self.verify_hits else None
+        ctx = ManagerContext(self.pool, enable_caching, self.hash_block_size, alignment_tokens,
+                             use_eagle, self.prefix_chains)
         self.managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
-            make_manager(g.spec, self.pool, i, enable_caching=enable_caching,
-                         hash_block_size=self.hash_block_size, alignment_tokens=alignment_tokens,
-                         prefix_chains=self.prefix_chains, overrides=manager_classes)
+            make_manager(g.spec, i, ctx, overrides=manager_classes)
             for i, g in enumerate(config.groups))
         self._is_cross = tuple(isinstance(m, CrossAttentionManager) for m in self.managers)
         self._attention = tuple(m for m, cross in zip(self.managers, self._is_cross) if not cross)
@@ -53,8 +55,9 @@ class KVCacheCoordinator:
         """Per-group hit blocks and the hit length in tokens (at most ``max_length``)."""
         raise NotImplementedError
 
-    def num_cacheable_tokens(self, num_tokens: int) -> int:
-        """How many of the first ``num_tokens`` tokens may be cached (hybrid: aligned down)."""
+    def num_cacheable_tokens(self, num_tokens: int, manager: SingleTypeKVCacheManager) -> int:
+        """How many of the first ``num_tokens`` tokens ``manager`` may cache (hybrid: aligned
+        down; see HybridCoordinator)."""
         return num_tokens
 
     # -- accounting -------------------------------------------------------------------------------
@@ -152,9 +155,10 @@ class KVCacheCoordinator:
         else:
             new_blocks = [[] for _ in counts]
         if num_tokens_to_cache is not None:
-            num_tokens = self.num_cacheable_tokens(num_tokens_to_cache)
             for m in self._caching:
-                if num_tokens // m.block_size > m.num_cached_block.get(rid, 0):
+                num_tokens = self.num_cacheable_tokens(num_tokens_to_cache, m)
+                if (num_tokens // m.block_size > m.num_cached_block.get(rid, 0)
+                        or m.caches_partial_tail):
                     m.cache_blocks(request, num_tokens)
         if self._all_attention:
             return tuple(new_blocks)
@@ -162,9 +166,8 @@ class KVCacheCoordinator:
         return tuple([] if cross else next(it) for cross in self._is_cross)
 
     def cache_blocks(self, request: KVRequest, num_tokens: int) -> None:
-        num_tokens = self.num_cacheable_tokens(num_tokens)
         for manager in self._caching:
-            manager.cache_blocks(request, num_tokens)
+            manager.cache_blocks(request, self.num_cacheable_tokens(num_tokens, manager))
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         for manager in self.managers:

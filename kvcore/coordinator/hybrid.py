@@ -36,10 +36,11 @@ class _SpecGroup:
 
 class HybridCoordinator(KVCacheCoordinator):
     def __init__(self, config: KVCacheConfig, *, enable_events: bool = False,
-                 verify_hits: bool = False, manager_classes: ManagerClasses | None = None) -> None:
+                 verify_hits: bool = False, use_eagle: bool = False,
+                 manager_classes: ManagerClasses | None = None) -> None:
         super().__init__(config, enable_caching=True, enable_events=enable_events,
                          verify_hits=verify_hits, alignment_tokens=config.alignment_tokens,
-                         manager_classes=manager_classes)
+                         use_eagle=use_eagle, manager_classes=manager_classes)
         spec_groups: list[_SpecGroup] = []
         for i, manager in enumerate(self.managers):
             if not manager.enable_caching:
@@ -54,8 +55,13 @@ class HybridCoordinator(KVCacheCoordinator):
         self._spec_groups = spec_groups
         self._single_round = len(spec_groups) == 2 and spec_groups[0].is_full
 
-    def num_cacheable_tokens(self, num_tokens: int) -> int:
-        return num_tokens - num_tokens % self.alignment_tokens
+    def num_cacheable_tokens(self, num_tokens: int, manager: SingleTypeKVCacheManager) -> int:
+        aligned = num_tokens - num_tokens % self.alignment_tokens
+        if manager.use_eagle and aligned > 0:
+            # An EAGLE lookup matches one block past an aligned boundary and drops it: that
+            # block must be cached too (as vLLM).
+            return min(num_tokens, aligned + manager.block_size)
+        return aligned
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int,
                                verifier: HitVerifier | None) -> tuple[GroupBlocks, int]:
@@ -64,16 +70,28 @@ class HybridCoordinator(KVCacheCoordinator):
         hit_lengths = [0] * n
         hit_length = max_length
         hbs = self.hash_block_size
+        hashed_tokens = len(block_hashes) * hbs
+        # EAGLE: each spec group drops its last block once per candidate length; it looks one
+        # block past the candidate (except types that never drop) so the drop lands on it.
+        eagle_done: set[int] = set()
         while True:
             curr = hit_length
-            for sg in self._spec_groups:
+            for idx, sg in enumerate(self._spec_groups):
                 first = sg.group_ids[0]
                 if sg.is_full and hit_blocks[first] is not None:
                     curr = min(curr, hit_lengths[first])  # downward closed: just trim later
                     continue
+                drop = self.use_eagle and idx not in eagle_done
+                limit = curr
+                if drop and sg.manager_cls.drops_eagle_block:
+                    limit = min(curr + sg.spec.block_size, hashed_tokens)
                 blocks, length = sg.manager_cls.find_longest_cache_hit(HitQuery(
-                    hashes_at(block_hashes, hbs, sg.spec.block_size), curr, sg.group_ids,
-                    self.pool, sg.spec, self.alignment_tokens, verifier))
+                    hashes_at(block_hashes, hbs, sg.spec.block_size), limit, sg.group_ids,
+                    self.pool, sg.spec, self.alignment_tokens, verifier, drop))
+                if drop:
+                    eagle_done.add(idx)
+                elif length < curr:
+                    eagle_done.clear()
                 curr = length
                 for gid, group_blocks in zip(sg.group_ids, blocks):
                     hit_blocks[gid] = group_blocks

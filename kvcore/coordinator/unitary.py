@@ -16,18 +16,20 @@ from kvcore.verify import HitVerifier
 
 class UnitaryCoordinator(KVCacheCoordinator):
     def __init__(self, config: KVCacheConfig, *, enable_events: bool = False,
-                 verify_hits: bool = False, manager_classes: ManagerClasses | None = None) -> None:
+                 verify_hits: bool = False, use_eagle: bool = False,
+                 manager_classes: ManagerClasses | None = None) -> None:
         if config.num_groups != 1:
             raise InvalidArgumentError(
                 f"UnitaryCoordinator needs exactly one group, got {config.num_groups}")
         super().__init__(config, enable_caching=True, enable_events=enable_events,
                          verify_hits=verify_hits, alignment_tokens=config.groups[0].spec.block_size,
-                         manager_classes=manager_classes)
+                         use_eagle=use_eagle, manager_classes=manager_classes)
         self._manager = self.managers[0]
         m = self._manager
         # One query reused by every lookup (lookups are not reentrant): building a fresh one
         # would cost more than a short hit itself.
-        self._query = HitQuery((), 0, (0,), self.pool, m.spec, m.block_size)
+        self._query = HitQuery((), 0, (0,), self.pool, m.spec, m.block_size,
+                               drop_last=use_eagle)
         if not self._is_cross[0]:
             # One group: skip the per-group loops of the base class (hot path).
             self.get_num_blocks_to_allocate = self._get_num_blocks_to_allocate  # type: ignore[method-assign]

@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from kvcore.block_pool import BlockPool
 from kvcore.errors import InvalidArgumentError
-from kvcore.managers.base import SingleTypeKVCacheManager
+from kvcore.managers.base import ManagerContext, SingleTypeKVCacheManager
 from kvcore.managers.chunked_local import ChunkedLocalAttentionManager
 from kvcore.managers.cross_attention import CrossAttentionManager
 from kvcore.managers.full_attention import FullAttentionManager
@@ -25,7 +24,6 @@ from kvcore.specs import (
     MambaSpec,
     SlidingWindowSpec,
 )
-from kvcore.verify import PrefixChains
 
 ManagerClasses = Mapping[type[KVCacheSpec], type[SingleTypeKVCacheManager]]
 
@@ -50,14 +48,9 @@ def manager_class_for(spec: KVCacheSpec,
     raise InvalidArgumentError(f"no manager registered for spec type {type(spec).__name__}")
 
 
-def make_manager(spec: KVCacheSpec, pool: BlockPool, group_id: int, *, enable_caching: bool,
-                 hash_block_size: int, alignment_tokens: int,
-                 prefix_chains: PrefixChains | None = None,
+def make_manager(spec: KVCacheSpec, group_id: int, ctx: ManagerContext,
                  overrides: ManagerClasses | None = None) -> SingleTypeKVCacheManager:
-    return manager_class_for(spec, overrides)(spec, pool, group_id, enable_caching=enable_caching,
-                                              hash_block_size=hash_block_size,
-                                              alignment_tokens=alignment_tokens,
-                                              prefix_chains=prefix_chains)
+    return manager_class_for(spec, overrides)(spec, group_id, ctx)
 
 
 __all__ = [
@@ -67,6 +60,7 @@ __all__ = [
     "FullAttentionManager",
     "MambaManager",
     "ManagerClasses",
+    "ManagerContext",
     "SingleTypeKVCacheManager",
     "SlidingWindowManager",
     "make_manager",

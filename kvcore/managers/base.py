@@ -13,6 +13,7 @@ leading run.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 from kvcore.block_pool import BlockPool
@@ -30,20 +31,37 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+@dataclass(frozen=True)
+class ManagerContext:
+    """What the single-type managers of one KV-cache manager share: the pool, whether prefix
+    caching is on, the hash granularity and the hit alignment (tokens), EAGLE/MTP drafting
+    (hits drop their last block), and the verify-mode prefix chains."""
+
+    pool: BlockPool
+    enable_caching: bool
+    hash_block_size: int
+    alignment_tokens: int
+    use_eagle: bool = False
+    prefix_chains: PrefixChains | None = None
+
+
 class HitQuery:
     """One prefix-cache lookup, for the groups ``group_ids`` that share ``spec``.
 
     ``block_hashes`` are the request's hashes at ``spec.block_size``; the hit may cover at most
     ``max_length`` tokens and must be a multiple of ``alignment_tokens``.  ``verifier`` (verify
     mode) proves each found block's prefix equal to the request's (:mod:`kvcore.verify`).
+    ``drop_last`` (EAGLE/MTP drafting) drops the hit's last block, whose tokens the draft model
+    must recompute.
     """
 
-    __slots__ = ("alignment_tokens", "block_hashes", "group_ids", "max_length", "pool", "spec",
-                 "verifier")
+    __slots__ = ("alignment_tokens", "block_hashes", "drop_last", "group_ids", "max_length",
+                 "pool", "spec", "verifier")
 
     def __init__(self, block_hashes: Sequence[BlockHash], max_length: int,
                  group_ids: Sequence[int], pool: BlockPool, spec: KVCacheSpec,
-                 alignment_tokens: int, verifier: HitVerifier | None = None) -> None:
+                 alignment_tokens: int, verifier: HitVerifier | None = None,
+                 drop_last: bool = False) -> None:
         self.block_hashes = block_hashes
         self.max_length = max_length
         self.group_ids = group_ids
@@ -51,6 +69,7 @@ class HitQuery:
         self.spec = spec
         self.alignment_tokens = alignment_tokens
         self.verifier = verifier
+        self.drop_last = drop_last
 
     def lookup(self, index: int) -> list[KVCacheBlock] | None:
         """The cached block at block ``index`` in every group, or ``None`` (a miss in any group,
@@ -76,20 +95,23 @@ class SingleTypeKVCacheManager:
     releases_blocks: ClassVar[bool] = False
     """Whether ``get_num_skipped_tokens`` can be non-zero (blocks leave as a request advances)."""
 
-    def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_id: int, *,
-                 enable_caching: bool, hash_block_size: int, alignment_tokens: int,
-                 prefix_chains: PrefixChains | None = None) -> None:
+    drops_eagle_block: ClassVar[bool] = True
+    """Whether a hit drops its last block under EAGLE (``HitQuery.drop_last``); a type that keeps
+    its hit (a recurrent state: the draft model has no such layer) gets no look-ahead margin."""
+
+    def __init__(self, spec: KVCacheSpec, group_id: int, ctx: ManagerContext) -> None:
         self.spec = spec
         self.block_size = spec.block_size
-        self.pool = pool
+        self.pool = ctx.pool
         self.group_id = group_id
-        self.enable_caching = enable_caching and spec.cacheable
-        self.hash_block_size = hash_block_size
-        self.alignment_tokens = alignment_tokens
-        self.null_block = pool.null_block
+        self.enable_caching = ctx.enable_caching and spec.cacheable
+        self.hash_block_size = ctx.hash_block_size
+        self.alignment_tokens = ctx.alignment_tokens
+        self.use_eagle = ctx.use_eagle
+        self.null_block = ctx.pool.null_block
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}
-        self.prefix_chains = prefix_chains  # verify mode: the exact prefix of each cached block
+        self.prefix_chains = ctx.prefix_chains  # verify mode: the exact prefix of cached blocks
 
     # -- the attention type's rules ---------------------------------------------------------------
     @classmethod
@@ -102,6 +124,12 @@ class SingleTypeKVCacheManager:
         the request's own prefix: a hit that would leave such a position null is never returned.
         """
         raise NotImplementedError
+
+    @property
+    def caches_partial_tail(self) -> bool:
+        """Whether ``cache_blocks`` may register something even when no block became full
+        (a partial prompt-tail entry: full attention with blocks larger than the hash block)."""
+        return False
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Leading tokens whose KV the next token no longer reads (0: keep everything)."""

@@ -10,28 +10,26 @@ when it is missing the hit moves back into the previous chunk, whose blocks are 
 
 from __future__ import annotations
 
-from kvcore.block_pool import BlockPool
 from kvcore.blocks import KVCacheBlock
 from kvcore.errors import InvalidArgumentError
-from kvcore.managers.base import HitBlocks, HitQuery, SingleTypeKVCacheManager
+from kvcore.managers.base import HitBlocks, HitQuery, ManagerContext, SingleTypeKVCacheManager
 from kvcore.specs import ChunkedLocalAttentionSpec, KVCacheSpec
-from kvcore.verify import PrefixChains
 
 
 class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
     allows_null_blocks = True
     releases_blocks = True
 
-    def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_id: int, *, enable_caching: bool,
-                 hash_block_size: int, alignment_tokens: int,
-                 prefix_chains: PrefixChains | None = None) -> None:
+    def __init__(self, spec: KVCacheSpec, group_id: int, ctx: ManagerContext) -> None:
         assert isinstance(spec, ChunkedLocalAttentionSpec)
-        super().__init__(spec, pool, group_id, enable_caching=enable_caching,
-                         hash_block_size=hash_block_size, alignment_tokens=alignment_tokens,
-                         prefix_chains=prefix_chains)
+        super().__init__(spec, group_id, ctx)
         if self.alignment_tokens != self.block_size:
             raise InvalidArgumentError(
                 "chunked local attention needs every group to use the same block size")
+        if ctx.use_eagle:
+            raise InvalidArgumentError(
+                "use_eagle is not supported with chunked local attention (nor by vLLM): dropping "
+                "a hit's last block can move it into another chunk")
         self.attention_chunk_size = spec.attention_chunk_size
 
     @classmethod

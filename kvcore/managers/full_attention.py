@@ -5,6 +5,7 @@ from __future__ import annotations
 from itertools import islice
 
 from kvcore.managers.base import HitBlocks, HitQuery, SingleTypeKVCacheManager
+from kvcore.request import KVRequest
 
 
 class FullAttentionManager(SingleTypeKVCacheManager):
@@ -31,12 +32,37 @@ class FullAttentionManager(SingleTypeKVCacheManager):
                 for blocks, block in zip(out, found):
                     blocks.append(block)
         hit_length = len(out[0]) * bs
+        if query.drop_last and hit_length:
+            hit_length -= bs  # EAGLE: the draft model recomputes the last block
         alignment = query.alignment_tokens
         if alignment != bs:
             hit_length -= hit_length % alignment
+        if hit_length != len(out[0]) * bs:
             for blocks in out:
                 del blocks[-(-hit_length // bs):]
         return out, hit_length
+
+    @property
+    def caches_partial_tail(self) -> bool:
+        return self.block_size != self.hash_block_size
+
+    def cache_blocks(self, request: KVRequest, num_tokens: int) -> None:
+        """Cache the newly full blocks, then (blocks larger than the hash block) register the
+        prompt's last hash boundary inside a block as a partial entry, as vLLM does (see
+        ``BlockPool.cache_partial_block``)."""
+        super().cache_blocks(request, num_tokens)
+        if self.block_size == self.hash_block_size:
+            return
+        hbs = self.hash_block_size
+        limit = request.num_prompt_tokens if self.use_eagle else request.num_prompt_tokens - 1
+        boundary = limit // hbs * hbs
+        if boundary == 0 or boundary > num_tokens or boundary % self.block_size == 0:
+            return
+        blocks = self.req_to_blocks.get(request.request_id)
+        idx = boundary // self.block_size
+        if blocks is None or idx >= len(blocks):
+            return
+        self.pool.cache_partial_block(request, blocks[idx], boundary, hbs, self.group_id)
 
     # Nothing ever leaves a full-attention window (releases_blocks is False).
     def get_num_freeable_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> int:

@@ -11,24 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvcore.block_pool import BlockPool
 from kvcore.blocks import BlockHash, KVCacheBlock
-from kvcore.managers.base import HitBlocks, HitQuery, SingleTypeKVCacheManager
+from kvcore.managers.base import HitBlocks, HitQuery, ManagerContext, SingleTypeKVCacheManager
 from kvcore.request import KVRequest
 from kvcore.specs import KVCacheSpec
-from kvcore.verify import PrefixChains
 
 
 class MambaManager(SingleTypeKVCacheManager):
     allows_null_blocks = True
     releases_blocks = True
+    drops_eagle_block = False  # draft models have no state layers: the hit is kept whole
 
-    def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_id: int, *, enable_caching: bool,
-                 hash_block_size: int, alignment_tokens: int,
-                 prefix_chains: PrefixChains | None = None) -> None:
-        super().__init__(spec, pool, group_id, enable_caching=enable_caching,
-                         hash_block_size=hash_block_size, alignment_tokens=alignment_tokens,
-                         prefix_chains=prefix_chains)
+    def __init__(self, spec: KVCacheSpec, group_id: int, ctx: ManagerContext) -> None:
+        super().__init__(spec, group_id, ctx)
         self.cached_this_step: set[BlockHash] = set()  # hashes cached since new_step()
 
     @classmethod

@@ -8,23 +8,17 @@ advances.
 
 from __future__ import annotations
 
-from kvcore.block_pool import BlockPool
-from kvcore.managers.base import HitBlocks, HitQuery, SingleTypeKVCacheManager, cdiv
+from kvcore.managers.base import HitBlocks, HitQuery, ManagerContext, SingleTypeKVCacheManager, cdiv
 from kvcore.specs import KVCacheSpec, SlidingWindowSpec
-from kvcore.verify import PrefixChains
 
 
 class SlidingWindowManager(SingleTypeKVCacheManager):
     allows_null_blocks = True
     releases_blocks = True
 
-    def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_id: int, *, enable_caching: bool,
-                 hash_block_size: int, alignment_tokens: int,
-                 prefix_chains: PrefixChains | None = None) -> None:
+    def __init__(self, spec: KVCacheSpec, group_id: int, ctx: ManagerContext) -> None:
         assert isinstance(spec, SlidingWindowSpec)
-        super().__init__(spec, pool, group_id, enable_caching=enable_caching,
-                         hash_block_size=hash_block_size, alignment_tokens=alignment_tokens,
-                         prefix_chains=prefix_chains)
+        super().__init__(spec, group_id, ctx)
         self.sliding_window = spec.sliding_window
 
     @classmethod
@@ -33,7 +27,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         assert isinstance(spec, SlidingWindowSpec)
         bs = spec.block_size
         alignment = query.alignment_tokens
-        need = cdiv(spec.sliding_window - 1, bs)
+        drop = query.drop_last  # EAGLE: find one more block, then drop it
+        need = _contiguous_blocks(spec.sliding_window, bs, drop)
         max_blocks = min(query.max_length // bs, len(query.block_hashes))
         null = query.pool.null_block
         out: HitBlocks = [[null] * max_blocks for _ in query.group_ids]
@@ -44,8 +39,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             if found is None:
                 run = 0
                 continue
-            if run == 0 and bs != alignment and (i + 1) * bs % alignment:
-                continue  # a run must end on an aligned boundary
+            if run == 0 and bs != alignment and (i if drop else i + 1) * bs % alignment:
+                continue  # a run must end on an aligned boundary (after the EAGLE drop)
             for blocks, block in zip(out, found):
                 blocks[i] = block
             run += 1
@@ -61,6 +56,12 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             while bs != alignment and len(out[0]) * bs % alignment:
                 for blocks in out:
                     blocks.pop()
+        if drop and out[0]:
+            for blocks in out:
+                blocks.pop()
+            while bs != alignment and len(out[0]) * bs % alignment:
+                for blocks in out:
+                    blocks.pop()
         return out, len(out[0]) * bs
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
@@ -68,12 +69,20 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
 
     def cache_mask(self, start_block: int, end_block: int) -> list[bool] | None:
         # With hybrid alignment (a hit must end on a multiple of alignment_tokens), only the
-        # `need` blocks before each aligned boundary can ever be part of a hit.
+        # `need` blocks before each aligned boundary can ever be part of a hit (under EAGLE:
+        # the run ends one block past the boundary).
         bs = self.block_size
         if self.alignment_tokens == bs or self.alignment_tokens % bs:
             return None
-        need = cdiv(self.sliding_window - 1, bs)
+        need = _contiguous_blocks(self.sliding_window, bs, self.use_eagle)
         per_segment = self.alignment_tokens // bs
         if need >= per_segment:
             return None
-        return [i % per_segment >= per_segment - need for i in range(start_block, end_block)]
+        shift = 1 if self.use_eagle else 0
+        return [i >= shift and (i - shift) % per_segment >= per_segment - need
+                for i in range(start_block, end_block)]
+
+
+def _contiguous_blocks(window: int, block_size: int, drop_last: bool) -> int:
+    """Cached blocks a hit needs before its boundary (one more when EAGLE drops the last)."""
+    return cdiv(window - 1, block_size) + (1 if drop_last else 0)

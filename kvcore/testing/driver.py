@@ -97,13 +97,14 @@ class Setup:
     verify_hits: bool = False
     enable_caching: bool = True
     collisions: str | None = None  # a CollidingHasher mode (needs verify_hits), or real hashes
+    use_eagle: bool = False
 
     def build(self) -> KVCacheManager:
         groups = tuple(KVCacheGroup((f"layer{i}",), s) for i, s in enumerate(self.specs))
         hasher = CollidingHasher(self.collisions) if self.collisions else None
         return KVCacheManager(KVCacheConfig(self.num_blocks, groups), self.max_model_len,
                               enable_caching=self.enable_caching, verify_hits=self.verify_hits,
-                              block_hasher=hasher, enable_events=True)
+                              block_hasher=hasher, enable_events=True, use_eagle=self.use_eagle)
 
 
 def _setups() -> tuple[Setup, ...]:
@@ -119,11 +120,17 @@ def _setups() -> tuple[Setup, ...]:
         Setup("full+mamba", (full(4), mamba(4)), num_blocks=48),
         Setup("full+cross", (full(4), cross(4)), num_blocks=48),
         Setup("nocache full+swa", (full(4), swa(8, 4)), num_blocks=48, enable_caching=False),
+        Setup("full8+swa4", (full(8), swa(6, 4)), num_blocks=48),  # partial prompt-tail entries
+        Setup("full eagle", (full(4),), use_eagle=True),
+        Setup("full8+swa4 eagle", (full(8), swa(6, 4)), num_blocks=48, use_eagle=True),
+        Setup("full+swa7+mamba eagle", (full(4), swa(7, 4), mamba(4)), num_blocks=64,
+              use_eagle=True),
     )
     verified = tuple(Setup(f"{s.name} verify", s.specs, s.num_blocks, s.max_model_len, True,
-                           s.enable_caching) for s in base if s.enable_caching)
+                           s.enable_caching, use_eagle=s.use_eagle)
+                     for s in base if s.enable_caching)
     colliding = tuple(Setup(f"{s.name} {mode}", s.specs, s.num_blocks, s.max_model_len, True,
-                            True, mode)
+                            True, mode, s.use_eagle)
                       for s in base if s.enable_caching
                       for mode in ("tokens", "constant", "truncated"))
     return base + verified + colliding
@@ -131,8 +138,8 @@ def _setups() -> tuple[Setup, ...]:
 
 SETUPS: tuple[Setup, ...] = _setups()
 """Full, sliding window, chunked local with chunk sizes that are not multiples of the block
-size, hybrids (different block sizes, Mamba, cross attention), caching off; each again with
-``verify_hits`` and with each colliding hasher."""
+size, hybrids (different block sizes, partial prompt-tail entries, Mamba, cross attention),
+EAGLE, caching off; each again with ``verify_hits`` and with each colliding hasher."""
 
 
 @dataclass

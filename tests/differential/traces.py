@@ -26,18 +26,6 @@ from tests.differential.replay import KvcoreImpl, Replayer
 MAX_MODEL_LEN = 128
 
 KVCORE_PENDING: dict[str, str] = {
-    "use_eagle": (
-        "KVCacheManager(use_eagle=True) is not implemented: vLLM drops the last matched block "
-        "of every hit (full attention: one block; sliding window: needs one more contiguous "
-        "block, then drops it; hybrid: looks one block past the candidate length) and, in "
-        "hybrid configs, caches one block past the aligned boundary.  While pending, no trace "
-        "sets eagle."),
-    "partial_tail_entries": (
-        "With a full-attention block larger than the hash block (full 8 + SWA 4), vLLM "
-        "registers the prompt's last hash boundary inside a block as a partial prefix-cache "
-        "entry (BlockStored with block_size = hash block size, later BlockRemoved); kvcore has "
-        "no partial entries.  No effect on hits, block ids or the free queue without eagle.  "
-        "While pending, those events are dropped from both sides' event lists."),
 }
 """Known kvcore divergences still masked by the harness (name -> what differs)."""
 
