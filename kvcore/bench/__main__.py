@@ -1,4 +1,5 @@
-"""``python -m kvcore.bench {pool,hash,manager}``: kvcore vs vLLM, same workload, same run."""
+"""``python -m kvcore.bench {pool,hash,manager}``: kvcore vs vLLM, same workload, same run;
+``python -m kvcore.bench fuzz``: the long hostile fuzz run (kvcore alone)."""
 
 from __future__ import annotations
 
@@ -123,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--block-sizes", default="16,256")
     h.add_argument("--num-tokens", type=int, default=1 << 16)
     h.add_argument("--repeats", type=int, default=7)
+    sub.add_parser("fuzz", help="hostile fuzzing of the manager (see --help of the command)",
+                   add_help=False)
     m = sub.add_parser("manager", help="KVCacheManager µs per request cycle")
     m.add_argument("--repeats", type=int, default=5)
     m.add_argument("--requests", type=int, default=2000)
@@ -130,6 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["fuzz"]:  # its own parser (no peer: it checks kvcore alone)
+        from kvcore.bench.fuzz import main as fuzz_main
+
+        return fuzz_main(argv[1:])
     args = build_parser().parse_args(argv)
     print(f"# {platform.node()} · {platform.processor() or platform.machine()} · "
           f"Python {platform.python_version()}\n")

@@ -22,6 +22,7 @@ A broken rule raises ``AssertionError`` (or :class:`WrongKVError`, its subclass)
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -325,6 +326,11 @@ class HostileDriver:
         self.m.free(req)
         del self.running[req.request_id]
         self.done.append(req)
+        # The client retries the same prompt: its lookup must not find what was never written.
+        self._counter += 1
+        self.waiting.append(self.m.make_request(
+            f"r{self._counter}", req.prompt_token_ids, cache_salt=req.cache_salt,
+            lora_name=req.lora_name, mm_items=req.mm_items))
         self.counts["fail_step"] += 1
 
     def new_step(self) -> None:
@@ -573,11 +579,18 @@ OPERATIONS = ("add", "admit", "step", "free", "finish_load", "fail_step", "new_s
               "bad_calls", "perturbed_hit")
 
 
+_WEIGHTS = {"add": 10, "admit": 16, "step": 24, "free": 8, "finish_load": 3, "fail_step": 3,
+            "new_step": 3, "evict": 2, "reset": 1}  # every hostile operation: 1
+_CUM_WEIGHTS = list(itertools.accumulate(_WEIGHTS.get(op, 1) for op in OPERATIONS))
+
+
 def random_operation(driver: HostileDriver, rng: random.Random) -> str:
-    """Apply one operation with parameters drawn from ``rng`` (valid operations weighted up);
-    returns its name."""
+    """Apply one operation with parameters drawn from ``rng`` (valid operations weighted so that
+    requests keep flowing through a small pool); returns its name."""
     r = rng.randrange
-    op = OPERATIONS[r(len(OPERATIONS))] if r(3) == 0 else ("add", "admit", "step", "step")[r(4)]
+    op = rng.choices(OPERATIONS, cum_weights=_CUM_WEIGHTS)[0]
+    if op == "add" and len(driver.waiting) >= 6:
+        op = "admit"
     if op == "add":
         driver.add(r(3), r(41), [r(VOCAB) for _ in range(r(1, 24))], r(4), r(4), r(5) == 0)
     elif op == "admit":
