@@ -440,7 +440,19 @@ class BlockPool:
         """
         if not self.enable_caching or block.is_null:
             return
-        idx = num_tokens // hash_block_size
+        if not 0 <= group_id < self.num_groups:
+            raise InvalidGroupError(f"group id {group_id} out of range [0, {self.num_groups})")
+        self._check_owned([block], "cache_partial_block")
+        _check_count("hash_block_size", hash_block_size)
+        idx = _check_count("num_tokens", num_tokens) // max(hash_block_size, 1)
+        if not hash_block_size or num_tokens % hash_block_size or not 0 < idx <= len(
+                request.block_hashes):
+            raise InvalidArgumentError(
+                f"num_tokens={num_tokens} must be a positive multiple of hash_block_size="
+                f"{hash_block_size} within the request's {len(request.block_hashes)} hashes")
+        if block.ref_cnt <= 0:
+            raise BlockStateError(f"block {block.block_id} is free; only blocks in use can be "
+                                  "cached")
         key = request.block_hashes[idx - 1]
         extra = self._secondary.get(block.block_id, ())
         already = (block.block_hash == key and block.group_id == group_id) or key in extra

@@ -29,8 +29,11 @@ examples:
 """
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, exit 2 (argparse prints usage too)
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line with exit status 2 (argparse would print
+    the usage too); every kvcore command uses it."""
+
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
@@ -56,10 +59,10 @@ def _policies(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="kvcore", description="kvcore: a vLLM-v1-style KV-cache manager, with "
+    ap = OneLineParser(prog="kvcore", description="kvcore: a vLLM-v1-style KV-cache manager, with "
                  "trace replay, eviction-policy experiments and benchmarks.",
                  epilog=MAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
 
     rp = sub.add_parser("replay", help="replay a trace or workload through the scheduler and "
                         "KV-cache manager; compare eviction policies",

@@ -30,6 +30,7 @@ from kvcore.block_pool import BlockPool
 from kvcore.blocks import KVCacheBlock
 from kvcore.errors import InvariantError
 from kvcore.hashing import hashes_at
+from kvcore.verify import HitVerifier
 
 if TYPE_CHECKING:
     from kvcore.manager import KVCacheManager
@@ -186,6 +187,8 @@ def check_manager_invariants(manager: KVCacheManager) -> None:
     ``cached-count``      the cached-block watermark lies within the table and the full blocks
     ``block-hash``        a hashed block below the watermark carries the request's hash for that
                           position in this group; blocks above it carry none
+    ``prefix-node``       verify mode: such a block's prefix node is exactly the request's prefix
+                          up to that block (compared token by token)
     """
     coord = manager.coordinator
     requests = manager.requests()
@@ -205,7 +208,9 @@ def check_manager_invariants(manager: KVCacheManager) -> None:
                                  f"requests {stale}")
 
     hbs = manager.hash_block_size
+    verify = manager.pool.verify_hits
     for rid, request in requests.items():
+        verifier = HitVerifier(request) if verify else None
         for g, m in enumerate(coord.managers):
             blocks = m.req_to_blocks.get(rid, [])
             bs = m.block_size
@@ -248,3 +253,7 @@ def check_manager_invariants(manager: KVCacheManager) -> None:
                                          "carries a hash that is not the request's",
                                          block_id=block.block_id,
                                          observed=(block.group_id, block.block_hash))
+                if verifier is not None and not verifier.matches(block.prefix_node, i, bs):
+                    raise InvariantError("prefix-node", f"request {rid!r} group {g}: block at "
+                                         f"{i} is cached for another prefix",
+                                         block_id=block.block_id)

@@ -12,6 +12,7 @@ from kvcore import (
     BlockStateError,
     ChunkedLocalAttentionSpec,
     InvalidArgumentError,
+    InvariantError,
     KVCacheConfig,
     KVCacheGroup,
     KVCacheManager,
@@ -286,3 +287,28 @@ def test_unknown_request_errors_name_the_request(m: KVCacheManager) -> None:
                  lambda: m.get_block_ids("ghost")):
         with pytest.raises(UnknownRequestError, match="ghost"):
             call()  # type: ignore[no-untyped-call]
+
+
+def test_invariants_prove_every_cached_block_of_a_running_request_in_verify_mode() -> None:
+    m = make_manager(full_spec(4), num_blocks=16, verify_hits=True)
+    a = m.make_request("a", list(range(12)))
+    run_whole_prompt(m, a)
+    m.check_invariants()
+    block = m.get_blocks("a")[0][1]
+    other = m.make_request("x", [9] * 12)
+    from kvcore.verify import PrefixChains
+
+    block.prefix_node = PrefixChains().nodes(other, 4, 2)[1]  # another prefix's provenance
+    with pytest.raises(InvariantError) as info:
+        m.check_invariants()
+    assert info.value.rule == "prefix-node" and info.value.block_id == block.block_id
+
+
+def test_unitary_verify_mode_forgets_a_freed_requests_chain() -> None:
+    m = make_manager(full_spec(4), num_blocks=16, verify_hits=True)
+    a = m.make_request("a", list(range(12)))
+    run_whole_prompt(m, a)
+    m.free(a)
+    assert m.coordinator.prefix_chains is not None
+    assert m.coordinator.prefix_chains.request_ids() == []
+    m.check_invariants()

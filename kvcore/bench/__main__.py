@@ -12,6 +12,7 @@ from typing import Any
 
 from kvcore.bench.peer import WorkloadError, peer_python, run_workload
 from kvcore.bench.table import fmt, ratio, render
+from kvcore.cli import OneLineParser
 
 
 def _run_pair(script: str, args: list[str], use_peer: bool) -> tuple[Any, Any, str]:
@@ -111,7 +112,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m kvcore.bench",
+    ap = OneLineParser(prog="python -m kvcore.bench",
                                  description="kvcore benchmarks, with vLLM measured in the same run.")
     ap.add_argument("--no-peer", action="store_true", help="skip the vLLM peer")
     ap.add_argument("--json", metavar="FILE", help="also write raw results as JSON")

@@ -21,6 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvcore.cli import OneLineParser
 from kvcore.testing.driver import SETUPS, HostileDriver, Setup, random_operation
 
 
@@ -84,7 +85,7 @@ def _progress(total: int) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kvcore.bench fuzz", description=__doc__,
+    ap = OneLineParser(prog="python -m kvcore.bench fuzz", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ops", type=int, default=1_000_000, help="operations in all (1,000,000)")
     ap.add_argument("--seed", type=int, default=0)

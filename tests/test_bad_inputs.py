@@ -1,0 +1,390 @@
+"""Bad input, layer by layer: every case must raise the typed error whose message names the
+problem, and change nothing at all (whole-state snapshots of the manager, pool, scheduler and
+engine before and after).  A coverage test checks that every public call of the manager, the
+pool and the scheduler that takes arguments appears here (or says why it cannot fail)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import transformers
+
+from kvcore import (
+    BlockPool,
+    BlockStateError,
+    DoubleFreeError,
+    InvalidArgumentError,
+    InvalidGroupError,
+    KVCacheManager,
+    NoFreeBlocksError,
+    NullBlockError,
+    Request,
+    UnknownRequestError,
+)
+from kvcore.cli import main as cli_main
+from kvcore.errors import InvalidHitError, RequestStateError
+from kvcore.manager import KVCacheBlocks
+from kvcore.request import RequestStatus
+from kvcore.scheduler import RequestRejectedError, Scheduler, SchedulerConfig
+from kvcore.testing.snapshot import manager_snapshot
+from runner.engine import LLM
+from runner.sampler import SamplingParams
+from tests.factories import full_spec, make_manager, scheduler_snapshot, swa_spec
+
+
+@dataclass
+class World:
+    """Everything a case may touch, with requests in every state."""
+
+    m: KVCacheManager  # full attention, block 4
+    w: KVCacheManager  # full + sliding window (4), block 4
+    other: KVCacheManager
+    running: Request
+    waiting: Request  # looked up, not admitted: hit holds 2 blocks
+    hit: KVCacheBlocks
+    freed: Request
+    sched: Scheduler
+    llm: LLM
+    tmp: Path
+    step: Any = None  # a scheduled step waiting for its sampled tokens (scheduler cases)
+
+    def snapshot(self) -> tuple[object, ...]:
+        return (manager_snapshot(self.m), manager_snapshot(self.w),
+                manager_snapshot(self.other), scheduler_snapshot(self.sched),
+                scheduler_snapshot(self.llm.scheduler), self.llm._next_id,
+                tuple(sorted(p.name for p in self.tmp.iterdir())))
+
+
+def _run(m: KVCacheManager, rid: str, tokens: list[int]) -> Request:
+    r = m.make_request(rid, tokens)
+    blocks, hit = m.get_computed_blocks(r)
+    assert m.allocate_slots(r, r.num_tokens - hit, hit, blocks) is not None
+    r.num_computed_tokens = r.num_tokens
+    return r
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> World:
+    m = make_manager(full_spec(4), num_blocks=16, max_model_len=64)
+    running = _run(m, "run", list(range(10)))
+    freed = _run(m, "gone", list(range(100, 112)))
+    m.free(freed)
+    waiting = m.make_request("wait", [*range(8), 50, 51])
+    hit, n = m.get_computed_blocks(waiting)
+    assert n == 8
+    w = make_manager(full_spec(4), swa_spec(4, 4), num_blocks=32, max_model_len=64)
+    _run(w, "wrun", list(range(12)))
+    other = make_manager(full_spec(4), num_blocks=16, max_model_len=64)
+    _run(other, "orun", list(range(10)))
+    sm = make_manager(full_spec(4), num_blocks=16, max_model_len=64)
+    sched = Scheduler(sm, SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=32))
+    sched.add_request(sm.make_request("s1", list(range(6)), max_tokens=4))
+    sched.add_request(sm.make_request("s2", list(range(20, 26)), max_tokens=4))
+    out = sched.schedule()
+    sched.update_from_output(out, {"s1": 1, "s2": 2})
+    sched.add_request(sm.make_request("s3", list(range(40, 46)), max_tokens=4))
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1,
+                                      vocab_size=300, max_position_embeddings=64)
+    llm = LLM(config, block_size=4, num_blocks=32, max_model_len=48)
+    return World(m, w, other, running, waiting, hit, freed, sched, llm,
+                 tmp_path_factory.mktemp("cli"))
+
+
+def _trace(world: World, text: str) -> str:
+    path = world.tmp / "bad.jsonl"
+    path.write_text(text)
+    return str(path)
+
+
+@dataclass(frozen=True)
+class Case:
+    layer: str
+    name: str
+    call: Callable[[World], object]
+    error: type[BaseException]
+    match: str
+    covers: str = ""  # "Class.method" this case makes fail
+    setup: Callable[[World], None] | None = None  # runs before the snapshot
+    teardown: Callable[[World], None] | None = None
+
+
+def _cli(world: World, *argv: str) -> None:
+    """Run the CLI; a bad input must exit 2 with one line on stderr (SystemExit carries it)."""
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            rc = cli_main(list(argv))
+        except SystemExit as exc:
+            rc = int(exc.code or 0)
+    (world.tmp / "bad.jsonl").unlink(missing_ok=True)
+    lines = err.getvalue().strip().splitlines()
+    if rc == 2 and len(lines) == 1 and "Traceback" not in err.getvalue():
+        raise SystemExit(lines[0])
+    raise AssertionError(f"expected one line and exit 2, got {rc}: {err.getvalue()!r}")
+
+
+def _overrun(r: Request) -> Request:
+    r.num_computed_tokens = 12  # restored by the test
+    if r.num_tokens < 12:
+        r.append_output_token_ids([1, 2])
+    return r
+
+
+def _finished(w: World) -> Request:
+    r = w.sched.kv.make_request("done", [1, 2, 3])
+    r.status = RequestStatus.FINISHED_STOPPED
+    return r
+
+
+def _schedule(w: World) -> None:
+    w.step = w.sched.schedule()
+
+
+def _finish_step(w: World) -> None:
+    w.sched.update_from_output(w.step, {s.request_id: 1 for s in w.step.scheduled if s.samples})
+    w.step = None
+
+
+M, P, S = "KVCacheManager", "BlockPool", "Scheduler"
+
+CASES = [
+    # -- manager ----------------------------------------------------------------------------------
+    Case("manager", "allocate for a freed request", lambda w: w.m.allocate_slots(w.freed, 1),
+         RequestStateError, "holds no blocks", f"{M}.allocate_slots"),
+    Case("manager", "hit tokens without blocks",
+         lambda w: w.m.allocate_slots(w.waiting, 2, 8, None), InvalidHitError,
+         "num_new_computed_tokens=8"),
+    Case("manager", "too few hit blocks", lambda w: w.m.allocate_slots(
+        w.waiting, 2, 8, KVCacheBlocks([w.hit[0][:1]])), InvalidHitError, "has 1 hit blocks"),
+    Case("manager", "hit blocks of another pool", lambda w: w.m.allocate_slots(
+        w.waiting, 2, 8, KVCacheBlocks([w.other.get_blocks("orun")[0][:2]])),
+         InvalidHitError, "not a block of this manager's pool"),
+    Case("manager", "hit blocks out of order", lambda w: w.m.allocate_slots(
+        w.waiting, 2, 8, KVCacheBlocks([tuple(reversed(w.hit[0]))])), InvalidHitError,
+         "no longer cached"),
+    Case("manager", "null block where KV is needed", lambda w: w.m.allocate_slots(
+        w.waiting, 2, 8, KVCacheBlocks([(w.m.pool.null_block, w.hit[0][1])])),
+         InvalidHitError, "null block"),
+    Case("manager", "hit longer than the request", lambda w: w.m.allocate_slots(
+        w.waiting, 1, 12, KVCacheBlocks([w.hit[0] * 2])), InvalidHitError, "exceed"),
+    Case("manager", "hit while running", lambda w: w.m.allocate_slots(w.running, 1, 8, w.hit),
+         RequestStateError, "is running"),
+    Case("manager", "second live request with the same id", lambda w: w.m.allocate_slots(
+        w.m.make_request("run", [7, 7, 7]), 3), RequestStateError, "another live request"),
+    Case("manager", "tokens computed without slots",
+         lambda w: w.m.allocate_slots(_overrun(w.running), 1), RequestStateError,
+         "slots for only 10"),
+    Case("manager", "bool count", lambda w: w.m.allocate_slots(w.running, True),
+         InvalidArgumentError, "num_new_tokens must be a non-negative int, got True"),
+    Case("manager", "None lookahead", lambda w: w.m.allocate_slots(
+        w.running, 1, num_lookahead_tokens=None), InvalidArgumentError,  # type: ignore[arg-type]
+         "num_lookahead_tokens"),
+    Case("manager", "beyond max_model_len", lambda w: w.m.allocate_slots(w.running, 60),
+         InvalidArgumentError, "exceed max_model_len=64"),
+    Case("manager", "wrong number of groups", lambda w: w.w.allocate_slots(
+        w.w.make_request("x", [1, 2, 3]), 3, 0, KVCacheBlocks([()])), InvalidArgumentError,
+         "one block list per group (2)"),
+    Case("manager", "free an unknown request", lambda w: w.m.free(w.freed), UnknownRequestError,
+         "'gone' holds no blocks", f"{M}.free"),
+    Case("manager", "free a twin", lambda w: w.m.free(w.m.make_request("run", [1])),
+         RequestStateError, "another request object"),
+    Case("manager", "cache beyond the slots", lambda w: w.m.cache_blocks(w.running, 11),
+         RequestStateError, "slots for 10 tokens, not 11", f"{M}.cache_blocks"),
+    Case("manager", "cache a negative count", lambda w: w.m.cache_blocks(w.running, -1),
+         InvalidArgumentError, "num_computed_tokens"),
+    Case("manager", "uncache an unknown request", lambda w: w.m.uncache_blocks(w.freed, 0),
+         UnknownRequestError, "'gone'", f"{M}.uncache_blocks"),
+    Case("manager", "release beyond the slots", lambda w: w.m.remove_skipped_blocks("run", 99),
+         RequestStateError, "not 99", f"{M}.remove_skipped_blocks"),
+    Case("manager", "block ids of an unknown request", lambda w: w.m.get_block_ids("nope"),
+         UnknownRequestError, "'nope'", f"{M}.get_block_ids"),
+    Case("manager", "blocks of an unknown request", lambda w: w.m.get_blocks("nope"),
+         UnknownRequestError, "'nope'", f"{M}.get_blocks"),
+    Case("manager", "common prefix of an unknown request",
+         lambda w: w.m.get_num_common_prefix_blocks("nope"), UnknownRequestError, "'nope'",
+         f"{M}.get_num_common_prefix_blocks"),
+    Case("manager", "slots of an unknown request", lambda w: w.m.num_slots("nope"),
+         UnknownRequestError, "'nope'", f"{M}.num_slots"),
+    Case("manager", "evict the null block", lambda w: w.m.evict_blocks([0]), NullBlockError,
+         "null block", f"{M}.evict_blocks"),
+    Case("manager", "evict a block id out of range", lambda w: w.m.evict_blocks([1, 16]),
+         InvalidArgumentError, "block id 16 out of range"),
+    Case("manager", "negative hit count in stats",
+         lambda w: w.m.record_prefix_cache_stats(w.running, -1), InvalidArgumentError,
+         "num_hit_tokens", f"{M}.record_prefix_cache_stats"),
+    Case("manager", "request with an empty salt",
+         lambda w: w.m.make_request("x", [1], cache_salt=""), InvalidArgumentError,
+         "cache_salt must be a non-empty str", f"{M}.make_request"),
+    Case("manager", "request with a negative token", lambda w: w.m.make_request("x", [1, -2]),
+         InvalidArgumentError, "got -2"),
+    Case("manager", "lookup without a prompt", lambda w: w.m.get_computed_blocks(Request("x", [])),
+         InvalidArgumentError, "prompt is empty", f"{M}.get_computed_blocks"),
+    Case("manager", "a manager without a config", lambda w: KVCacheManager(None, 8),  # type: ignore[arg-type]
+         InvalidArgumentError, "config must be a KVCacheConfig"),
+    # -- pool ------------------------------------------------------------------------------------
+    Case("pool", "more blocks than are free", lambda w: w.m.pool.get_new_blocks(99),
+         NoFreeBlocksError, "only", f"{P}.get_new_blocks"),
+    Case("pool", "a bool block count", lambda w: w.m.pool.get_new_blocks(True),
+         InvalidArgumentError, "num_blocks"),
+    Case("pool", "touch a foreign block", lambda w: w.m.pool.touch(
+        [w.m.pool.blocks[1], w.other.pool.blocks[1]]), BlockStateError,
+         "not a block of this pool", f"{P}.touch"),
+    Case("pool", "free a free block", lambda w: w.m.pool.free_blocks(
+        [w.m.pool.blocks[1], w.m.pool.free_queue.first()]), DoubleFreeError, "freed",
+         f"{P}.free_blocks"),
+    Case("pool", "free a foreign block", lambda w: w.m.pool.free_blocks(
+        [w.other.pool.blocks[1]]), BlockStateError, "not a block of this pool"),
+    Case("pool", "cache in a group that does not exist", lambda w: w.m.pool.cache_full_blocks(
+        w.running, w.m.get_blocks("run")[0], 0, 2, 4, 3), InvalidGroupError, "group id 3",
+         f"{P}.cache_full_blocks"),
+    Case("pool", "cache a free block", lambda w: w.m.pool.cache_full_blocks(
+        w.freed, [w.m.pool.free_queue.first()], 0, 1, 4, 0), BlockStateError, "is free"),
+    Case("pool", "partial entry off a hash boundary", lambda w: w.m.pool.cache_partial_block(
+        w.running, w.m.get_blocks("run")[0][1], 6, 4, 0), InvalidArgumentError,
+         "multiple of hash_block_size", f"{P}.cache_partial_block"),
+    Case("pool", "lookup in a group that does not exist",
+         lambda w: w.m.pool.get_cached_block(w.running.block_hashes[0], [5]), InvalidGroupError,
+         "group id 5", f"{P}.get_cached_block"),
+    Case("pool", "evict a bool block id", lambda w: w.m.pool.evict_blocks([True]),
+         InvalidArgumentError, "True", f"{P}.evict_blocks"),
+    Case("pool", "the map of a group that does not exist",
+         lambda w: w.m.pool.cached_blocks_map(2), InvalidGroupError, "group id 2",
+         f"{P}.cached_blocks_map"),
+    Case("pool", "a pool with bool group count", lambda w: BlockPool(8, num_groups=True),
+         InvalidArgumentError, "num_groups"),
+    # -- scheduler -------------------------------------------------------------------------------
+    Case("scheduler", "duplicate request id", lambda w: w.sched.add_request(
+        w.sched.kv.make_request("s1", [1, 2])), InvalidArgumentError, "already in the scheduler",
+         f"{S}.add_request"),
+    Case("scheduler", "a prompt that leaves no room", lambda w: w.sched.add_request(
+        w.sched.kv.make_request("long", list(range(64)))), RequestRejectedError,
+         "max_model_len=64"),
+    Case("scheduler", "a finished request again", lambda w: w.sched.add_request(_finished(w)),
+         InvalidArgumentError, "is not new"),
+    Case("scheduler", "one bad request in a batch", lambda w: w.sched.add_requests(
+        [w.sched.kv.make_request("ok", [1, 2], max_tokens=2),
+         w.sched.kv.make_request("s2", [3])]),
+         InvalidArgumentError, "'s2' is already", f"{S}.add_requests"),
+    Case("scheduler", "abort an unknown request", lambda w: w.sched.abort_request("nope"),
+         UnknownRequestError, "'nope'", f"{S}.abort_request"),
+    Case("scheduler", "a sampled token missing", lambda w: w.sched.update_from_output(
+        w.step, {"s1": 1}), InvalidArgumentError, "no sampled token",
+         f"{S}.update_from_output", setup=_schedule, teardown=_finish_step),
+    Case("scheduler", "a negative sampled token", lambda w: w.sched.update_from_output(
+        w.step, {"s1": 1, "s2": -4}), InvalidArgumentError, "got -4",
+         setup=_schedule, teardown=_finish_step),
+    Case("scheduler", "wrong number of sampled tokens", lambda w: w.sched.update_from_output(
+        w.step, [1]), InvalidArgumentError, "1 sampled tokens for",
+         setup=_schedule, teardown=_finish_step),
+    Case("scheduler", "a config without sequences", lambda w: SchedulerConfig(max_num_seqs=0),
+         InvalidArgumentError, "max_num_seqs"),
+    # -- runner ----------------------------------------------------------------------------------
+    Case("runner", "a token outside the vocabulary", lambda w: w.llm.generate(
+        [[1, 2], [3, 300]], use_tqdm=False), InvalidArgumentError,
+         "prompt 1: token id 300 at position 1 is outside the vocabulary [0, 300)"),
+    Case("runner", "a prompt as long as max_model_len", lambda w: w.llm.generate(
+        [[1] * 48], use_tqdm=False), InvalidArgumentError, "max_model_len=48"),
+    Case("runner", "an empty prompt", lambda w: w.llm.generate([[]], use_tqdm=False),
+         InvalidArgumentError, "prompt 0 is empty"),
+    Case("runner", "fewer sampling params than prompts", lambda w: w.llm.generate(
+        [[1], [2]], [SamplingParams()], use_tqdm=False), InvalidArgumentError,
+         "1 sampling params for 2 prompts"),
+    Case("runner", "NaN temperature", lambda w: SamplingParams(temperature=float("nan")),
+         InvalidArgumentError, "temperature"),
+    Case("runner", "top_p above 1", lambda w: SamplingParams(top_p=1.5), InvalidArgumentError,
+         "top_p"),
+    Case("runner", "max_tokens 0", lambda w: SamplingParams(max_tokens=0), InvalidArgumentError,
+         "max_tokens"),
+    # -- command line ----------------------------------------------------------------------------
+    Case("cli", "a NaN timestamp", lambda w: _cli(w, "replay", _trace(
+        w, '{"timestamp": NaN, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n')),
+         SystemExit, "bad.jsonl:1: timestamp must be a finite number"),
+    Case("cli", "a negative output length", lambda w: _cli(w, "replay", _trace(
+        w, '{"timestamp": 0, "input_length": 5, "output_length": -1, "hash_ids": [1]}\n')),
+         SystemExit, "output_length must be an integer >= 0, got -1"),
+    Case("cli", "hash ids that do not match the length", lambda w: _cli(w, "replay", _trace(
+        w, '{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1]}\n')),
+         SystemExit, "needs 2 hash ids"),
+    Case("cli", "zero blocks", lambda w: _cli(w, "replay", "--num-blocks", "0"), SystemExit,
+         "expected a positive integer, got 0"),
+    Case("cli", "a missing trace", lambda w: _cli(w, "replay", str(w.tmp / "none.jsonl")),
+         SystemExit, "trace file not found"),
+    Case("cli", "an unknown fuzz setup", lambda w: _cli(w, "bench", "fuzz", "--setup", "nope",
+                                                       "--ops", "1"),
+         SystemExit, "no setup named"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c.layer}: {c.name}" for c in CASES])
+def test_bad_input_is_refused_and_changes_nothing(world: World, case: Case) -> None:
+    saved = (world.running.num_computed_tokens, list(world.running.all_token_ids),
+             list(world.running.block_hashes))
+    if case.setup is not None:
+        case.setup(world)
+    before = world.snapshot()
+    try:
+        with pytest.raises(case.error) as info:
+            case.call(world)
+        assert case.match in str(info.value), f"{type(info.value).__name__}: {info.value}"
+        assert world.snapshot() == before, "a refused call changed something"
+    finally:
+        world.running.num_computed_tokens = saved[0]
+        world.running.all_token_ids[:] = saved[1]
+        world.running.block_hashes[:] = saved[2]
+        if case.teardown is not None:
+            case.teardown(world)
+
+
+def test_the_table_is_large_and_spans_every_layer() -> None:
+    assert len(CASES) >= 30
+    assert {c.layer for c in CASES} == {"manager", "pool", "scheduler", "runner", "cli"}
+
+
+# Public calls that take arguments but cannot fail on bad state, with the reason.
+CANNOT_FAIL = {
+    f"{M}.check_invariants": "raises InvariantError on a corrupt state by design",
+    f"{M}.requests": "returns a copy",
+    f"{M}.take_events": "drains a list",
+    f"{M}.make_prefix_cache_stats": "starts a new interval",
+    f"{M}.reset_prefix_cache": "refuses with False, changing nothing (tested in test_manager)",
+    f"{M}.new_step": "clears a per-step set",
+    f"{P}.reset_prefix_cache": "refuses with False, changing nothing",
+    f"{P}.take_events": "drains a list",
+    f"{P}.iter_cached": "read-only",
+    f"{P}.num_cached_blocks": "read-only",
+    f"{P}.has_partial_primary": "read-only",
+    f"{P}.secondary_keys": "read-only",
+    f"{S}.schedule": "allocates only through calls whose inputs it computes itself",
+    f"{S}.fail_step": "aborts what its output scheduled (tested in test_scheduler)",
+    f"{S}.blocks_needed": "read-only",
+    f"{S}.has_unfinished_requests": "read-only",
+}
+
+
+@pytest.mark.parametrize("cls", [KVCacheManager, BlockPool, Scheduler])
+def test_every_public_call_is_covered(cls: type) -> None:
+    covered = {c.covers for c in CASES if c.covers}
+    for name, _ in inspect.getmembers(cls, inspect.isfunction):
+        if name.startswith("_"):
+            continue
+        qual = f"{cls.__name__}.{name}"
+        assert qual in covered or qual in CANNOT_FAIL, f"{qual}: add a failing case or a reason"
+
+
+def test_cli_error_output_is_json_free_one_line(world: World, capsys: pytest.CaptureFixture[str]
+                                                ) -> None:
+    rc = cli_main(["replay", "--json", _trace(world, "[1, 2]\n")])
+    out, err = capsys.readouterr()
+    assert rc == 2 and not out and len(err.strip().splitlines()) == 1
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(err)
