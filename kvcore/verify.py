@@ -22,7 +22,7 @@ walks the chain before its first block once.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 from kvcore.hashing import ExtraKeys, block_extra_keys
 
@@ -58,17 +58,30 @@ class HitVerifier:
     ending with its block ``index`` of ``block_size`` tokens.
     """
 
-    __slots__ = ("_memo", "_plain", "_request", "_tokens")
+    __slots__ = ("_last", "_memo", "_plain", "_request", "_tokens")
 
     def __init__(self, request: KVRequest) -> None:
         self._request = request
         self._tokens = request.all_token_ids
         self._plain = _is_plain(request)
         self._memo: dict[PrefixNode, bool] = {}  # node -> equals the request's prefix there
+        self._last: PrefixNode | None = None  # the node proven most recently (None: the root)
 
     def matches(self, node: PrefixNode | None, index: int, block_size: int) -> bool:
         if node is None or node.index != index or len(node.tokens) != block_size:
             return False
+        parent = node.parent
+        last = self._last
+        if parent is last and (index == 0 if last is None else last.index == index - 1):
+            # The common case (a hit scanned left to right): the parent was just proven.
+            start = index * block_size
+            ok = node.tokens == self._tokens[start:start + block_size] and (
+                (self._plain and node.extra is None)
+                or node.extra == block_extra_keys(self._request, start, start + block_size))
+            self._memo[node] = ok
+            if ok:
+                self._last = node
+            return ok
         memo = self._memo
         tokens = self._tokens
         path: list[PrefixNode] = []
@@ -89,7 +102,48 @@ class HitVerifier:
             n = n.parent
         for p in path:  # a mismatch anywhere above makes every descendant a mismatch too
             memo[p] = ok
+        if ok:
+            self._last = node
         return ok
+
+
+class _Chain(Sequence[PrefixNode]):
+    """One request's prefix nodes at one block size: ``base`` (an adopted hit's deepest node,
+    standing for itself and its ancestors) followed by the nodes built from the request's own
+    tokens.  Adopting a hit costs O(1); the ancestors are only walked if someone asks for them."""
+
+    __slots__ = ("base", "tail")
+
+    def __init__(self, base: PrefixNode | None) -> None:
+        self.base = base
+        self.tail: list[PrefixNode] = []
+
+    def __len__(self) -> int:
+        return (0 if self.base is None else self.base.index + 1) + len(self.tail)
+
+    @overload
+    def __getitem__(self, i: int) -> PrefixNode: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[PrefixNode]: ...
+
+    def __getitem__(self, i: int | slice) -> PrefixNode | Sequence[PrefixNode]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n_base = 0 if self.base is None else self.base.index + 1
+        if i < 0:
+            i += len(self)
+        if i >= n_base:
+            return self.tail[i - n_base]
+        node = self.base
+        while node is not None and node.index > i:
+            node = node.parent
+        if node is None or i < 0:
+            raise IndexError(i)
+        return node
+
+    def last(self) -> PrefixNode | None:
+        return self.tail[-1] if self.tail else self.base
 
 
 class PrefixChains:
@@ -103,7 +157,7 @@ class PrefixChains:
     __slots__ = ("_chains",)
 
     def __init__(self) -> None:
-        self._chains: dict[str, dict[int, list[PrefixNode]]] = {}
+        self._chains: dict[str, dict[int, _Chain]] = {}
 
     def nodes(self, request: KVRequest, block_size: int, count: int) -> Sequence[PrefixNode]:
         per_size = self._chains.get(request.request_id)
@@ -111,32 +165,28 @@ class PrefixChains:
             per_size = self._chains[request.request_id] = {}
         chain = per_size.get(block_size)
         if chain is None:
-            chain = per_size[block_size] = []
-        if len(chain) < count:
+            chain = per_size[block_size] = _Chain(None)
+        have = len(chain)
+        if have < count:
             tokens = request.all_token_ids
             plain = _is_plain(request)
-            parent = chain[-1] if chain else None
-            for i in range(len(chain), count):
+            parent = chain.last()
+            tail = chain.tail
+            for i in range(have, count):
                 start = i * block_size
                 end = start + block_size
                 parent = PrefixNode(parent, i, tokens[start:end],
                                     None if plain else block_extra_keys(request, start, end))
-                chain.append(parent)
+                tail.append(parent)
         return chain
 
     def adopt(self, request_id: str, block_size: int, node: PrefixNode) -> None:
         """The request's chain at ``block_size`` becomes ``node`` and its ancestors (``node``
         must have been verified against the request)."""
-        chain: list[PrefixNode] = []
-        n: PrefixNode | None = node
-        while n is not None:
-            chain.append(n)
-            n = n.parent
-        chain.reverse()
         per_size = self._chains.get(request_id)
         if per_size is None:
             per_size = self._chains[request_id] = {}
-        per_size[block_size] = chain
+        per_size[block_size] = _Chain(node)
 
     def drop(self, request_id: str) -> None:
         self._chains.pop(request_id, None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from itertools import islice
 
+from kvcore.blocks import KVCacheBlock
 from kvcore.managers.base import HitBlocks, HitQuery, SingleTypeKVCacheManager
 from kvcore.request import KVRequest
 
@@ -13,13 +14,18 @@ class FullAttentionManager(SingleTypeKVCacheManager):
     def find_longest_cache_hit(cls, query: HitQuery) -> tuple[HitBlocks, int]:
         bs = query.spec.block_size
         max_blocks = query.max_length // bs
-        if len(query.group_ids) == 1 and query.verifier is None:
+        verifier = query.verifier
+        if len(query.group_ids) == 1:
             # Hot path: one group, plain dict lookups.  Hashes chain, so the first miss ends it.
             cached = query.pool.cached_blocks_map(query.group_ids[0])
-            hits = []
+            hits: list[KVCacheBlock] = []
             for h in islice(query.block_hashes, max_blocks):
                 block = cached.get(h)
                 if block is None:
+                    break
+                if verifier is not None and not verifier.matches(block.prefix_node, len(hits),
+                                                                 bs):
+                    query.pool.num_rejected_hits += 1
                     break
                 hits.append(block)
             out: HitBlocks = [hits]

@@ -42,7 +42,7 @@ def manager_snapshot(manager: KVCacheManager) -> tuple[object, ...]:
     chains: tuple[object, ...] = ()
     if coord.prefix_chains is not None:
         chains = tuple(sorted(
-            (rid, bs, tuple(chain))
+            (rid, bs, chain.base, tuple(chain.tail))
             for rid, per_size in coord.prefix_chains._chains.items()
             for bs, chain in per_size.items()))
     stats = manager.prefix_cache_stats

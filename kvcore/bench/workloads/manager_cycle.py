@@ -1,6 +1,7 @@
 """KV-cache-manager request cycles, identical for kvcore and vLLM (``--impl kvcore|vllm``).
 
-One cycle = ``get_computed_blocks`` -> ``allocate_slots`` (the prompt) -> ``D`` decode steps
+One cycle = ``get_computed_blocks`` -> ``allocate_slots`` (the prompt) ->
+``record_prefix_cache_stats`` -> ``D`` decode steps
 (append a token, ``allocate_slots(request, 1)``) -> ``free``, for requests run one after another
 through one manager (block size 16, 4096 blocks, so the prefix cache fills up and allocation
 evicts, as in steady state).  Request objects (and their prompt hashes) are built before the
@@ -24,14 +25,21 @@ NUM_BLOCKS = 4096
 MAX_MODEL_LEN = 8192
 WINDOW = 64
 
-# name -> (groups, caching, prompt kind, decode steps)
-SCENARIOS: dict[str, tuple[tuple[str, ...], bool, str, int]] = {
-    "caching off, 128-token prompts": (("full",), False, "unique", 0),
-    "unique 128-token prompts": (("full",), True, "unique", 0),
-    "96 shared + 32 unique tokens": (("full",), True, "shared", 0),
-    "128-token prompt + 32 decode steps": (("full",), True, "unique", 32),
-    "hybrid full + SWA(64), 96 shared + 32 unique, 32 decode": (("full", "swa"), True, "shared", 32),
+# name -> (groups, caching, prompt kind, decode steps, kvcore verify_hits)
+SCENARIOS: dict[str, tuple[tuple[str, ...], bool, str, int, bool]] = {
+    "caching off, 128-token prompts": (("full",), False, "unique", 0, False),
+    "unique 128-token prompts": (("full",), True, "unique", 0, False),
+    "96 shared + 32 unique tokens": (("full",), True, "shared", 0, False),
+    "96 shared + 32 unique, kvcore verify_hits": (("full",), True, "shared", 0, True),
+    "128-token prompt + 32 decode steps": (("full",), True, "unique", 32, False),
+    "128 + 32 decode, kvcore verify_hits": (("full",), True, "unique", 32, True),
+    "hybrid full + SWA(64), 96 shared + 32 unique, 32 decode": (("full", "swa"), True, "shared",
+                                                                32, False),
+    "hybrid, kvcore verify_hits": (("full", "swa"), True, "shared", 32, True),
 }
+"""vLLM has no hit verification: in the verify_hits scenarios it runs the same cycles
+unverified, so the ratio is what kvcore's proof of every hit costs against vLLM's trust in the
+hash."""
 
 
 def prompts(kind: str, n: int, rng: random.Random) -> list[list[int]]:
@@ -50,7 +58,7 @@ class _Side:
 
     manager: Any
 
-    def __init__(self, groups: tuple[str, ...], caching: bool) -> None:
+    def __init__(self, groups: tuple[str, ...], caching: bool, verify: bool = False) -> None:
         raise NotImplementedError
 
     def make_request(self, rid: str, tokens: list[int]) -> Any:
@@ -66,6 +74,7 @@ class _Side:
             blocks, hit = lookup(req)
             if m.allocate_slots(req, req.num_tokens - hit, hit, blocks) is None:
                 raise RuntimeError("allocation failed")
+            m.record_prefix_cache_stats(req, hit)  # as a scheduler does after admission
             req.num_computed_tokens = req.num_tokens
             for t in range(decode_steps):
                 req.append_output_token_ids(t)
@@ -77,7 +86,7 @@ class _Side:
 
 
 class KvcoreSide(_Side):
-    def __init__(self, groups: tuple[str, ...], caching: bool) -> None:
+    def __init__(self, groups: tuple[str, ...], caching: bool, verify: bool = False) -> None:
         import torch
 
         from kvcore.manager import KVCacheManager
@@ -90,7 +99,7 @@ class KvcoreSide(_Side):
         config = KVCacheConfig(NUM_BLOCKS, tuple(KVCacheGroup((f"l{i}",), s)
                                                  for i, s in enumerate(specs)))
         self.manager = KVCacheManager(config, MAX_MODEL_LEN, enable_caching=caching,
-                                      hash_algo="xxh3_128")
+                                      hash_algo="xxh3_128", verify_hits=verify)
 
     def make_request(self, rid: str, tokens: list[int]) -> Any:
         return self.manager.make_request(rid, tokens)
@@ -100,7 +109,7 @@ class KvcoreSide(_Side):
 
 
 class VllmSide(_Side):
-    def __init__(self, groups: tuple[str, ...], caching: bool) -> None:
+    def __init__(self, groups: tuple[str, ...], caching: bool, verify: bool = False) -> None:
         import torch
         from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -146,10 +155,10 @@ def main() -> None:
     args = ap.parse_args()
     side_cls: type[_Side] = KvcoreSide if args.impl == "kvcore" else VllmSide
     out = []
-    for name, (groups, caching, kind, decode_steps) in SCENARIOS.items():
+    for name, (groups, caching, kind, decode_steps, verify) in SCENARIOS.items():
         samples = []
         for rep in range(args.repeats):
-            side = side_cls(groups, caching)
+            side = side_cls(groups, caching, verify)
             rng = random.Random(rep)
             reqs = [side.make_request(f"r{i}", p)
                     for i, p in enumerate(prompts(kind, args.requests, rng))]
