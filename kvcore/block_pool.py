@@ -149,7 +149,8 @@ class BlockPool:
         A popped block that still carries a hash is evicted from its group's map (lazy eviction,
         emitting ``BlockRemoved``).  Raises :class:`NoFreeBlocksError` if too few are free.
         """
-        _check_count("num_blocks", num_blocks)
+        if num_blocks.__class__ is not int or num_blocks < 0:
+            _check_count("num_blocks", num_blocks)
         if num_blocks > len(self.free_queue):
             raise NoFreeBlocksError(
                 f"cannot allocate {num_blocks} blocks: only {len(self.free_queue)} are free")
@@ -374,7 +375,20 @@ class BlockPool:
         """Remove every key of ``block`` from its group's map (the block itself stays where it
         is): its hash, and any partial entries it also carries."""
         g = block.group_id
-        removed = self._drop_keys(block)
+        if self._secondary or self._partial_primary:
+            removed = self._drop_keys(block)
+        else:  # the common case, inlined (lazy eviction runs for every reused cached block)
+            h = block.block_hash
+            assert h is not None
+            cached = self._cached[g]
+            if cached.get(h) is block and h not in self._dups[g]:
+                del cached[h]
+            else:
+                self._unmap(g, h, block)
+            block.block_hash = None
+            block.group_id = -1
+            block.prefix_node = None
+            removed = [h]
         self.num_evicted_blocks += 1
         if self.enable_events:
             for h in removed:

@@ -75,16 +75,6 @@ class KVCacheBlocks(tuple):
 _ZERO = 0  # the default count; see the fast path of allocate_slots
 
 
-class _Tracked:
-    """A request holding blocks, and how many tokens it has slots for."""
-
-    __slots__ = ("num_slots", "request")
-
-    def __init__(self, request: KVRequest, num_slots: int) -> None:
-        self.request = request
-        self.num_slots = num_slots
-
-
 def _count(name: str, value: object) -> int:
     """``value`` as a non-negative int (numpy integers accepted), else InvalidArgumentError."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
@@ -154,7 +144,9 @@ class KVCacheManager:
         self.num_groups = config.num_groups
         self.log_stats = log_stats
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
-        self._requests: dict[str, _Tracked] = {}
+        # request id -> [request, num_slots]: the request object holding the blocks and how many
+        # tokens it has slots for (a two-item list: the cheapest mutable pair on the hot paths).
+        self._requests: dict[str, list[Any]] = {}
         # The latest hit get_computed_blocks returned: (blocks, request, (hit tokens, pool
         # evictions, pool resets)); see allocate_slots.
         self._last_lookup: tuple[KVCacheBlocks, KVRequest, tuple[int, int, int]] | None = None
@@ -214,10 +206,11 @@ class KVCacheManager:
         succeeded (lookups of a request that did not fit are not queries); requests that were
         preempted before are counted apart (``preempted_*``).  Nothing is counted with caching
         off or for a request that skips reading the prefix cache (no lookup happened)."""
-        n = _count("num_hit_tokens", num_hit_tokens)
+        if num_hit_tokens.__class__ is not int or num_hit_tokens < 0:
+            num_hit_tokens = _count("num_hit_tokens", num_hit_tokens)
         stats = self.prefix_cache_stats
         if stats is not None and self.enable_caching and not request.skip_reading_prefix_cache:
-            stats.record(request.num_tokens, n, request.num_preemptions > 0)
+            stats.record(request.num_tokens, num_hit_tokens, request.num_preemptions > 0)
 
     def allocate_slots(
         self,
@@ -247,7 +240,7 @@ class KVCacheManager:
             if tracked is None:
                 if not request.num_computed_tokens:
                     return self._start(request, num_new_tokens, delay_cache_blocks)
-            elif tracked.request is request:
+            elif tracked[0] is request:
                 return self._grow(request, tracked, num_new_tokens, delay_cache_blocks)
         if not (num_new_tokens.__class__ is int and num_new_tokens >= 0
                 and num_new_computed_tokens.__class__ is int and num_new_computed_tokens >= 0
@@ -320,9 +313,9 @@ class KVCacheManager:
         new_blocks = coord.allocate_new_blocks(rid, num_slots, num_encoder_tokens)
         tracked = self._requests.get(rid)
         if tracked is None:
-            self._requests[rid] = _Tracked(request, num_slots)
-        elif num_slots > tracked.num_slots:
-            tracked.num_slots = num_slots
+            self._requests[rid] = [request, num_slots]
+        elif num_slots > tracked[1]:
+            tracked[1] = num_slots
         if self.enable_caching and not delay_cache_blocks:
             self._sync_hashes(request)
             coord.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
@@ -343,9 +336,9 @@ class KVCacheManager:
                     "holds no blocks: it was freed (finished, or preempted without resetting "
                     "num_computed_tokens to 0) or never admitted")
             return False
-        if tracked.request is not request:
+        if tracked[0] is not request:
             raise RequestStateError(f"request id {rid!r} is already used by another live request")
-        slots = tracked.num_slots
+        slots = tracked[1]
         if request.num_computed_tokens > slots:
             raise RequestStateError(
                 f"request {rid!r} has num_computed_tokens={request.num_computed_tokens} but slots "
@@ -432,13 +425,13 @@ class KVCacheManager:
         for block_size, node in deepest.items():
             chains.adopt(request_id, block_size, node)
 
-    def _grow(self, request: KVRequest, tracked: _Tracked, num_new_tokens: int,
+    def _grow(self, request: KVRequest, tracked: list[Any], num_new_tokens: int,
               delay_cache_blocks: bool) -> KVCacheBlocks | None:
         """``allocate_slots`` for a running request with only new tokens (chunked prefill and
         decode): the hot path, same semantics as the general one."""
         total_computed = request.num_computed_tokens
         num_slots = total_computed + num_new_tokens
-        had_slots = tracked.num_slots
+        had_slots = tracked[1]
         if total_computed > had_slots:
             self._check_request(request)  # raises, naming the numbers
         if num_slots > self.max_model_len:
@@ -448,7 +441,7 @@ class KVCacheManager:
         if new_blocks is None:
             return None
         if num_slots > had_slots:
-            tracked.num_slots = num_slots
+            tracked[1] = num_slots
         return KVCacheBlocks(new_blocks) if any(new_blocks) else self._empty
 
     def _start(self, request: KVRequest, num_new_tokens: int,
@@ -460,7 +453,7 @@ class KVCacheManager:
         new_blocks = self.coordinator.start(request, num_new_tokens, cache_upto)
         if new_blocks is None:
             return None
-        self._requests[request.request_id] = _Tracked(request, num_new_tokens)
+        self._requests[request.request_id] = [request, num_new_tokens]
         return KVCacheBlocks(new_blocks) if any(new_blocks) else self._empty
 
     def _cache_upto(self, request: KVRequest, num_slots: int, delay: bool) -> int | None:
@@ -478,7 +471,7 @@ class KVCacheManager:
         """Release every block of the request, tail first, so its prefix is evicted last."""
         rid = request.request_id
         tracked = self._requests.get(rid)
-        if tracked is None or tracked.request is not request:
+        if tracked is None or tracked[0] is not request:
             self._tracked(request)  # raises, saying which
         self.coordinator.free(rid)
         del self._requests[rid]
@@ -519,22 +512,22 @@ class KVCacheManager:
         if request_id not in self._requests:
             raise UnknownRequestError(f"request {request_id!r} holds no blocks")
 
-    def _tracked(self, request: KVRequest) -> _Tracked:
+    def _tracked(self, request: KVRequest) -> list[Any]:
         """The record of ``request``, which must be the object holding blocks under its id."""
         rid = request.request_id
         tracked = self._requests.get(rid)
         if tracked is None:
             raise UnknownRequestError(f"request {rid!r} holds no blocks (never allocated, or "
                                       "already freed)")
-        if tracked.request is not request:
+        if tracked[0] is not request:
             raise RequestStateError(f"request id {rid!r} is held by another request object")
         return tracked
 
-    def _check_slots(self, tracked: _Tracked, num_tokens: int) -> None:
-        if num_tokens > tracked.num_slots:
+    def _check_slots(self, tracked: list[Any], num_tokens: int) -> None:
+        if num_tokens > tracked[1]:
             raise RequestStateError(
-                f"request {tracked.request.request_id!r} has slots for {tracked.num_slots} "
-                f"tokens, not {num_tokens}")
+                f"request {tracked[0].request_id!r} has slots for {tracked[1]} tokens, not "
+                f"{num_tokens}")
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         self._known(request_id)
@@ -598,9 +591,9 @@ class KVCacheManager:
 
     def requests(self) -> dict[str, KVRequest]:
         """The requests holding blocks, by id (a copy)."""
-        return {rid: t.request for rid, t in self._requests.items()}
+        return {rid: t[0] for rid, t in self._requests.items()}
 
     def num_slots(self, request_id: str) -> int:
         """How many tokens the request has slots for (computed tokens never exceed it)."""
         self._known(request_id)
-        return self._requests[request_id].num_slots
+        return int(self._requests[request_id][1])

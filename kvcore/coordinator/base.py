@@ -55,10 +55,14 @@ class KVCacheCoordinator:
         """Per-group hit blocks and the hit length in tokens (at most ``max_length``)."""
         raise NotImplementedError
 
-    def num_cacheable_tokens(self, num_tokens: int, manager: SingleTypeKVCacheManager) -> int:
-        """How many of the first ``num_tokens`` tokens ``manager`` may cache (hybrid: aligned
-        down; see HybridCoordinator)."""
+    def num_cacheable_tokens(self, num_tokens: int) -> int:
+        """How many of the first ``num_tokens`` tokens may be cached (hybrid: aligned down)."""
         return num_tokens
+
+    def eagle_cacheable_tokens(self, num_tokens: int, aligned: int,
+                               manager: SingleTypeKVCacheManager) -> int:
+        """Under EAGLE, how many tokens ``manager`` caches (``aligned``: the common count)."""
+        return aligned
 
     # -- accounting -------------------------------------------------------------------------------
     def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
@@ -155,8 +159,11 @@ class KVCacheCoordinator:
         else:
             new_blocks = [[] for _ in counts]
         if num_tokens_to_cache is not None:
+            aligned = self.num_cacheable_tokens(num_tokens_to_cache)
+            eagle = self.use_eagle
             for m in self._caching:
-                num_tokens = self.num_cacheable_tokens(num_tokens_to_cache, m)
+                num_tokens = (self.eagle_cacheable_tokens(num_tokens_to_cache, aligned, m)
+                              if eagle else aligned)
                 if (num_tokens // m.block_size > m.num_cached_block.get(rid, 0)
                         or m.caches_partial_tail):
                     m.cache_blocks(request, num_tokens)
@@ -166,8 +173,10 @@ class KVCacheCoordinator:
         return tuple([] if cross else next(it) for cross in self._is_cross)
 
     def cache_blocks(self, request: KVRequest, num_tokens: int) -> None:
-        for manager in self._caching:
-            manager.cache_blocks(request, self.num_cacheable_tokens(num_tokens, manager))
+        aligned = self.num_cacheable_tokens(num_tokens)
+        for m in self._caching:
+            m.cache_blocks(request, self.eagle_cacheable_tokens(num_tokens, aligned, m)
+                           if self.use_eagle else aligned)
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         for manager in self.managers:

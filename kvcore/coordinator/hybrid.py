@@ -55,13 +55,14 @@ class HybridCoordinator(KVCacheCoordinator):
         self._spec_groups = spec_groups
         self._single_round = len(spec_groups) == 2 and spec_groups[0].is_full
 
-    def num_cacheable_tokens(self, num_tokens: int, manager: SingleTypeKVCacheManager) -> int:
-        aligned = num_tokens - num_tokens % self.alignment_tokens
-        if manager.use_eagle and aligned > 0:
-            # An EAGLE lookup matches one block past an aligned boundary and drops it: that
-            # block must be cached too (as vLLM).
-            return min(num_tokens, aligned + manager.block_size)
-        return aligned
+    def num_cacheable_tokens(self, num_tokens: int) -> int:
+        return num_tokens - num_tokens % self.alignment_tokens
+
+    def eagle_cacheable_tokens(self, num_tokens: int, aligned: int,
+                               manager: SingleTypeKVCacheManager) -> int:
+        # An EAGLE lookup matches one block past an aligned boundary and drops it: that block
+        # must be cached too (as vLLM).
+        return min(num_tokens, aligned + manager.block_size) if aligned > 0 else aligned
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int,
                                verifier: HitVerifier | None) -> tuple[GroupBlocks, int]:

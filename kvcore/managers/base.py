@@ -112,6 +112,9 @@ class SingleTypeKVCacheManager:
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}
         self.prefix_chains = ctx.prefix_chains  # verify mode: the exact prefix of cached blocks
+        # Whether cache_blocks may register something although no block became full.
+        self.caches_partial_tail = (self.registers_partial_tail and self.enable_caching
+                                    and self.block_size != self.hash_block_size)
 
     # -- the attention type's rules ---------------------------------------------------------------
     @classmethod
@@ -125,11 +128,9 @@ class SingleTypeKVCacheManager:
         """
         raise NotImplementedError
 
-    @property
-    def caches_partial_tail(self) -> bool:
-        """Whether ``cache_blocks`` may register something even when no block became full
-        (a partial prompt-tail entry: full attention with blocks larger than the hash block)."""
-        return False
+    registers_partial_tail: ClassVar[bool] = False
+    """Whether the type registers the prompt's last hash boundary inside a block as a partial
+    entry when its blocks are larger than the hash block (full attention, as vLLM)."""
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Leading tokens whose KV the next token no longer reads (0: keep everything)."""
@@ -221,20 +222,26 @@ class SingleTypeKVCacheManager:
 
     def cache_blocks(self, request: KVRequest, num_tokens: int) -> None:
         """Put the request's blocks that are full within its first ``num_tokens`` tokens into the
-        prefix cache (only the ones not cached yet)."""
+        prefix cache (only the ones not cached yet), then register its partial prompt tail if
+        the type does (``caches_partial_tail``)."""
         rid = request.request_id
         num_cached = self.num_cached_block.get(rid, 0)
         num_full = num_tokens // self.block_size
-        if num_cached >= num_full:
-            return
-        hashes = hashes_at(request.block_hashes, self.hash_block_size, self.block_size)
-        chains = self.prefix_chains
-        nodes = None if chains is None else chains.nodes(request, self.block_size, num_full)
-        self.pool.cache_full_blocks(request, self.req_to_blocks[rid], num_cached, num_full,
-                                    self.block_size, self.group_id, hashes,
-                                    block_mask=self.cache_mask(num_cached, num_full),
-                                    prefix_nodes=nodes)
-        self.num_cached_block[rid] = num_full
+        if num_cached < num_full:
+            hashes = hashes_at(request.block_hashes, self.hash_block_size, self.block_size)
+            chains = self.prefix_chains
+            nodes = None if chains is None else chains.nodes(request, self.block_size, num_full)
+            self.pool.cache_full_blocks(request, self.req_to_blocks[rid], num_cached, num_full,
+                                        self.block_size, self.group_id, hashes,
+                                        block_mask=self.cache_mask(num_cached, num_full),
+                                        prefix_nodes=nodes)
+            self.num_cached_block[rid] = num_full
+        if self.caches_partial_tail:
+            self.cache_partial_tail(request, num_tokens)
+
+    def cache_partial_tail(self, request: KVRequest, num_tokens: int) -> None:
+        """Register the prompt's last hash boundary inside a block as a partial entry (types with
+        ``registers_partial_tail``; see ``BlockPool.cache_partial_block``)."""
 
     def uncache_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """Drop the request's blocks holding tokens at or after ``num_computed_tokens`` from the

@@ -10,6 +10,7 @@ from kvcore.request import KVRequest
 
 
 class FullAttentionManager(SingleTypeKVCacheManager):
+    registers_partial_tail = True
     @classmethod
     def find_longest_cache_hit(cls, query: HitQuery) -> tuple[HitBlocks, int]:
         bs = query.spec.block_size
@@ -48,17 +49,9 @@ class FullAttentionManager(SingleTypeKVCacheManager):
                 del blocks[-(-hit_length // bs):]
         return out, hit_length
 
-    @property
-    def caches_partial_tail(self) -> bool:
-        return self.block_size != self.hash_block_size
-
-    def cache_blocks(self, request: KVRequest, num_tokens: int) -> None:
-        """Cache the newly full blocks, then (blocks larger than the hash block) register the
-        prompt's last hash boundary inside a block as a partial entry, as vLLM does (see
-        ``BlockPool.cache_partial_block``)."""
-        super().cache_blocks(request, num_tokens)
-        if self.block_size == self.hash_block_size:
-            return
+    def cache_partial_tail(self, request: KVRequest, num_tokens: int) -> None:
+        """With blocks larger than the hash block, vLLM registers the prompt's last hash
+        boundary inside a block (once ``num_tokens`` reach it) as a partial entry."""
         hbs = self.hash_block_size
         limit = request.num_prompt_tokens if self.use_eagle else request.num_prompt_tokens - 1
         boundary = limit // hbs * hbs

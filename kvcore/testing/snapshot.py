@@ -47,7 +47,7 @@ def manager_snapshot(manager: KVCacheManager) -> tuple[object, ...]:
             for bs, chain in per_size.items()))
     stats = manager.prefix_cache_stats
     return (pool_snapshot(coord.pool), tables, cached, mamba, chains,
-            tuple(sorted((rid, id(t.request), t.num_slots)
+            tuple(sorted((rid, id(t[0]), t[1])
                          for rid, t in manager._requests.items())),
             None if stats is None else astuple(stats))
 

@@ -14,9 +14,9 @@ from typing import Any, TypeVar
 import pytest
 
 from kvcore import InvalidArgumentError
-from kvcore.cli import main
 from kvcore.sim.replay import ReplayConfig, replay
 from kvcore.sim.traces import HashIdTokens, TraceRequest, load_mooncake
+from tests.test_cli import run
 
 T = TypeVar("T")
 
@@ -33,15 +33,6 @@ def record(**fields: Any) -> bytes:
 def raw(text: str) -> bytes:
     """A record written by hand (for what json.dumps would not write: NaN, 1e400, ...)."""
     return text.encode()
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        rc = main(list(argv))
-    except SystemExit as exc:  # argparse
-        rc = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def within(seconds: float, fn: Callable[[], T]) -> T:
