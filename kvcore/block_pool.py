@@ -36,8 +36,8 @@ from kvcore.events import (
 from kvcore.hashing import block_extra_keys
 
 if TYPE_CHECKING:
+    from kvcore.blocks import PrefixNode
     from kvcore.request import KVRequest
-    from kvcore.verify import PrefixNode
 
 
 def _check_count(name: str, value: object) -> int:

@@ -13,17 +13,32 @@ Queue order is eviction order: the head is reused first.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, NewType
+from typing import Any, NewType
 
 from kvcore.errors import BlockStateError, InvalidArgumentError, NoFreeBlocksError, NullBlockError
-
-if TYPE_CHECKING:
-    from kvcore.verify import PrefixNode
 
 BlockHash = NewType("BlockHash", bytes)
 """A chained block hash (see ``kvcore.hashing``)."""
 
 _SENTINEL_ID = -1
+
+
+class PrefixNode:
+    """Provenance of a cached block (``verify_hits``, see :mod:`kvcore.verify`): the prefix
+    ending with block ``index`` (``tokens``: that block's token ids, ``extra``:
+    its extra keys), after the prefix ``parent`` (``None`` for the first block)."""
+
+    __slots__ = ("extra", "index", "parent", "tokens")
+
+    def __init__(self, parent: PrefixNode | None, index: int, tokens: list[int],
+                 extra: tuple[tuple[Any, ...], ...] | None) -> None:
+        self.parent = parent
+        self.index = index
+        self.tokens = tokens
+        self.extra = extra
+
+    def __repr__(self) -> str:
+        return f"PrefixNode(index={self.index}, tokens={self.tokens[:4]}...)"
 
 
 class KVCacheBlock:

@@ -15,8 +15,9 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
+from kvcore.cmdline import OneLineParser
 from kvcore.errors import KVCoreError
 
 MAIN_EPILOG = """\
@@ -27,14 +28,6 @@ examples:
       --capacity-tokens 4000000 --policy lru,fifo,lfu,belady
   kvcore bench manager                            kvcore vs vLLM, same run
 """
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line with exit status 2 (argparse would print
-    the usage too); every kvcore command uses it."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _positive(text: str) -> int:

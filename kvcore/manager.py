@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any, NoReturn
 
-from kvcore.blocks import KVCacheBlock
+from kvcore.blocks import KVCacheBlock, PrefixNode
 from kvcore.coordinator import KVCacheCoordinator, make_coordinator
 from kvcore.errors import (
     InvalidArgumentError,
@@ -40,7 +40,7 @@ from kvcore.managers import ManagerClasses
 from kvcore.request import KVRequest, Request
 from kvcore.specs import KVCacheConfig, SlidingWindowSpec
 from kvcore.stats import PrefixCacheStats
-from kvcore.verify import HitVerifier, PrefixNode
+from kvcore.verify import HitVerifier
 
 
 class KVCacheBlocks(tuple):

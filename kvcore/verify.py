@@ -24,27 +24,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, overload
 
-from kvcore.hashing import ExtraKeys, block_extra_keys
+from kvcore.blocks import PrefixNode
+from kvcore.hashing import block_extra_keys
 
 if TYPE_CHECKING:
     from kvcore.request import KVRequest
-
-
-class PrefixNode:
-    """The prefix ending with block ``index`` (``tokens``: that block's token ids, ``extra``:
-    its extra keys), after the prefix ``parent`` (``None`` for the first block)."""
-
-    __slots__ = ("extra", "index", "parent", "tokens")
-
-    def __init__(self, parent: PrefixNode | None, index: int, tokens: list[int],
-                 extra: ExtraKeys | None) -> None:
-        self.parent = parent
-        self.index = index
-        self.tokens = tokens
-        self.extra = extra
-
-    def __repr__(self) -> str:
-        return f"PrefixNode(index={self.index}, tokens={self.tokens[:4]}...)"
 
 
 def _is_plain(request: KVRequest) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvcore.bench.fuzz import FuzzReport, fuzz, main, run_round
-from kvcore.testing.driver import SETUPS, Setup, full
+from kvcore.testing.setups import SETUPS, Setup, full
 
 
 @pytest.mark.parametrize("setup", SETUPS, ids=[s.name for s in SETUPS])

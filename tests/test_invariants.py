@@ -7,7 +7,8 @@ from collections.abc import Callable
 import pytest
 
 from kvcore import BlockHash, BlockPool, InvariantError, KVCacheBlock, check_invariants
-from kvcore.verify import PrefixChains, PrefixNode
+from kvcore.blocks import PrefixNode
+from kvcore.verify import PrefixChains
 from tests.factories import make_request
 
 

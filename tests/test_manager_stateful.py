@@ -18,7 +18,8 @@ from __future__ import annotations
 import hypothesis.strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvcore.testing.driver import PERTURBATIONS, SETUPS, VOCAB, HostileDriver, Setup
+from kvcore.testing.driver import PERTURBATIONS, VOCAB, HostileDriver
+from kvcore.testing.setups import SETUPS, Setup
 
 INDEX = st.integers(0, 99)
 

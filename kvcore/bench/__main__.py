@@ -12,7 +12,7 @@ from typing import Any
 
 from kvcore.bench.peer import WorkloadError, peer_python, run_workload
 from kvcore.bench.table import fmt, ratio, render
-from kvcore.cli import OneLineParser
+from kvcore.cmdline import OneLineParser
 
 
 def _run_pair(script: str, args: list[str], use_peer: bool) -> tuple[Any, Any, str]:

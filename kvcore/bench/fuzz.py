@@ -21,8 +21,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvcore.cli import OneLineParser
-from kvcore.testing.driver import SETUPS, HostileDriver, Setup, random_operation
+from kvcore.cmdline import OneLineParser
+from kvcore.testing.driver import HostileDriver, random_operation
+from kvcore.testing.setups import SETUPS, Setup
 
 
 @dataclass

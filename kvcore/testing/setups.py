@@ -1,0 +1,101 @@
+"""The manager configurations the hostile driver and the fuzz run drive (``SETUPS``), and small
+spec helpers to build more."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvcore.manager import KVCacheManager
+from kvcore.specs import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroup,
+    KVCacheSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
+from kvcore.testing.faults import CollidingHasher
+
+
+def _attn(cls: type[KVCacheSpec], block_size: int, **kw: int) -> KVCacheSpec:
+    return cls(block_size=block_size, num_kv_heads=1, head_size=4, dtype=torch.float16, **kw)
+
+
+def full(block_size: int = 4) -> KVCacheSpec:
+    return _attn(FullAttentionSpec, block_size)
+
+
+def swa(window: int, block_size: int = 4) -> KVCacheSpec:
+    return _attn(SlidingWindowSpec, block_size, sliding_window=window)
+
+
+def chunked(chunk: int, block_size: int = 4) -> KVCacheSpec:
+    return _attn(ChunkedLocalAttentionSpec, block_size, attention_chunk_size=chunk)
+
+
+def mamba(block_size: int = 4) -> KVCacheSpec:
+    return MambaSpec(block_size=block_size, shapes=((2, 4),), dtypes=(torch.float32,))
+
+
+def cross(block_size: int = 4) -> KVCacheSpec:
+    return _attn(CrossAttentionSpec, block_size)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A manager configuration to drive: its groups, pool, and hashing."""
+
+    name: str
+    specs: tuple[KVCacheSpec, ...]
+    num_blocks: int = 32
+    max_model_len: int = 64
+    verify_hits: bool = False
+    enable_caching: bool = True
+    collisions: str | None = None  # a CollidingHasher mode (needs verify_hits), or real hashes
+    use_eagle: bool = False
+
+    def build(self) -> KVCacheManager:
+        groups = tuple(KVCacheGroup((f"layer{i}",), s) for i, s in enumerate(self.specs))
+        hasher = CollidingHasher(self.collisions) if self.collisions else None
+        return KVCacheManager(KVCacheConfig(self.num_blocks, groups), self.max_model_len,
+                              enable_caching=self.enable_caching, verify_hits=self.verify_hits,
+                              block_hasher=hasher, enable_events=True, use_eagle=self.use_eagle)
+
+
+def _setups() -> tuple[Setup, ...]:
+    base = (
+        Setup("full", (full(4),)),
+        Setup("full-bs2", (full(2),), num_blocks=48),
+        Setup("swa7", (swa(7, 4),)),
+        Setup("chunked13", (chunked(13, 4),)),
+        Setup("chunked6", (chunked(6, 4),)),
+        Setup("full+chunked13", (full(4), chunked(13, 4)), num_blocks=48),
+        Setup("full4+swa12/8", (full(4), swa(12, 8)), num_blocks=48),
+        Setup("full+swa5+swa5", (full(4), swa(5, 4), swa(5, 4)), num_blocks=64),
+        Setup("full+mamba", (full(4), mamba(4)), num_blocks=48),
+        Setup("full+cross", (full(4), cross(4)), num_blocks=48),
+        Setup("nocache full+swa", (full(4), swa(8, 4)), num_blocks=48, enable_caching=False),
+        Setup("full8+swa4", (full(8), swa(6, 4)), num_blocks=48),  # partial prompt-tail entries
+        Setup("full eagle", (full(4),), use_eagle=True),
+        Setup("full8+swa4 eagle", (full(8), swa(6, 4)), num_blocks=48, use_eagle=True),
+        Setup("full+swa7+mamba eagle", (full(4), swa(7, 4), mamba(4)), num_blocks=64,
+              use_eagle=True),
+    )
+    verified = tuple(Setup(f"{s.name} verify", s.specs, s.num_blocks, s.max_model_len, True,
+                           s.enable_caching, use_eagle=s.use_eagle)
+                     for s in base if s.enable_caching)
+    colliding = tuple(Setup(f"{s.name} {mode}", s.specs, s.num_blocks, s.max_model_len, True,
+                            True, mode, s.use_eagle)
+                      for s in base if s.enable_caching
+                      for mode in ("tokens", "constant", "truncated"))
+    return base + verified + colliding
+
+
+SETUPS: tuple[Setup, ...] = _setups()
+"""Full, sliding window, chunked local with chunk sizes that are not multiples of the block
+size, hybrids (different block sizes, partial prompt-tail entries, Mamba, cross attention),
+EAGLE, caching off; each again with ``verify_hits`` and with each colliding hasher."""
