@@ -79,11 +79,14 @@ class HitVerifier:
             path.append(n)
             start = n.index * block_size
             end = start + block_size
-            if n.tokens != tokens[start:end] or n.extra != (
-                    None if self._plain else block_extra_keys(self._request, start, end)):
-                ok = False
+            parent = n.parent
+            if (n.tokens != tokens[start:end] or len(n.tokens) != block_size
+                    or (parent.index != n.index - 1 if parent is not None else n.index != 0)
+                    or n.extra != (None if self._plain
+                                   else block_extra_keys(self._request, start, end))):
+                ok = False  # other tokens, or a chain that does not reach back to position 0
                 break
-            n = n.parent
+            n = parent
         for p in path:  # a mismatch anywhere above makes every descendant a mismatch too
             memo[p] = ok
         if ok:

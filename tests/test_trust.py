@@ -312,3 +312,19 @@ def test_unitary_verify_mode_forgets_a_freed_requests_chain() -> None:
     assert m.coordinator.prefix_chains is not None
     assert m.coordinator.prefix_chains.request_ids() == []
     m.check_invariants()
+
+
+def test_a_verified_chain_must_reach_position_zero() -> None:
+    from kvcore.blocks import PrefixNode
+    from kvcore.verify import HitVerifier
+
+    r = Request("r", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    first = PrefixNode(None, 0, [1, 2, 3, 4], None)
+    good = PrefixNode(first, 1, [5, 6, 7, 8], None)
+    assert HitVerifier(r).matches(good, 1, 4)
+    orphan = PrefixNode(None, 1, [5, 6, 7, 8], None)  # right tokens, but no prefix before them
+    skipping = PrefixNode(PrefixNode(None, 0, [1, 2, 3, 4], None), 2, [9, 0, 0, 0], None)
+    verifier = HitVerifier(r)
+    assert not verifier.matches(orphan, 1, 4)
+    assert not verifier.matches(skipping, 2, 4)
+    assert not verifier.matches(PrefixNode(first, 1, [5, 6, 7, 9], None), 1, 4)

@@ -45,6 +45,7 @@ class ManagerContext:
     prefix_chains: PrefixChains | None = None
 
 
+@dataclass(slots=True)
 class HitQuery:
     """One prefix-cache lookup, for the groups ``group_ids`` that share ``spec``.
 
@@ -55,21 +56,14 @@ class HitQuery:
     must recompute.
     """
 
-    __slots__ = ("alignment_tokens", "block_hashes", "drop_last", "group_ids", "max_length",
-                 "pool", "spec", "verifier")
-
-    def __init__(self, block_hashes: Sequence[BlockHash], max_length: int,
-                 group_ids: Sequence[int], pool: BlockPool, spec: KVCacheSpec,
-                 alignment_tokens: int, verifier: HitVerifier | None = None,
-                 drop_last: bool = False) -> None:
-        self.block_hashes = block_hashes
-        self.max_length = max_length
-        self.group_ids = group_ids
-        self.pool = pool
-        self.spec = spec
-        self.alignment_tokens = alignment_tokens
-        self.verifier = verifier
-        self.drop_last = drop_last
+    block_hashes: Sequence[BlockHash]
+    max_length: int
+    group_ids: Sequence[int]
+    pool: BlockPool
+    spec: KVCacheSpec
+    alignment_tokens: int
+    verifier: HitVerifier | None = None
+    drop_last: bool = False
 
     def lookup(self, index: int) -> list[KVCacheBlock] | None:
         """The cached block at block ``index`` in every group, or ``None`` (a miss in any group,
