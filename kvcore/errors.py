@@ -74,5 +74,6 @@ class InvariantError(KVCoreError, AssertionError):
         self.rule = rule
         self.block_id = block_id
         self.observed = observed
+        self.detail = message
         where = f" (block {block_id})" if block_id is not None else ""
         super().__init__(f"[{rule}]{where} {message}")

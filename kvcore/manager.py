@@ -254,6 +254,9 @@ class KVCacheManager:
             num_external_computed_tokens = _count("num_external_computed_tokens",
                                                   num_external_computed_tokens)
             num_encoder_tokens = _count("num_encoder_tokens", num_encoder_tokens)
+        running = rid in self._requests
+        if running or request.num_computed_tokens:
+            self._check_request(request)  # raises for a stranger, a freed or overrun request
         if num_new_tokens == 0 and num_new_computed_tokens == 0 and num_external_computed_tokens == 0:
             raise InvalidArgumentError("allocate_slots needs new tokens or computed tokens to adopt")
         hits: Sequence[Sequence[KVCacheBlock]] = (
@@ -263,9 +266,6 @@ class KVCacheManager:
                 f"new_computed_blocks must hold one block list per group ({self.num_groups}), "
                 f"got {new_computed_blocks!r}")
         has_hits = any(hits)
-        running = rid in self._requests
-        if running or request.num_computed_tokens:
-            self._check_request(request)  # raises for a stranger or a freed request
         if running and (has_hits or num_new_computed_tokens):
             raise RequestStateError(f"request {rid!r} is running: it cannot take a new prefix hit")
         if not running:

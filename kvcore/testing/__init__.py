@@ -1,10 +1,32 @@
-"""Test support for code built on kvcore: a content oracle that knows what every KV slot holds,
-deliberately colliding block hashers, and a driver that mixes valid and hostile calls.
+"""Test support for code built on kvcore — the checks kvcore's own tests use, for yours.
 
-Nothing here is imported by ``import kvcore``; it has no dependency beyond kvcore's own.
+* :func:`checked` / :func:`unchecked` / :func:`assert_no_leak`: a KVCacheManager that checks its
+  invariants (and, with ``track_contents``, the KV each hit and table holds) after every public
+  call, and the end-of-test leak check;
+* :class:`ContentOracle`: what every KV slot holds, tracked without hashes;
+* fault injection: :class:`CollidingHasher`, :class:`PlantedCollisions`,
+  :func:`refuse_allocation`, :class:`ManualClock`;
+* :class:`~kvcore.testing.driver.HostileDriver` and :data:`~kvcore.testing.setups.SETUPS`: the
+  valid-and-hostile operation driver behind kvcore's fuzzing;
+* with ``hypothesis`` installed (``pip install kvcore[testing]``):
+  :mod:`kvcore.testing.strategies` and :class:`kvcore.testing.machine.SchedulerMachine`, a state
+  machine that drives *your* scheduler.
+* the pytest plugin (``pytest --kvcore-check``, fixture ``kv_manager``) is
+  :mod:`kvcore_pytest.plugin`.
+
+Importing this package imports neither hypothesis nor pytest.
 """
 
-from kvcore.testing.faults import COLLISION_MODES, CollidingHasher
+from kvcore.testing.checked import assert_no_leak, checked, is_checked, unchecked
+from kvcore.testing.faults import (
+    COLLISION_MODES,
+    CollidingHasher,
+    ManualClock,
+    PlantedCollisions,
+    refuse_allocation,
+)
 from kvcore.testing.oracle import ContentOracle, WrongKVError
 
-__all__ = ["COLLISION_MODES", "CollidingHasher", "ContentOracle", "WrongKVError"]
+__all__ = ["COLLISION_MODES", "CollidingHasher", "ContentOracle", "ManualClock",
+           "PlantedCollisions", "WrongKVError", "assert_no_leak", "checked", "is_checked",
+           "refuse_allocation", "unchecked"]

@@ -1,4 +1,5 @@
-"""Fault injection: block hashers that collide on purpose.
+"""Fault injection: block hashers that collide on purpose (everywhere, or where you plant
+it), an allocation that fails at chosen calls, and a manual clock.
 
 A collision makes a prefix-cache lookup find a block computed for other tokens.  With
 ``verify_hits=True`` kvcore must still never serve one; these hashers make that testable.
@@ -6,11 +7,15 @@ A collision makes a prefix-cache lookup find a block computed for other tokens. 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from kvcore.blocks import BlockHash
 from kvcore.errors import InvalidArgumentError
 from kvcore.hashing import BlockHasher, ExtraKeys
+
+if TYPE_CHECKING:
+    from kvcore.manager import KVCacheManager
 
 COLLISION_MODES = ("constant", "tokens", "truncated")
 
@@ -45,3 +50,63 @@ class CollidingHasher(BlockHasher):
             return super().hash_block(None, token_ids, extra_keys)
         full = int.from_bytes(super().hash_block(parent, token_ids, extra_keys), "little")
         return BlockHash((full & ((1 << self.bits) - 1)).to_bytes(8, "little"))
+
+
+class PlantedCollisions(BlockHasher):
+    """A real hasher, except for the collisions you plant: after ``collide(a, b)`` a block whose
+    tokens are ``a`` hashes as if its tokens were ``b`` (same parent, same extra keys), so the
+    two blocks collide exactly where you want them to."""
+
+    __slots__ = ("_planted",)
+
+    def __init__(self, algorithm: str = "xxh3_128") -> None:
+        super().__init__(algorithm)
+        self._planted: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+    def collide(self, tokens: Sequence[int], as_tokens: Sequence[int]) -> None:
+        if len(tokens) != len(as_tokens):
+            raise InvalidArgumentError("colliding blocks must have the same number of tokens")
+        self._planted[tuple(tokens)] = tuple(as_tokens)
+
+    def hash_block(self, parent: BlockHash | None, token_ids: Sequence[int],
+                   extra_keys: ExtraKeys | None = None) -> BlockHash:
+        planted = self._planted.get(tuple(token_ids))
+        return super().hash_block(parent, token_ids if planted is None else planted, extra_keys)
+
+
+def refuse_allocation(manager: KVCacheManager, calls: Iterable[int]) -> KVCacheManager:
+    """Make ``manager.allocate_slots`` return ``None`` (not enough blocks: preempt someone) on
+    the listed calls, counted from 1 from now, without touching the manager — as if the pool
+    had run out at those moments.  Exercises a scheduler's preemption and retry paths."""
+    refused = set(calls)
+    original = manager.allocate_slots
+    count = 0
+
+    def allocate_slots(*args: Any, **kwargs: Any) -> Any:
+        nonlocal count
+        count += 1
+        return None if count in refused else original(*args, **kwargs)
+
+    manager.allocate_slots = allocate_slots  # type: ignore[method-assign]  # test-only patch
+    return manager
+
+
+class ManualClock:
+    """A clock that moves only when told to, for replay-style tests: ``now()`` in seconds,
+    ``advance(dt)``; ``sleep(dt)`` advances instead of sleeping."""
+
+    __slots__ = ("_now",)
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = float(start)
+
+    def now(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> float:
+        if not seconds >= 0:  # also refuses NaN
+            raise InvalidArgumentError(f"a clock cannot go back or by NaN: {seconds!r}")
+        self._now += seconds
+        return self._now
+
+    sleep = advance

@@ -1,0 +1,26 @@
+"""kvcore's own scheduler, tested through kvcore.testing.machine.SchedulerMachine — the same base
+class a user subclasses for theirs (dogfooding)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvcore.manager import KVCacheManager
+from kvcore.scheduler import Scheduler, SchedulerConfig
+from kvcore.testing.machine import SchedulerMachine
+from kvcore.testing.setups import chunked, full, mamba, swa
+
+
+class KvcoreSchedulerMachine(SchedulerMachine):
+    def make_scheduler(self, manager: KVCacheManager) -> Any:
+        return Scheduler(manager, SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16))
+
+
+def _machine(name: str, specs: tuple[Any, ...], **attrs: Any) -> type[SchedulerMachine]:
+    return type(name, (KvcoreSchedulerMachine,), {"specs": specs, **attrs})
+
+
+TestFullAttention = _machine("Full", (full(4),)).TestCase
+TestHybridSlidingWindow = _machine("Hybrid", (full(4), swa(6, 4)), num_blocks=48).TestCase
+TestChunkedOddChunk = _machine("Chunked", (full(4), chunked(13, 4)), num_blocks=48).TestCase
+TestHybridMamba = _machine("Mamba", (full(4), mamba(4)), num_blocks=48).TestCase
