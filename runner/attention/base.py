@@ -19,6 +19,10 @@ For sequence ``s``: its queries are the last ``q_len_s = cu_seqlens_q[s+1] - cu_
 positions of its ``seq_len_s = seq_lens[s]`` tokens, i.e. query ``j`` sits at absolute position
 ``seq_len_s - q_len_s + j`` and attends causally to keys ``[max(0, p - window + 1), p]``
 (``window=None``: all of ``[0, p]``).
+
+Scores are ``scale * q.k``; with ``softcap`` (logit soft-capping, Gemma-2) they become
+``softcap * tanh(scale * q.k / softcap)`` before masking and softmax (``None``: no capping).
+Any GQA ratio ``num_heads / num_kv_heads`` (an integer) and any head_dim are accepted.
 """
 
 from __future__ import annotations
@@ -85,5 +89,6 @@ class AttentionBackend(Protocol):
         group_id: int,
         scale: float,
         sliding_window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         ...

@@ -52,7 +52,8 @@ class TorchAttentionBackend:
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, meta: AttentionMetadata, group_id: int, scale: float,
-                sliding_window: int | None = None) -> torch.Tensor:
+                sliding_window: int | None = None, softcap: float | None = None
+                ) -> torch.Tensor:
         group = meta.groups[group_id]
         store_kv(key, value, kv_cache, group.slot_mapping)
         out = torch.empty_like(query)
@@ -73,6 +74,8 @@ class TorchAttentionBackend:
             k = k.float().repeat_interleave(rep, dim=1)  # [S, H, D]
             v = v.float().repeat_interleave(rep, dim=1)
             scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+            if softcap:  # logit soft-capping (Gemma-2), on the scaled scores, before the mask
+                scores = torch.tanh(scores / softcap) * softcap
             scores = scores.masked_fill(~mask, float("-inf"))
             probs = torch.softmax(scores, dim=-1)
             out[start:start + q_len] = torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)

@@ -19,12 +19,13 @@ class TritonAttentionBackend:
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, meta: AttentionMetadata, group_id: int, scale: float,
-                sliding_window: int | None = None) -> torch.Tensor:
+                sliding_window: int | None = None, softcap: float | None = None
+                ) -> torch.Tensor:
         group = meta.groups[group_id]
         store_kv(key, value, kv_cache, group.slot_mapping)
         if meta.is_decode_only:
             return paged_decode(query, kv_cache, group.block_tables, meta.seq_lens,
-                                meta.max_seqlen_k, scale, sliding_window)
+                                meta.max_seqlen_k, scale, sliding_window, softcap=softcap)
         head_dim, gqa = query.shape[2], query.shape[1] // kv_cache.shape[3]
         memo = ("triton_prefill_schedule", head_dim, gqa, query.dtype)
         schedule = meta.scratch.get(memo)
@@ -33,4 +34,4 @@ class TritonAttentionBackend:
                 meta.query_lens_cpu, head_dim, gqa, query.dtype, query.device)
         return paged_prefill(query, kv_cache, group.block_tables, meta.cu_seqlens_q,
                              meta.seq_lens, meta.query_lens_cpu, scale, sliding_window,
-                             schedule=schedule)
+                             schedule=schedule, softcap=softcap)

@@ -1,11 +1,14 @@
 """Compile the attention kernels for an H100 (sm_90a) on a machine without a GPU.
 
 ``python -m runner.kernels.aot_check [--quick]`` lowers each kernel variant the Triton backend
-launches (dtype x head_dim x GQA) through Triton's real NVIDIA pipeline and its bundled
-``ptxas``, with a stand-in driver that reports an sm_90 target so nothing is launched.  It prints
-shared memory, registers, spilled bytes and the MMA instructions used, and exits 1 if a variant
-fails to compile, spills registers or needs more shared memory than an H100 block may use
-(2: ``TRITON_INTERPRET`` is set; 3: this Triton lacks the internals used).
+launches (dtype x head_dim x GQA, including ratios that are not powers of two, and logit
+soft-capping) through Triton's real NVIDIA pipeline and its bundled ``ptxas``, with a stand-in
+driver that reports an sm_90 target so nothing is launched.  It prints shared memory,
+registers, spilled bytes and the MMA instructions used, and exits 1 if a variant fails to
+compile, spills registers or needs more shared memory than an H100 block may use
+(2: ``TRITON_INTERPRET`` is set; 3: this Triton lacks the internals used).  Head dims that are
+multiples of 16 (80, 96) compile to the same kernel as the next power of two (head_dim is a
+runtime argument; the tile is ``next_power_of_2(head_dim)`` wide).
 
 It checks what the CPU interpreter cannot (compile-time constraints, register pressure), not
 speed or numerics.  It relies on Triton internals (``driver.set_active``,
@@ -80,24 +83,28 @@ def _variants(quick: bool) -> list[tuple[str, Callable[[], Any]]]:
         cache = torch.empty(2, 10, 16, 8, head_dim, dtype=dt)
         return q, cache, torch.empty(4, 8, dtype=torch.int32), torch.empty(8, dtype=torch.int32)
 
-    def prefill(dt: torch.dtype, head_dim: int, gqa: int) -> Any:
+    def prefill(dt: torch.dtype, head_dim: int, gqa: int, softcap: float | None = None) -> Any:
         q, cache, bt, i32 = args(dt, gqa, head_dim)
-        bm, bn, bd = A._tile_sizes(head_dim, gqa, dt)
+        tiles = A._tile_sizes(head_dim, gqa, dt)
+        scale_log2, softcap_log2 = A._score_scales(0.1, softcap)
         return A._prefill_kernel.warmup(
             q, cache, bt, i32, i32, i32, i32, q, q.stride(0), q.stride(1), q.stride(0),
             q.stride(1), cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3),
-            bt.stride(0), 0.1, 16, 8, head_dim, G=gqa, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd,
-            IEEE=dt == torch.float32, grid=(1,))
+            bt.stride(0), scale_log2, 16, 8, head_dim, G=gqa, BLOCK_M=tiles.block_m,
+            ROWS=tiles.rows, BLOCK_N=tiles.block_n, BLOCK_D=tiles.block_d,
+            IEEE=dt == torch.float32, SOFTCAP_LOG2=softcap_log2, grid=(1,))
 
-    def decode(dt: torch.dtype, head_dim: int, gqa: int) -> Any:
+    def decode(dt: torch.dtype, head_dim: int, gqa: int, softcap: float | None = None) -> Any:
         q, cache, bt, i32 = args(dt, gqa, head_dim)
         f32 = torch.empty(64, dtype=torch.float32)
         bd = max(16, triton.next_power_of_2(head_dim))
+        scale_log2, softcap_log2 = A._score_scales(0.1, softcap)
         return A._decode_kernel.warmup(
             q, cache, bt, i32, f32, f32, q.stride(0), q.stride(1), cache.stride(0),
             cache.stride(1), cache.stride(2), cache.stride(3), bt.stride(0), 64, 64, 1, 64, 8,
-            0.1, 16, 8, head_dim, 8 * gqa, G=gqa, BLOCK_H=max(16, triton.next_power_of_2(gqa)),
-            BLOCK_N=A._decode_block_n(bd, dt), BLOCK_D=bd, IEEE=dt == torch.float32, grid=(1,))
+            scale_log2, 16, 8, head_dim, 8 * gqa, G=gqa,
+            BLOCK_H=max(16, triton.next_power_of_2(gqa)), BLOCK_N=A._decode_block_n(bd, dt),
+            BLOCK_D=bd, IEEE=dt == torch.float32, SOFTCAP_LOG2=softcap_log2, grid=(1,))
 
     def combine(head_dim: int) -> Any:
         f32 = torch.empty(64, dtype=torch.float32)
@@ -118,11 +125,17 @@ def _variants(quick: bool) -> list[tuple[str, Callable[[], Any]]]:
 
     out: list[tuple[str, Callable[[], Any]]] = []
     for name in (["bf16", "fp32"] if quick else ["bf16", "fp16", "fp32"]):
+        # GQA 3, 7, 12: tiles padded to a power of two (the prefill kernel's padding rows).
         for hd in ([128] if quick else [64, 80, 128, 256]):
-            for gqa in ([1, 8] if quick else [1, 4, 8]):
+            for gqa in ([1, 3, 8] if quick else [1, 3, 4, 7, 8, 12]):
                 out.append((f"prefill {name} d{hd} gqa{gqa}", partial(prefill, DTYPES[name], hd, gqa)))
                 out.append((f"decode {name} d{hd} gqa{gqa}", partial(decode, DTYPES[name], hd, gqa)))
-    for hd in ([128] if quick else [64, 128, 256]):
+        # Logit soft-capping (Gemma-2: head_dim 256, GQA 2), the largest tiles.
+        for hd in ([256] if quick else [128, 256]):
+            for kind, build in (("prefill", prefill), ("decode", decode)):
+                out.append((f"{kind} {name} d{hd} gqa2 softcap",
+                            partial(build, DTYPES[name], hd, 2, 50.0)))
+    for hd in ([128] if quick else [64, 80, 128, 256]):
         out.append((f"combine d{hd}", partial(combine, hd)))
         out.append((f"store_kv bf16 d{hd}", partial(store, torch.bfloat16, hd)))
     return out

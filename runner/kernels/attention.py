@@ -7,14 +7,24 @@ token ``t`` of a sequence is row ``t % block_size`` of block ``block_table[t // 
   (slot < 0: padding, skipped).
 * ``paged_prefill``: programs over (query tile, KV head).  A tile holds ``BLOCK_M`` query tokens
   of one sequence times the ``G = Hq / Hkv`` query heads sharing the KV head (GQA packing: K/V
-  are loaded once for the whole group), i.e. ``BLOCK_M * G`` rows.  K/V are read ``BLOCK_N``
+  are loaded once for the whole group), i.e. ``BLOCK_M * G`` rows, padded to ``ROWS`` (a power
+  of two, as ``tl.arange`` needs; ``BLOCK_M = ROWS // G``, so the padding is fewer than ``G``
+  rows, and none when ``G`` is a power of two).  K/V are read ``BLOCK_N``
   positions at a time, each row gathered through the block table (so any page size works with
   tensor-core tiles >= 16).  The loop covers only positions some query in the tile can see:
   ``[first_query_pos - window + 1, last_query_pos]``.  Online softmax in fp32.
 * ``paged_decode``: one query per sequence, programs over (sequence, KV head, split).  The
   visible range ``[seq_len - window, seq_len)`` is cut into ``num_splits`` parts (flash-decoding)
   so long contexts use the whole GPU; each part writes a partial output and its log-sum-exp, and
-  ``_combine`` merges them.  The G query heads are rows of one tile (padded to 16).
+  ``_combine`` merges them.  The G query heads are rows of one tile (padded to a power of two,
+  at least 16).
+
+Any head dim works: tiles are ``BLOCK_D = next_power_of_2(head_dim)`` wide, masked beyond
+``head_dim`` (loads fill 0, so the padded columns add nothing to QK^T and are never stored).
+
+Logit soft-capping (Gemma-2): with ``softcap`` the scaled scores become
+``softcap * tanh(scale * q.k / softcap)`` before masking and softmax.  It is a compile-time
+switch (``SOFTCAP_LOG2 = softcap * log2(e)``, 0.0 = off), so kernels without it are unchanged.
 
 fp32 inputs use IEEE fp32 dot products (no TF32) so results match the torch reference.
 """
@@ -22,6 +32,7 @@ fp32 inputs use IEEE fp32 dot products (no TF32) so results match the torch refe
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -81,15 +92,24 @@ def _load_kv_tile(cache_ptr, table_ptr, pos, pos_mask, kvh, offs_d, d_mask,
 @triton.jit
 def _attend_tile(q, k_base, v_base, table, pos, pos_mask, visible, kvh, offs_d, d_mask,
                  m_i, l_i, acc, scale_log2, stride_c_block, stride_c_tok, stride_c_head,
-                 block_size, IEEE: tl.constexpr):
-    """One online-softmax step: fold the K/V rows at ``pos`` into (m_i, l_i, acc)."""
+                 block_size, IEEE: tl.constexpr, SOFTCAP_LOG2: tl.constexpr):
+    """One online-softmax step: fold the K/V rows at ``pos`` into (m_i, l_i, acc).
+
+    Scores are kept in log2 units.  Without soft-capping ``scale_log2 = scale * log2(e)``; with
+    it (``SOFTCAP_LOG2 = softcap * log2(e) > 0``) ``scale_log2 = 2 * log2(e) * scale / softcap``
+    and ``tanh(x) = 1 - 2 / (exp(2x) + 1)`` (exact at both tails: exp2 -> inf gives 1, -> 0
+    gives -1)."""
     k = _load_kv_tile(k_base, table, pos, pos_mask, kvh, offs_d, d_mask,
                       stride_c_block, stride_c_tok, stride_c_head, block_size)
     if IEEE:
         s = tl.dot(q, tl.trans(k), input_precision="ieee")
     else:
         s = tl.dot(q, tl.trans(k))
-    s = tl.where(visible, s * scale_log2, float("-inf"))
+    if SOFTCAP_LOG2 > 0:
+        s = SOFTCAP_LOG2 * (1.0 - 2.0 / (tl.exp2(s * scale_log2) + 1.0))
+        s = tl.where(visible, s, float("-inf"))
+    else:
+        s = tl.where(visible, s * scale_log2, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.exp2(s - m_safe[:, None])
@@ -110,8 +130,9 @@ def _prefill_kernel(q_ptr, cache_ptr, table_ptr, cu_q_ptr, seq_lens_ptr, tile_se
                     stride_qt, stride_qh, stride_ot, stride_oh,
                     stride_c_kv, stride_c_block, stride_c_tok, stride_c_head, stride_table,
                     scale_log2, block_size, window, head_dim,
-                    G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
+                    G: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
+                    SOFTCAP_LOG2: tl.constexpr):
     tile = tl.program_id(0)
     kvh = tl.program_id(1)
     seq = tl.load(tile_seq_ptr + tile)
@@ -119,11 +140,15 @@ def _prefill_kernel(q_ptr, cache_ptr, table_ptr, cu_q_ptr, seq_lens_ptr, tile_se
     cu = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - cu
     seq_len = tl.load(seq_lens_ptr + seq)
-    ROWS: tl.constexpr = BLOCK_M * G
-    rows = tl.arange(0, ROWS)
+    rows = tl.arange(0, ROWS)  # BLOCK_M * G packed rows, padded to a power of two
     tok = q_start + rows // G  # query token index within the sequence's new tokens
     head = kvh * G + rows % G
-    row_mask = tok < q_len
+    if ROWS > BLOCK_M * G:
+        # Padding rows (only when G is not a power of two) fall on tokens of the next tile:
+        # mask them (a scalar bound, so the row mask stays one comparison).
+        row_mask = tok < tl.minimum(q_len, q_start + BLOCK_M)
+    else:
+        row_mask = tok < q_len
     q_pos = seq_len - q_len + tok
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < head_dim
@@ -150,7 +175,7 @@ def _prefill_kernel(q_ptr, cache_ptr, table_ptr, cu_q_ptr, seq_lens_ptr, tile_se
             visible = visible & (pos[None, :] > q_pos[:, None] - window)
         m_i, l_i, acc = _attend_tile(q, k_base, v_base, table, pos, pos_mask, visible, kvh,
                                      offs_d, d_mask, m_i, l_i, acc, scale_log2, stride_c_block,
-                                     stride_c_tok, stride_c_head, block_size, IEEE)
+                                     stride_c_tok, stride_c_head, block_size, IEEE, SOFTCAP_LOG2)
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(out_ptr + (cu + tok)[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh
              + offs_d[None, :], acc.to(out_ptr.dtype.element_ty),
@@ -164,7 +189,7 @@ def _decode_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, part_out_ptr, part
                    stride_pl_s, stride_pl_h,
                    scale_log2, block_size, window, head_dim, num_heads,
                    G: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
+                   BLOCK_D: tl.constexpr, IEEE: tl.constexpr, SOFTCAP_LOG2: tl.constexpr):
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -193,7 +218,7 @@ def _decode_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, part_out_ptr, part
         m_i, l_i, acc = _attend_tile(q, cache_ptr, cache_ptr + stride_c_kv, table, pos, pos_mask,
                                      pos_mask[None, :], kvh, offs_d, d_mask, m_i, l_i, acc,
                                      scale_log2, stride_c_block, stride_c_tok, stride_c_head,
-                                     block_size, IEEE)
+                                     block_size, IEEE, SOFTCAP_LOG2)
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
@@ -235,17 +260,45 @@ def _check_cache(kv_cache: torch.Tensor) -> None:
         raise ValueError("kv_cache's head_dim dimension must be contiguous")
 
 
-def _tile_sizes(head_dim: int, group: int, dtype: torch.dtype) -> tuple[int, int, int]:
-    """(BLOCK_M tokens, BLOCK_N keys, BLOCK_D) for the prefill kernel.  Tile rows are
-    BLOCK_M * G (at least 16, for tl.dot); fp32 tiles are smaller so they fit in registers
-    without spilling (checked for sm_90 by ``python -m runner.kernels.aot_check``)."""
+def _gqa(num_heads: int, num_kv_heads: int) -> int:
+    """Query heads per KV head: any positive integer (not only powers of two)."""
+    if num_kv_heads <= 0 or num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads do not split evenly over "
+                         f"{num_kv_heads} KV heads")
+    return num_heads // num_kv_heads
+
+
+class PrefillTiles(NamedTuple):
+    """Tile sizes of the prefill kernel."""
+
+    block_m: int  # query tokens per tile
+    rows: int  # tile rows: block_m * group padded to a power of two (>= 16, for tl.dot)
+    block_n: int  # keys per loop step
+    block_d: int  # head_dim padded to a power of two (>= 16)
+
+
+def _score_scales(scale: float, softcap: float | None) -> tuple[float, float]:
+    """(``scale_log2``, ``SOFTCAP_LOG2``) kernel arguments; see ``_attend_tile``."""
+    if softcap is None or softcap == 0:
+        return scale * _LOG2E, 0.0
+    if not softcap > 0:
+        raise ValueError(f"softcap must be positive (or None), got {softcap}")
+    return 2.0 * _LOG2E * scale / softcap, float(softcap) * _LOG2E
+
+
+def _tile_sizes(head_dim: int, group: int, dtype: torch.dtype) -> PrefillTiles:
+    """Tile sizes for the prefill kernel.  A tile has ``rows`` (a power of two, at least 16
+    for tl.dot; more when G is larger) packed rows holding ``block_m = rows // G`` whole query
+    tokens; for a G that is not a power of two the last ``rows - block_m * G < G`` rows are
+    padding (e.g. G = 3, 16-bit: 21 tokens in 64 rows, G = 7: 9 in 64).  fp32 tiles are smaller
+    so they fit in registers without spilling (checked for sm_90 by
+    ``python -m runner.kernels.aot_check``).  Power-of-two shapes get the sizes they always had."""
     block_d = max(16, triton.next_power_of_2(head_dim))
     fp32 = dtype == torch.float32
     rows = 16 if fp32 and block_d >= 128 else 32 if fp32 else 64
-    block_m = max(1, rows // triton.next_power_of_2(group))
-    block_m = triton.next_power_of_2(max(block_m, triton.cdiv(16, group)))
+    rows = max(rows, triton.next_power_of_2(group))
     block_n = 16 if fp32 and block_d >= 128 else 32 if fp32 or block_d > 64 else 64
-    return block_m, block_n, block_d
+    return PrefillTiles(rows // group, rows, block_n, block_d)
 
 
 def _decode_block_n(block_d: int, dtype: torch.dtype) -> int:
@@ -262,7 +315,7 @@ def prefill_schedule(query_lens: list[int], head_dim: int, group: int, dtype: to
 
     Built with numpy and copied without blocking the host (pinned memory), so a step's layers
     can share one schedule and the host never waits for the GPU here."""
-    block_m = _tile_sizes(head_dim, group, dtype)[0]
+    block_m = _tile_sizes(head_dim, group, dtype).block_m
     q = np.asarray(query_lens, dtype=np.int64)
     per_seq = -(-q // block_m)
     num_tiles = int(per_seq.sum())
@@ -279,16 +332,18 @@ def prefill_schedule(query_lens: list[int], head_dim: int, group: int, dtype: to
 def paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                   cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, query_lens: list[int],
                   scale: float, sliding_window: int | None = None,
-                  block_n: int | None = None, schedule: torch.Tensor | None = None
-                  ) -> torch.Tensor:
+                  block_n: int | None = None, schedule: torch.Tensor | None = None,
+                  softcap: float | None = None) -> torch.Tensor:
     """Attention for packed queries ([T, Hq, D]) over K/V already in the paged cache.
-    ``schedule``: :func:`prefill_schedule` for these queries (built here if not given)."""
+    ``schedule``: :func:`prefill_schedule` for these queries (built here if not given).
+    ``softcap``: logit soft-capping of the scaled scores (None: off)."""
     _check_cache(kv_cache)
     _, num_heads, head_dim = query.shape
     num_kv_heads = kv_cache.shape[3]
-    group = num_heads // num_kv_heads
-    block_m, default_n, block_d = _tile_sizes(head_dim, group, query.dtype)
-    block_n = block_n or default_n
+    group = _gqa(num_heads, num_kv_heads)
+    tiles = _tile_sizes(head_dim, group, query.dtype)
+    block_n = block_n or tiles.block_n
+    scale_log2, softcap_log2 = _score_scales(scale, softcap)
     if schedule is None:
         schedule = prefill_schedule(query_lens, head_dim, group, query.dtype, query.device)
     out = torch.empty_like(query)
@@ -299,9 +354,9 @@ def paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: tor
         query, kv_cache, block_tables, cu_seqlens_q, seq_lens, schedule[0], schedule[1], out,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
-        block_tables.stride(0), scale * _LOG2E, kv_cache.shape[2], sliding_window or 0, head_dim,
-        G=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        IEEE=query.dtype == torch.float32)
+        block_tables.stride(0), scale_log2, kv_cache.shape[2], sliding_window or 0, head_dim,
+        G=group, BLOCK_M=tiles.block_m, ROWS=tiles.rows, BLOCK_N=block_n, BLOCK_D=tiles.block_d,
+        IEEE=query.dtype == torch.float32, SOFTCAP_LOG2=softcap_log2)
     return out
 
 
@@ -321,19 +376,21 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
                  seq_lens: torch.Tensor, max_seqlen_k: int, scale: float,
                  sliding_window: int | None = None, num_splits: int | None = None,
                  block_n: int | None = None, num_warps: int = 4,
-                 num_stages: int | None = None) -> torch.Tensor:
+                 num_stages: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """One query token per sequence ([S, Hq, D]) over the paged cache, split-K.
 
     ``num_splits``, ``block_n``, ``num_warps`` and ``num_stages`` override the tuned defaults
-    (for tests and tuning sweeps)."""
+    (for tests and tuning sweeps).  ``softcap``: logit soft-capping (None: off).  Any G and
+    head_dim: the G query heads are padded to ``BLOCK_H`` rows, head_dim to ``BLOCK_D``."""
     _check_cache(kv_cache)
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = kv_cache.shape[3]
-    group = num_heads // num_kv_heads
+    group = _gqa(num_heads, num_kv_heads)
     block_d = max(16, triton.next_power_of_2(head_dim))
     block_h = max(16, triton.next_power_of_2(group))
     block_n = block_n or _decode_block_n(block_d, query.dtype)
     splits = num_splits or decode_splits(max_seqlen_k, num_seqs, num_kv_heads, sliding_window)
+    scale_log2, softcap_log2 = _score_scales(scale, softcap)
     out = torch.empty_like(query)
     if num_seqs == 0:
         return out
@@ -346,9 +403,9 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
         kv_cache.stride(2), kv_cache.stride(3), block_tables.stride(0),
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
-        scale * _LOG2E, kv_cache.shape[2], sliding_window or 0, head_dim, num_heads,
+        scale_log2, kv_cache.shape[2], sliding_window or 0, head_dim, num_heads,
         G=group, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d,
-        IEEE=query.dtype == torch.float32, num_warps=num_warps,
+        IEEE=query.dtype == torch.float32, SOFTCAP_LOG2=softcap_log2, num_warps=num_warps,
         **({} if num_stages is None else {"num_stages": num_stages}))
     _combine_kernel[(num_seqs, num_heads)](
         part_out, part_lse, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),

@@ -21,3 +21,6 @@ def test_kernels_compile_for_sm90_without_spills() -> None:
     lines = [line for line in res.stdout.splitlines() if line.startswith(("prefill", "decode"))]
     assert len(lines) >= 8 and all(" 0  " in line for line in lines)  # zero spill bytes
     assert any("wgmma" in line for line in lines if line.startswith("prefill bf16"))
+    # A GQA ratio that is not a power of two (padded tiles) and logit soft-capping compile too.
+    assert any(" gqa3 " in line for line in lines if line.startswith("prefill bf16"))
+    assert any("softcap" in line for line in lines if line.startswith("prefill bf16"))

@@ -30,7 +30,8 @@ HALF = [torch.float16, torch.bfloat16] if CUDA else [torch.float16]
 
 def scenario(seq_lens: list[int], q_lens: list[int], *, block_size: int, num_kv_heads: int,
              group: int, head_dim: int, dtype: torch.dtype, seed: int = 0,
-             padding: int = 0) -> tuple[torch.Tensor, ...]:
+             padding: int = 0
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]:
     """Random q/k/v for the new tokens, a cache whose cached prefixes hold random K/V, and the
     metadata (shuffled block ids; block 0 reserved)."""
     g = torch.Generator().manual_seed(seed)
@@ -40,10 +41,10 @@ def scenario(seq_lens: list[int], q_lens: list[int], *, block_size: int, num_kv_
     rng.shuffle(ids)
     cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, generator=g).to(dtype)
     tables, slots = [], []
-    for s, q in zip(seq_lens, q_lens):
+    for s, ql in zip(seq_lens, q_lens):
         table = [ids.pop() for _ in range(-(-s // block_size))]
         tables.append(table)
-        slots += [table[p // block_size] * block_size + p % block_size for p in range(s - q, s)]
+        slots += [table[p // block_size] * block_size + p % block_size for p in range(s - ql, s)]
     slots += [-1] * padding
     width = max(len(t) for t in tables)
     bt = torch.zeros(len(tables), width, dtype=torch.int32)
@@ -60,7 +61,7 @@ def scenario(seq_lens: list[int], q_lens: list[int], *, block_size: int, num_kv_
                              max(q_lens), max(seq_lens),
                              [GroupMetadata(torch.tensor(slots, device=DEVICE), bt.to(DEVICE))],
                              list(seq_lens), list(q_lens))
-    return q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), cache.to(DEVICE), meta  # type: ignore[return-value]
+    return q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), cache.to(DEVICE), meta
 
 
 def compare(seq_lens: list[int], q_lens: list[int], window: int | None = None, **kw: object) -> None:
