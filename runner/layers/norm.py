@@ -1,4 +1,12 @@
-"""RMSNorm, computed in fp32 like the reference implementations."""
+"""RMSNorm, computed in fp32 like the reference implementations.
+
+Two flavours, matching their checkpoints:
+
+* :class:`RMSNorm` (Llama, Mistral, Qwen): ``weight * normed`` with the product taken in the
+  input dtype, weights initialised to 1.
+* :class:`GemmaRMSNorm` (Gemma-2/3): ``normed * (1 + weight)`` entirely in fp32, cast back at the
+  end; checkpoints store the offset from 1, so weights are initialised to 0.
+"""
 
 from __future__ import annotations
 
@@ -17,3 +25,14 @@ class RMSNorm(nn.Module):
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
+
+
+class GemmaRMSNorm(RMSNorm):
+    def __init__(self, size: int, eps: float = 1e-6) -> None:
+        super().__init__(size, eps)
+        nn.init.zeros_(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.float()
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * (1.0 + self.weight.float())).to(x.dtype)

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from runner.distributed import NO_TP, TPGroup
-from runner.models.decoder import DecoderForCausalLM, layer_windows
+from runner.layers.linear import ColumnParallelLinear
+from runner.models.decoder import DecoderForCausalLM, layer_windows, text_config
 from runner.models.weights import iter_safetensors, load_weights
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text")
+"""Language models we implement; a multimodal ``gemma3`` config is accepted for its
+``text_config`` (``gemma3_text``)."""
 
 
 def load_config(model: str | Path | Any) -> Any:
-    """A ``transformers`` config from a local folder (``config.json``) or a config object."""
+    """A ``transformers`` config from a local folder (``config.json``) or a config object; for
+    a multimodal wrapper (``gemma3``), its language model's ``text_config``."""
     if isinstance(model, (str, Path)):
         import transformers
 
@@ -24,8 +28,8 @@ def load_config(model: str | Path | Any) -> Any:
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"{path} has no config.json (only local model folders are "
                                     "supported: there is no model hub access)")
-        return transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
-    return model
+        model = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+    return text_config(model)
 
 
 def build_model(cfg: Any, *, tp: TPGroup = NO_TP, dtype: torch.dtype = torch.float32,
@@ -39,6 +43,7 @@ def build_model(cfg: Any, *, tp: TPGroup = NO_TP, dtype: torch.dtype = torch.flo
     are random but identical for every tensor-parallel size: the full model is initialised from
     ``seed`` and each rank keeps its slices.
     """
+    cfg = text_config(cfg)
     model_type = getattr(cfg, "model_type", "")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"unsupported model type {model_type!r}; supported: "
@@ -62,36 +67,22 @@ def load_model(model_dir: str | Path, **kwargs: Any) -> DecoderForCausalLM:
 
 
 def checkpoint_items(model: DecoderForCausalLM) -> Iterable[tuple[str, torch.Tensor]]:
-    """A TP=1 model's weights under checkpoint (Hugging Face) names."""
-    cfg = model.config
-    for i, layer in enumerate(model.decoder_layers):
-        p = f"model.layers.{i}"
-        attn, mlp = layer.self_attn, layer.mlp
-        q, k, v = attn.qkv_proj.weight.split(attn.qkv_proj.local_parts)
-        yield from ((f"{p}.self_attn.q_proj.weight", q), (f"{p}.self_attn.k_proj.weight", k),
-                    (f"{p}.self_attn.v_proj.weight", v))
-        if attn.qkv_proj.bias is not None:
-            qb, kb, vb = attn.qkv_proj.bias.split(attn.qkv_proj.local_parts)
-            yield from ((f"{p}.self_attn.q_proj.bias", qb), (f"{p}.self_attn.k_proj.bias", kb),
-                        (f"{p}.self_attn.v_proj.bias", vb))
-        yield f"{p}.self_attn.o_proj.weight", attn.o_proj.weight
-        if attn.o_proj.bias is not None:
-            yield f"{p}.self_attn.o_proj.bias", attn.o_proj.bias
-        if attn.qk_norm:
-            yield f"{p}.self_attn.q_norm.weight", attn.q_norm.weight
-            yield f"{p}.self_attn.k_norm.weight", attn.k_norm.weight
-        gate, up = mlp.gate_up_proj.weight.split(mlp.gate_up_proj.local_parts)
-        yield f"{p}.mlp.gate_proj.weight", gate
-        yield f"{p}.mlp.up_proj.weight", up
-        yield f"{p}.mlp.down_proj.weight", mlp.down_proj.weight
-        yield f"{p}.input_layernorm.weight", layer.input_layernorm.weight
-        yield f"{p}.post_attention_layernorm.weight", layer.post_attention_layernorm.weight
-    yield "model.embed_tokens.weight", model.embed_tokens.weight
-    yield "model.norm.weight", model.norm.weight
-    if model.lm_head is not None:
-        yield "lm_head.weight", model.lm_head.weight
-    del cfg
+    """A TP=1 model's weights under checkpoint (Hugging Face) names: the fused projections are
+    split back into q/k/v and gate/up; every other parameter keeps its name under ``model.``."""
+    fused = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+    modules = dict(model.named_modules())
+    for name, param in model.named_parameters():
+        owner, _, kind = name.rpartition(".")
+        prefix, _, leaf = owner.rpartition(".")
+        if leaf in fused:
+            parts = param.split(cast(ColumnParallelLinear, modules[owner]).local_parts)
+            for ckpt_name, part in zip(fused[leaf], parts):
+                yield f"model.{prefix}.{ckpt_name}.{kind}", part
+        elif name == "lm_head.weight":
+            yield name, param
+        else:
+            yield f"model.{name}", param
 
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "DecoderForCausalLM", "build_model", "checkpoint_items",
-           "layer_windows", "load_config", "load_model", "load_weights"]
+           "layer_windows", "load_config", "load_model", "load_weights", "text_config"]

@@ -3,7 +3,9 @@
 q/k/v projections are fused into ``qkv_proj`` and gate/up into ``gate_up_proj``; every tensor
 is sliced for this rank by the layer's ``load``.  Sources: a local folder of ``*.safetensors``
 files (sharded checkpoints included), a ``transformers`` model, or any ``(name, tensor)``
-iterable.  A checkpoint without ``lm_head.weight`` uses the tied embeddings.
+iterable.  A checkpoint without ``lm_head.weight`` uses the tied embeddings.  Multimodal Gemma-3
+checkpoints (``Gemma3ForConditionalGeneration``) load their language model: its tensors are
+renamed to the text model's names and the vision tower's are skipped.
 """
 
 from __future__ import annotations
@@ -19,6 +21,23 @@ from runner.models.decoder import DecoderForCausalLM
 _FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
           "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.(weight|bias)$")
+# Multimodal checkpoints: (prefix, replacement) for the language model (transformers 5 names,
+# then 4.x names), and the prefixes of the parts the runner does not run.
+_TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
+                  ("language_model.lm_head.", "lm_head."))
+_SKIPPED_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                     "model.multi_modal_projector.")
+
+
+def text_model_name(name: str) -> str | None:
+    """``name`` as the text model calls it; ``None`` for a tensor of a multimodal checkpoint's
+    vision side."""
+    if name.startswith(_SKIPPED_PREFIXES):
+        return None
+    for prefix, replacement in _TEXT_PREFIXES:
+        if name.startswith(prefix):
+            return replacement + name[len(prefix):]
+    return name
 
 
 def iter_safetensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -39,7 +58,10 @@ def load_weights(model: DecoderForCausalLM, weights: Iterable[tuple[str, torch.T
     """
     params = dict(model.named_parameters())
     loaded: set[str] = set()
-    for name, tensor in weights:
+    for ckpt_name, tensor in weights:
+        name = text_model_name(ckpt_name)
+        if name is None:
+            continue
         if name.startswith("model.") is False and name != "lm_head.weight":
             name = "model." + name
         m = _LAYER.match(name)
