@@ -159,7 +159,10 @@ def _free_gpu_memory() -> None:
 
 
 def bench_throughput(backend: str, num_seqs: int, min_len: int, max_len: int, tiny: bool,
-                     device: str) -> dict[str, Any]:
+                     device: str, **engine: Any) -> dict[str, Any]:
+    """nano-vllm's recipe: ``num_seqs`` random prompts and output lengths uniform in
+    ``[min_len, max_len]``, temperature 0.6, ``ignore_eos``; the engine's defaults
+    (``EngineConfig``) unless ``engine`` overrides them."""
     from runner.engine import LLM
     from runner.sampler import SamplingParams
 
@@ -169,26 +172,36 @@ def bench_throughput(backend: str, num_seqs: int, min_len: int, max_len: int, ti
                for _ in range(num_seqs)]
     params = [SamplingParams(temperature=0.6, max_tokens=rng.randint(min_len, max_len),
                              ignore_eos=True) for _ in range(num_seqs)]
-    llm = LLM(cfg, backend=backend, max_model_len=2 * max_len + 16, device=device,
-              max_num_seqs=min(256, num_seqs), max_num_batched_tokens=max(1024, 2 * max_len),
-              dtype=torch.bfloat16 if device == "cuda" else torch.float32,
-              num_blocks=None if device == "cuda" else 4096)
-    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+    kwargs: dict[str, Any] = dict(backend=backend, max_model_len=2 * max_len + 16, device=device,
+                                  dtype=torch.bfloat16 if device == "cuda" else torch.float32,
+                                  num_blocks=None if device == "cuda" else 4096)
+    llm = LLM(cfg, **{**kwargs, **{k: v for k, v in engine.items() if v is not None}})
+    # Warm-up: prefill and decode (several graph sizes), the sampling path, then a clean slate.
+    warm = [[rng.randrange(cfg.vocab_size) for _ in range(rng.randint(4, min(64, max_len)))]
+            for _ in range(min(num_seqs, 24))]
+    llm.generate(warm, SamplingParams(temperature=0.6, max_tokens=8, ignore_eos=True),
+                 use_tqdm=False)
     if device == "cuda":
         torch.cuda.synchronize()
+    steps0, preempted0 = llm.scheduler.stats.steps, llm.scheduler.stats.num_preemptions
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     if device == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
     out_tokens = sum(len(o.token_ids) for o in outs)
-    preemptions = llm.scheduler.stats.num_preemptions
+    c = llm.config
+    result = {"backend": backend, "num_seqs": num_seqs, "output_tokens": out_tokens,
+              "seconds": elapsed, "tokens_per_s": out_tokens / elapsed,
+              "steps": llm.scheduler.stats.steps - steps0,
+              "preemptions": llm.scheduler.stats.num_preemptions - preempted0,
+              "max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_num_batched_tokens,
+              "num_blocks": llm.runner.num_blocks, "graph_sizes": llm.runner.graph_sizes,
+              "exact_sampling_rows": llm.sampler.num_exact_rows}
     llm.close()
     del llm
     _free_gpu_memory()
-    return {"backend": backend, "num_seqs": num_seqs, "output_tokens": out_tokens,
-            "seconds": elapsed, "tokens_per_s": out_tokens / elapsed,
-            "preemptions": preemptions}
+    return result
 
 
 def bench_prefix(backend: str, num_seqs: int, prompt_len: int, tiny: bool,
@@ -231,6 +244,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--allow-cpu", action="store_true",
                     help="tiny shapes on the CPU, even where a GPU exists (a smoke test)")
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--num-seqs", type=int, help="throughput: requests (default 256)")
+    ap.add_argument("--max-num-seqs", type=int, help="throughput: engine override")
+    ap.add_argument("--max-num-batched-tokens", type=int, help="throughput: engine override")
+    ap.add_argument("--enforce-eager", action="store_true", help="throughput: no CUDA graphs")
     args = ap.parse_args(argv)
     cuda = torch.cuda.is_available() and not args.allow_cpu
     if not cuda and not args.allow_cpu:
@@ -265,13 +282,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                        f"{r['ms']:.3f}",
                        f"{r['gbps']:,.0f}", f"{100 * r['gbps'] / copy:.0f}%"] for r in rows]))
     if args.what in ("throughput", "all"):
-        rows = [bench_throughput(b, 256 if cuda else 4, 100 if cuda else 4, 1024 if cuda else 12,
-                                 tiny, device.type) for b in backends if b != "torch" or not cuda]
+        num_seqs = args.num_seqs or (256 if cuda else 4)
+        rows = [bench_throughput(b, num_seqs, 100 if cuda else 4, 1024 if cuda else 12, tiny,
+                                 device.type, max_num_seqs=args.max_num_seqs,
+                                 max_num_batched_tokens=args.max_num_batched_tokens,
+                                 enforce_eager=args.enforce_eager or None)
+                for b in backends if b != "torch" or not cuda]
         results["throughput"] = rows
         print("\nend to end (Qwen3-0.6B shape, random weights, nano-vllm recipe)")
-        print(render(["backend", "seqs", "output tokens", "s", "tok/s"],
+        print(render(["backend", "seqs", "output tokens", "s", "tok/s", "steps", "max seqs",
+                      "batched tokens", "KV blocks", "graphs", "preempted"],
                      [[r["backend"], str(r["num_seqs"]), str(r["output_tokens"]),
-                       f"{r['seconds']:.2f}", f"{r['tokens_per_s']:,.0f}"] for r in rows]))
+                       f"{r['seconds']:.2f}", f"{r['tokens_per_s']:,.0f}", str(r["steps"]),
+                       str(r["max_num_seqs"]), str(r["max_num_batched_tokens"]),
+                       str(r["num_blocks"]),
+                       f"{len(r['graph_sizes'])} (<= {max(r['graph_sizes'], default=0)})",
+                       str(r["preemptions"])] for r in rows]))
     if args.what in ("prefix", "all"):
         rows = [bench_prefix(b, 32 if cuda else 3, 4096 if cuda else 48, tiny, device.type)
                 for b in backends if b != "torch" or not cuda]

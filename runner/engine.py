@@ -12,6 +12,27 @@ Tensor parallelism: ranks 1..N-1 are spawned processes that build their shard of
 then run every forward whose inputs rank 0 (this process) broadcasts; NCCL on GPU, gloo on CPU.
 One tensor-parallel engine per process (torch.distributed's default group is per process).
 
+Host/device synchronisation (CUDA; one wait per step):
+
+* The step's inputs are built in a pinned host buffer reused every step and reach the GPU in
+  one ``non_blocking`` copy (:class:`runner.batch.BatchBuilder`); block tables are append-only
+  per request, so a decode step does not re-read the manager's tables.
+* The forward never waits for the GPU (no ``.item()``/``.tolist()``/``.cpu()`` in the model,
+  the attention backends' per-step schedules are built on the host from host lists).  Decode-only
+  steps replay CUDA graphs (:mod:`runner.model_runner`).
+* The sampler (:mod:`runner.sampler`) works on the device; its per-row parameters take one more
+  small ``non_blocking`` copy (none when every request samples alike).  The sampled token ids
+  come back in ONE device-to-host copy into a pinned buffer followed by ONE wait on that copy:
+  the only sync of a step.
+* Remaining, rarer waits: a top-p row whose 256 best tokens hold less than ``top_p`` of the mass
+  is resampled exactly (a second copy and wait that step); the pinned input buffer is reused
+  only once the previous step's copy has completed (an event; it already has, except after a
+  step that sampled nothing); the Triton prefill schedule is pinned per step by the backend.
+  Tensor parallelism broadcasts each step's inputs as pickled CPU tensors (gloo/NCCL object
+  broadcast) and copies them to the device on every rank.
+* Not done here: scheduling step N+1 while the GPU runs step N (needs placeholder tokens in
+  kvcore's scheduler).
+
 Failures: bad prompts or sampling params are refused before anything is admitted; an exception
 inside a step aborts that step's requests (``Scheduler.fail_step``: no never-written block stays
 in the prefix cache) and ``generate`` aborts the rest of its batch before re-raising, so the
@@ -41,7 +62,7 @@ from kvcore.request import Request, RequestStatus
 from kvcore.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from kvcore.specs import KVCacheConfig, config_dtype, kv_cache_config_from_hf
 from runner.attention import get_backend
-from runner.batch import ModelInputs, prepare_batch
+from runner.batch import BatchBuilder, ModelInputs
 from runner.distributed import TPGroup
 from runner.kv_cache import KVCacheLayout
 from runner.model_runner import ModelRunner
@@ -69,8 +90,8 @@ class EngineConfig:
     num_blocks: int | None = None  # default: GPU profile, or kv_cache_memory_bytes on CPU
     gpu_memory_utilization: float = 0.9
     kv_cache_memory_bytes: int = 256 << 20  # CPU budget per rank
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192  # per step; longer prompts are prefilled in chunks
     max_model_len: int | None = None  # default: min(max_position_embeddings, 8192)
     enable_prefix_caching: bool = True
     tensor_parallel_size: int = 1
@@ -78,6 +99,7 @@ class EngineConfig:
     device: str | None = None
     seed: int = 0
     enforce_eager: bool = False  # no CUDA graphs
+    max_graph_batch_size: int = 512  # decode graphs up to min(this, max_num_seqs)
 
 
 @dataclass
@@ -121,7 +143,8 @@ def _build_runner(spec: _RankSpec, tp: TPGroup) -> ModelRunner:
         num_blocks = c.num_blocks
     elif device.type == "cuda":
         num_blocks = runner.profile_num_blocks(c.max_num_batched_tokens, spec.max_model_len,
-                                               c.max_num_seqs, c.gpu_memory_utilization)
+                                               c.max_num_seqs, c.gpu_memory_utilization,
+                                               sample=_profile_sampling(device))
     else:
         num_blocks = c.kv_cache_memory_bytes // runner.block_bytes()
         if num_blocks < 2:
@@ -130,12 +153,22 @@ def _build_runner(spec: _RankSpec, tp: TPGroup) -> ModelRunner:
     runner.allocate(num_blocks)
     if device.type == "cuda" and not c.enforce_eager:
         try:
-            runner.capture_decode_graphs(c.max_num_seqs, spec.max_model_len)
+            runner.capture_decode_graphs(c.max_num_seqs, spec.max_model_len,
+                                         c.max_graph_batch_size)
         except Exception as exc:  # keep serving, eagerly, and say why
             runner.drop_graphs()
             logging.getLogger(__name__).warning(
                 "CUDA-graph capture failed (%s: %s); decoding eagerly", type(exc).__name__, exc)
     return runner
+
+
+def _profile_sampling(device: torch.device) -> Any:
+    """Sampling as a step does it (full-vocabulary noise for every row), for memory profiling."""
+    def sample(logits: torch.Tensor) -> None:
+        n = logits.shape[0]
+        Sampler(0, device)(logits, [SamplingParams(temperature=1.0)] * n,
+                           [str(i) for i in range(n)])
+    return sample
 
 
 def _init_distributed(rank: int, world: int, port: int, device: str) -> TPGroup:
@@ -201,6 +234,13 @@ class LLM:
         self.scheduler = Scheduler(self.manager, SchedulerConfig(
             max_num_seqs=c.max_num_seqs, max_num_batched_tokens=c.max_num_batched_tokens))
         self.sampler = Sampler(c.seed, self.device)
+        # Rank 0 with workers broadcasts plain CPU tensors (pickled); otherwise the step's
+        # inputs are staged in pinned memory and copied to the device in one go.
+        self._batcher = BatchBuilder(
+            self.kv_config.num_groups, self.runner.layout.block_size,
+            "cpu" if self._workers else self.device,
+            max_num_batched_tokens=c.max_num_batched_tokens, max_num_seqs=c.max_num_seqs,
+            max_model_len=max_len)
         self.tokenizer = tokenizer if tokenizer is not None else _default_tokenizer(model, hf_config)
         self.max_model_len = max_len
         self.vocab_size = int(hf_config.vocab_size)
@@ -289,12 +329,13 @@ class LLM:
         return finished, len(out.scheduled)
 
     def _execute(self, out: SchedulerOutput) -> dict[str, int]:
-        """Run the model over the step's tokens and sample; ``{request_id: token}``."""
+        """Run the model over the step's tokens and sample; ``{request_id: token}``.
+
+        On CUDA the host waits for the GPU once: when the sampled tokens come back."""
         if not out.scheduled:
+            self._batcher.release_finished(out)
             return {}
-        batch = prepare_batch(out.scheduled, self.kv_config.num_groups,
-                              self.runner.layout.block_size,
-                              "cpu" if self._workers else self.device)
+        batch = self._batcher.prepare(out)
         inputs = batch.inputs
         if self._workers:
             # From the broadcast until rank 0's forward returns, the workers are in this step's
@@ -307,10 +348,12 @@ class LLM:
         self._dead = None
         if not batch.sampling:
             return {}
-        logits = self.runner.logits(hidden[batch.sample_indices.to(hidden.device)])
+        if not batch.sample_all:
+            hidden = hidden[batch.sample_indices.to(hidden.device)]
+        logits = self.runner.logits(hidden)
         params = [cast(SamplingParams, s.request.sampling_params) for s in batch.sampling]
         rids = [s.request_id for s in batch.sampling]
-        tokens = self.sampler(logits, params, rids).tolist()
+        tokens = self.sampler(logits, params, rids).tolist()  # on the host: the step's one wait
         return dict(zip(rids, tokens))
 
     def _fail_step(self, out: SchedulerOutput) -> None:

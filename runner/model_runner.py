@@ -4,11 +4,20 @@ It runs forwards on :class:`~runner.batch.ModelInputs`.  On a GPU it sizes the K
 the memory left after a warm-up forward at the full token budget (as nano-vllm does), and, for
 backends whose decode path is graph-safe, replays captured CUDA graphs for decode-only steps
 (batch sizes padded up to the nearest captured size; padding rows write nowhere: slot -1).
+
+Decode graphs are captured for batch sizes 1, 2, 4, 8, multiples of 8 up to 64 and of 16 up to
+512 (and ``max_num_seqs`` itself), at most ``max_num_seqs``; all of them read one set of static
+input buffers (slices of the largest) and share one memory pool, so 40 graphs cost about what
+the largest one does.  A forward never waits for the GPU: no ``.item()``/``.tolist()``, and the
+step's inputs are already on the device (see :mod:`runner.batch`).
 """
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -50,10 +59,21 @@ def warmup_inputs(num_tokens: int, max_model_len: int, block_size: int, num_grou
     return ModelInputs(ids, positions, meta), 1 + len(lens) * blocks_per_seq
 
 
+def decode_graph_sizes(max_batch: int, limit: int = 512) -> list[int]:
+    """Batch sizes to capture: 1, 2, 4, 8, multiples of 8 to 64 and of 16 to ``limit``, capped
+    by ``max_batch`` (included itself when it is below ``limit``)."""
+    top = min(max_batch, limit)
+    sizes = {s for s in (1, 2, 4, 8) if s <= top}
+    sizes |= set(range(16, min(top, 64) + 1, 8)) | set(range(80, top + 1, 16))
+    if top >= 1:
+        sizes.add(top)
+    return sorted(sizes)
+
+
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    inputs: ModelInputs  # static buffers the graph reads
+    inputs: ModelInputs  # static buffers the graph reads (slices of the shared ones)
     hidden: torch.Tensor  # static output
 
 
@@ -72,6 +92,8 @@ class ModelRunner:
         self.layer_caches: list[torch.Tensor] = []
         self.num_blocks = 0
         self._graphs: dict[int, _Graph] = {}
+        self._graph_sizes: list[int] = []  # sorted keys of _graphs
+        self._static: ModelInputs | None = None  # the largest graph's input buffers
 
     # -- KV memory ------------------------------------------------------------------------------
     def block_bytes(self) -> int:
@@ -79,13 +101,15 @@ class ModelRunner:
                                self.dtype)
 
     def profile_num_blocks(self, max_num_batched_tokens: int, max_model_len: int,
-                           max_num_seqs: int, utilization: float) -> int:
+                           max_num_seqs: int, utilization: float,
+                           sample: Callable[[torch.Tensor], Any] | None = None) -> int:
         """GPU: blocks that fit after a warm-up forward at the full token budget (a collective
         under tensor parallelism: every rank takes the minimum).
 
         The warm-up packs ``max_num_batched_tokens`` tokens into sequences of at most
         ``max_model_len`` (positions never exceed what the model was built for) and computes
-        logits for up to ``max_num_seqs`` of them, the most a step samples."""
+        logits for up to ``max_num_seqs`` of them, the most a step samples; ``sample`` (the
+        engine's sampler) then runs on those logits, so its scratch memory counts too."""
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         dev = self.device
@@ -97,7 +121,10 @@ class ModelRunner:
         with torch.inference_mode():
             hidden = self.model(inputs.input_ids, inputs.positions,
                                 layer_caches(scratch, self.layout), inputs.meta, self.backend)
-            self.logits(hidden[-min(n, max_num_seqs):])  # as a step computes them
+            logits = self.logits(hidden[-min(n, max_num_seqs):])  # as a step computes them
+            if sample is not None:
+                sample(logits)
+            del logits
         torch.cuda.synchronize(dev)
         peak = torch.cuda.max_memory_allocated(dev)
         del scratch, hidden
@@ -121,9 +148,9 @@ class ModelRunner:
     def forward(self, inputs: ModelInputs) -> torch.Tensor:
         """Hidden states of every new token ([num_tokens, hidden])."""
         if self._graphs and inputs.meta.is_decode_only:
-            size = next((s for s in sorted(self._graphs) if s >= inputs.meta.num_seqs), None)
-            if size is not None:
-                return self._replay(self._graphs[size], inputs)
+            i = bisect.bisect_left(self._graph_sizes, inputs.meta.num_seqs)
+            if i < len(self._graph_sizes):
+                return self._replay(self._graphs[self._graph_sizes[i]], inputs)
         return self.model(inputs.input_ids, inputs.positions, self.layer_caches, inputs.meta,
                           self.backend)
 
@@ -132,18 +159,20 @@ class ModelRunner:
         return self.model.compute_logits(hidden).float()
 
     # -- CUDA graphs (decode) -------------------------------------------------------------------
-    def capture_decode_graphs(self, max_batch: int, max_model_len: int) -> list[int]:
-        """Capture decode forwards for batch sizes 1, 2, 4, 8, then multiples of 16 up to
-        ``max_batch``.  Needs a backend whose decode path reads only tensors
-        (``supports_cuda_graphs``)."""
+    def capture_decode_graphs(self, max_batch: int, max_model_len: int,
+                              limit: int = 512) -> list[int]:
+        """Capture decode forwards for :func:`decode_graph_sizes` (``max_batch``, ``limit``).
+        Needs a backend whose decode path reads only tensors (``supports_cuda_graphs``)."""
         if not getattr(self.backend, "supports_cuda_graphs", False):
             return []
-        sizes = [s for s in (1, 2, 4, 8) if s <= max_batch]
-        sizes += list(range(16, max_batch + 1, 16))
+        sizes = decode_graph_sizes(max_batch, limit)
+        if not sizes:
+            return []
         max_blocks = -(-max_model_len // self.layout.block_size)
+        self._static = self._static_decode_inputs(sizes[-1], max_blocks, max_model_len)
         pool = None
-        for size in sorted(sizes, reverse=True):
-            inputs = self._static_decode_inputs(size, max_blocks, max_model_len)
+        for size in reversed(sizes):  # largest first: the smaller ones reuse its pool memory
+            inputs = self._static_slice(size, max_model_len)
             self.model(inputs.input_ids, inputs.positions, self.layer_caches, inputs.meta,
                        self.backend)  # warm up (compiles kernels) outside the capture
             torch.cuda.synchronize(self.device)
@@ -153,14 +182,21 @@ class ModelRunner:
                                     inputs.meta, self.backend)
             pool = graph.pool()
             self._graphs[size] = _Graph(graph, inputs, hidden)
+        self._graph_sizes = sorted(self._graphs)
         torch.cuda.synchronize(self.device)
-        return sorted(self._graphs)
+        return list(self._graph_sizes)
 
     def drop_graphs(self) -> None:
         self._graphs.clear()
+        self._graph_sizes = []
+        self._static = None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
+
+    @property
+    def graph_sizes(self) -> list[int]:
+        return list(self._graph_sizes)
 
     def _static_decode_inputs(self, size: int, max_blocks: int, max_model_len: int) -> ModelInputs:
         dev = self.device
@@ -173,18 +209,33 @@ class ModelRunner:
         return ModelInputs(torch.zeros(size, dtype=torch.long, device=dev),
                            torch.zeros(size, dtype=torch.long, device=dev), meta)
 
+    def _static_slice(self, size: int, max_model_len: int) -> ModelInputs:
+        """The first ``size`` rows of the shared static buffers, as one graph's inputs."""
+        s = self._static
+        assert s is not None
+        groups = [GroupMetadata(g.slot_mapping[:size], g.block_tables[:size])
+                  for g in s.meta.groups]
+        meta = AttentionMetadata(s.meta.cu_seqlens_q[:size + 1], s.meta.seq_lens[:size], 1,
+                                 max_model_len, groups, [max_model_len] * size, [1] * size)
+        return ModelInputs(s.input_ids[:size], s.positions[:size], meta)
+
     def _replay(self, g: _Graph, inputs: ModelInputs) -> torch.Tensor:
+        """Copy the live inputs into the graph's static buffers (device to device; rows past
+        ``n`` become padding: length 1, slot -1, the null block) and replay."""
         n = inputs.meta.num_seqs
         s = g.inputs
         s.input_ids[:n].copy_(inputs.input_ids)
         s.positions[:n].copy_(inputs.positions)
-        s.meta.seq_lens.fill_(1)
         s.meta.seq_lens[:n].copy_(inputs.meta.seq_lens)
+        padded = s.input_ids.shape[0] > n
+        if padded:
+            s.meta.seq_lens[n:].fill_(1)
         for static, live in zip(s.meta.groups, inputs.meta.groups):
-            static.slot_mapping.fill_(-1)
             static.slot_mapping[:n].copy_(live.slot_mapping)
-            static.block_tables.zero_()
             width = live.block_tables.shape[1]
             static.block_tables[:n, :width].copy_(live.block_tables)
+            if padded:
+                static.slot_mapping[n:].fill_(-1)
+                static.block_tables[n:, :1].zero_()  # padding reads position 0 only
         g.graph.replay()
         return g.hidden[:n]

@@ -1,12 +1,16 @@
-"""Batch preparation from scheduler output, the sampler, and the byte tokenizer."""
+"""Batch preparation from scheduler output (stateless, and the engine's append-only
+BatchBuilder), the sampler, and the byte tokenizer."""
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
 import pytest
 import torch
 
 from kvcore.scheduler import Scheduler, SchedulerConfig
-from runner.batch import prepare_batch
+from runner.batch import BatchBuilder, PreparedBatch, StagingBuffer, prepare_batch
 from runner.sampler import Sampler, SamplingParams
 from runner.tokenizer import ByteTokenizer
 from tests.factories import full_spec, make_manager, swa_spec
@@ -35,6 +39,121 @@ def test_prepare_batch_mixed_prefill_and_decode() -> None:
         assert meta.groups[g].block_tables[1, :3].tolist() == tables[1]
     # Only `a` samples: b's chunk is not its last.
     assert [x.request_id for x in batch.sampling] == ["a"] and batch.sample_indices.tolist() == [0]
+
+
+def assert_same_batch(got: PreparedBatch, want: PreparedBatch, window: dict[int, int]) -> None:
+    """Equal model inputs; block tables of sliding-window groups (``window``: group -> tokens)
+    may keep stale ids where the manager has the null block, but only left of the window."""
+    for name in ("input_ids", "positions", "sample_indices"):
+        assert getattr(got, name).cpu().tolist() == getattr(want, name).cpu().tolist(), name
+    gm, wm = got.meta, want.meta
+    assert gm.cu_seqlens_q.cpu().tolist() == wm.cu_seqlens_q.tolist()
+    assert gm.seq_lens.cpu().tolist() == wm.seq_lens.tolist()
+    assert (gm.seq_lens_cpu, gm.query_lens_cpu) == (wm.seq_lens_cpu, wm.query_lens_cpu)
+    assert (gm.max_seqlen_q, gm.max_seqlen_k) == (wm.max_seqlen_q, wm.max_seqlen_k)
+    assert [s.request_id for s in got.sampling] == [s.request_id for s in want.sampling]
+    assert got.sample_all == (gm.is_decode_only and len(got.sampling) == len(gm.seq_lens_cpu))
+    for g, (gg, wg) in enumerate(zip(gm.groups, wm.groups)):
+        assert gg.slot_mapping.cpu().tolist() == wg.slot_mapping.tolist()
+        gt, wt = gg.block_tables.cpu().tolist(), wg.block_tables.tolist()
+        assert len(gt) == len(wt) and all(len(r) == len(wt[0]) for r in gt)
+        for row, (a, b), seq_len, q_len in zip(range(len(gt)), zip(gt, wt), wm.seq_lens_cpu,
+                                               wm.query_lens_cpu):
+            used = -(-seq_len // 4)
+            if g not in window:
+                assert a[:used] == b[:used], (g, row)
+                continue
+            first = max(0, seq_len - q_len - window[g] + 1) // 4  # first block attention reads
+            assert a[first:used] == b[first:used], (g, row)
+            assert all(x == y or y == 0 for x, y in zip(a[:first], b[:first])), (g, row)
+
+
+@pytest.mark.parametrize("reuse", [False, True], ids=["fresh", "reused-buffer"])
+@pytest.mark.parametrize("num_blocks", [36, 400])  # tight: preemption and recompute
+def test_batch_builder_equals_prepare_batch(num_blocks: int, reuse: bool) -> None:
+    """Append-only tables (new blocks only, full tables for new and resumed requests) give the
+    manager's tables, through chunked prefill, prefix hits, preemption and finished requests."""
+    m = make_manager(full_spec(4), swa_spec(8, 4), num_blocks=num_blocks, max_model_len=160)
+    s = Scheduler(m, SchedulerConfig(max_num_seqs=6,  # type: ignore[arg-type]
+                                     max_num_batched_tokens=24))
+    # A reused staging buffer (as on CUDA, without pinned memory here), sized too small at
+    # first: it grows.
+    builder = BatchBuilder(2, 4, "cpu", max_num_batched_tokens=24 if not reuse else 2,
+                           max_num_seqs=6 if not reuse else 1, max_model_len=160, reuse=reuse)
+    assert builder.staging.reuse == reuse
+    rng = random.Random(num_blocks)
+    system = list(range(1, 21))
+    for wave in range(3):  # later waves hit blocks the earlier ones cached
+        reqs = [m.make_request(  # type: ignore[attr-defined]
+            f"{wave}-{i}", system[:rng.randint(0, 20)] + [rng.randrange(500) for _ in
+                                                         range(rng.randint(1, 40))],
+            max_tokens=rng.randint(1, 30), ignore_eos=True) for i in range(8)]
+        s.add_requests(reqs)
+        while s.has_unfinished_requests():
+            out = s.schedule()
+            got = builder.prepare(out)
+            assert_same_batch(got, prepare_batch(out.scheduled, 2, 4), {1: 8})
+            s.update_from_output(out, {x.request_id: rng.randrange(500) for x in got.sampling})
+    assert (s.stats.num_preemptions > 0) == (num_blocks == 36)
+    builder.release_finished(s.schedule())  # the last finished requests: rows released
+    assert all(not t.row_of for t in builder.tables)
+
+
+def test_staging_buffer_without_pinned_memory_makes_private_tensors() -> None:
+    st = StagingBuffer("cpu")
+    assert not st.reuse and not st.pinned
+    st.begin()
+    a = st.array(3, "int64")
+    a[:] = [1, 2, 3]
+    b = st.array((2, 2), "int32")
+    b[:] = 7
+    ta, tb = st.upload()
+    assert ta.tolist() == [1, 2, 3] and tb.dtype == torch.int32 and tb.tolist() == [[7, 7]] * 2
+    st.begin()
+    st.array(3, "int64")[:] = 0
+    st.upload()
+    assert ta.tolist() == [1, 2, 3]  # not overwritten by the next step
+
+
+def test_reused_staging_buffer_packs_aligned_views_and_grows() -> None:
+    st = StagingBuffer("cpu", nbytes=64, reuse=True)
+    assert st.reuse and not st.pinned and st.capacity == 64
+    st.begin(st.nbytes_for([np.zeros(3, np.int64), np.zeros((2, 5), np.int32)]))
+    a, b, _ = st.array(3, np.int64), st.array((2, 5), np.int32), st.array(0, np.float32)
+    a[:] = [4, 5, 6]
+    b[:] = np.arange(10).reshape(2, 5)
+    ta, tb, tc = st.upload()
+    assert ta.tolist() == [4, 5, 6] and tb.tolist() == [list(range(5)), list(range(5, 10))]
+    assert tc.shape == (0,) and tb.data_ptr() % 64 == 0
+    st.begin()
+    big = st.array(1000, np.int64)  # the first array of a step may grow the buffers
+    big[:] = 1
+    (tbig,) = st.upload()
+    assert int(tbig.sum()) == 1000 and st.capacity >= 8000
+    st.begin(8)
+    st.array(1, np.int64)
+    with pytest.raises(RuntimeError, match="too small a bound"):
+        st.array(10_000, np.int64)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_pinned_staging_on_cuda_equals_prepare_batch() -> None:
+    m = make_manager(full_spec(4), swa_spec(8, 4), num_blocks=200, max_model_len=128)
+    s = Scheduler(m, SchedulerConfig(max_num_seqs=4,  # type: ignore[arg-type]
+                                     max_num_batched_tokens=16))
+    builder = BatchBuilder(2, 4, "cuda", max_num_batched_tokens=16, max_num_seqs=4,
+                           max_model_len=128)
+    assert builder.staging.pinned
+    rng = random.Random(0)
+    s.add_requests([m.make_request(str(i), [rng.randrange(100) for _ in  # type: ignore[attr-defined]
+                                            range(rng.randint(1, 30))], max_tokens=12,
+                                   ignore_eos=True) for i in range(6)])
+    while s.has_unfinished_requests():
+        out = s.schedule()
+        got = builder.prepare(out)
+        assert got.input_ids.device.type == "cuda"
+        assert_same_batch(got, prepare_batch(out.scheduled, 2, 4), {1: 8})
+        s.update_from_output(out, {x.request_id: 1 for x in got.sampling})
 
 
 def test_greedy_and_seeded_sampling_are_reproducible() -> None:

@@ -27,3 +27,12 @@ def test_cpu_smoke_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert data["throughput"][0]["output_tokens"] > 0
     assert data["prefix"][0]["cached_s"] > 0
     assert "decode attention" in capsys.readouterr().out
+
+
+def test_throughput_overrides_engine_settings(tmp_path: Path) -> None:
+    out_json = tmp_path / "t.json"
+    assert main(["throughput", "--allow-cpu", "--max-num-seqs", "2", "--num-seqs", "3",
+                 "--json", str(out_json)]) == 0
+    (row,) = json.loads(out_json.read_text())["throughput"]
+    assert row["max_num_seqs"] == 2 and row["num_seqs"] == 3 and row["output_tokens"] > 0
+    assert row["max_num_batched_tokens"] == 8192 and row["steps"] > 0  # the engine's default

@@ -5,6 +5,7 @@ full + sliding-window model, seeded sampling, tensor parallelism."""
 from __future__ import annotations
 
 import random
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -163,3 +164,35 @@ def test_triton_backend_matches_torch_backend_end_to_end(tmp_path: Path) -> None
     got = LLM(tmp_path, block_size=4, num_blocks=64, backend="triton").generate(
         ps, params, use_tqdm=False)
     assert tokens(got) == tokens(want)
+
+
+def test_defaults_a_user_expects() -> None:
+    from runner.engine import EngineConfig
+    from runner.model_runner import decode_graph_sizes
+
+    c = EngineConfig()
+    assert (c.max_num_seqs, c.max_num_batched_tokens, c.gpu_memory_utilization) == (256, 8192, 0.9)
+    sizes = decode_graph_sizes(512)
+    assert sizes[:6] == [1, 2, 4, 8, 16, 24] and sizes[-1] == 512 and len(sizes) < 48
+    assert all(b - a <= 16 for a, b in pairwise(sizes))
+    assert decode_graph_sizes(256)[-1] == 256 and decode_graph_sizes(100)[-2:] == [96, 100]
+    assert decode_graph_sizes(2048)[-1] == 512 and decode_graph_sizes(3) == [1, 2, 3]
+
+
+def test_mixed_sampling_in_one_batch_and_tiny_temperature_is_greedy(tmp_path: Path) -> None:
+    save_hf("llama", tmp_path)
+    llm = LLM(tmp_path, block_size=4, num_blocks=256, seed=2)
+    ps = prompts(6, seed=11)
+    want = tokens(llm.generate(ps, GREEDY, use_tqdm=False))
+    tiny = SamplingParams(temperature=1e-7, max_tokens=12, ignore_eos=True)
+    mixed = [GREEDY, tiny, SamplingParams(temperature=0.8, top_k=20, max_tokens=12, seed=1),
+             SamplingParams(top_p=0.9, max_tokens=12), SamplingParams(temperature=1.3,
+                                                                     max_tokens=12),
+             SamplingParams(temperature=0.7, top_k=5, top_p=0.8, max_tokens=12, ignore_eos=True)]
+    got = llm.generate(ps, mixed, use_tqdm=False)
+    assert tokens(got)[:2] == want[:2]  # greedy and temperature 1e-7 (no NaN): argmax
+    assert all(all(0 <= t < 300 for t in o.token_ids) for o in got)
+    llm.generate(ps[:2], GREEDY, use_tqdm=False)
+    # The engine's append-only tables forgot the finished requests (reported a step later).
+    assert all(len(t.row_of) <= 2 for t in llm._batcher.tables)
+    llm.manager.check_invariants()
