@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 from typing import Any, NoReturn
 
-from kvcore.blocks import KVCacheBlock, PrefixNode
+from msgspec.structs import replace
+
+from kvcore.blocks import KVCacheBlock
 from kvcore.coordinator import KVCacheCoordinator, make_coordinator
 from kvcore.errors import (
     InvalidArgumentError,
@@ -68,9 +69,6 @@ class KVCacheBlocks(tuple):
             return NotImplemented
         return KVCacheBlocks([*a, *b] for a, b in zip(self, other))
 
-    def new_empty(self) -> KVCacheBlocks:
-        return KVCacheBlocks(() for _ in self)
-
 
 _ZERO = 0  # the default count; see the fast path of allocate_slots
 
@@ -80,6 +78,17 @@ def _count(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
         raise InvalidArgumentError(f"{name} must be a non-negative int, got {value!r}")
     return int(value)
+
+
+def _counts(num_new_tokens: int, num_new_computed_tokens: int, num_lookahead_tokens: int,
+            num_external_computed_tokens: int,
+            num_encoder_tokens: int) -> tuple[int, int, int, int, int]:
+    """``allocate_slots``'s token counts as plain ints (see ``_count``)."""
+    return (_count("num_new_tokens", num_new_tokens),
+            _count("num_new_computed_tokens", num_new_computed_tokens),
+            _count("num_lookahead_tokens", num_lookahead_tokens),
+            _count("num_external_computed_tokens", num_external_computed_tokens),
+            _count("num_encoder_tokens", num_encoder_tokens))
 
 
 class KVCacheManager:
@@ -103,6 +112,9 @@ class KVCacheManager:
         use_eagle: EAGLE/MTP speculative decoding: every prefix hit drops its last block, whose
             tokens the draft model must recompute (as vLLM's ``use_eagle``; not supported with
             chunked local attention).
+        fast_path: let ``allocate_slots`` calls that only add new tokens skip the validation they
+            cannot fail (the default); ``False`` validates every call in full.  Both reach the
+            same allocation code; the switch exists so tests can run both ways.
     """
 
     def __init__(self, config: KVCacheConfig, max_model_len: int, *, enable_caching: bool = True,
@@ -110,7 +122,8 @@ class KVCacheManager:
                  enable_events: bool = False, log_stats: bool = True,
                  max_num_batched_tokens: int | None = None,
                  manager_classes: ManagerClasses | None = None,
-                 block_hasher: BlockHasher | None = None, use_eagle: bool = False) -> None:
+                 block_hasher: BlockHasher | None = None, use_eagle: bool = False,
+                 fast_path: bool = True) -> None:
         if not isinstance(config, KVCacheConfig):
             raise InvalidArgumentError(f"config must be a KVCacheConfig, got {config!r}")
         if max_model_len.__class__ is not int or max_model_len <= 0:
@@ -121,7 +134,7 @@ class KVCacheManager:
                                        f"got {max_num_batched_tokens!r}")
         for name, flag in (("enable_caching", enable_caching), ("verify_hits", verify_hits),
                            ("enable_events", enable_events), ("log_stats", log_stats),
-                           ("use_eagle", use_eagle)):
+                           ("use_eagle", use_eagle), ("fast_path", fast_path)):
             if not isinstance(flag, bool):
                 raise InvalidArgumentError(f"{name} must be a bool, got {flag!r}")
         if not isinstance(hash_algo, str):
@@ -133,6 +146,7 @@ class KVCacheManager:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_caching = enable_caching
         self.verify_hits = verify_hits and enable_caching
+        self.fast_path = fast_path
         self.block_hasher = RequestBlockHasher(
             config.hash_block_size,
             block_hasher if block_hasher is not None else BlockHasher(hash_algo, hash_seed))
@@ -227,101 +241,95 @@ class KVCacheManager:
         """Slots for ``num_new_tokens`` (+ lookahead) tokens after the computed ones (see the
         module docstring's layout).  Returns the newly allocated blocks per group, or ``None``
         (nothing changed) when the pool cannot supply them."""
-        rid = request.request_id
-        # `is _ZERO` (identity with the int 0) keeps the hot path cheap: a bool, float, None or
-        # numpy zero is not that object and takes the checked path below.
-        if (num_new_tokens.__class__ is int and num_new_tokens > 0
+        tracked = self._requests.get(request.request_id)
+        hits: Sequence[Sequence[KVCacheBlock]] = self._empty
+        # A call that only adds tokens to a running request, or starts a fresh one from nothing,
+        # cannot fail validation (`is _ZERO`, identity with the int 0, keeps this cheap: a bool,
+        # float, None or numpy zero is not that object).  Every other call is validated in full.
+        if not (self.fast_path and num_new_tokens.__class__ is int and num_new_tokens > 0
                 and num_new_computed_tokens is _ZERO and num_lookahead_tokens is _ZERO
                 and num_external_computed_tokens is _ZERO and num_encoder_tokens is _ZERO
                 and not full_sequence_must_fit
-                and (new_computed_blocks is None or new_computed_blocks is self._empty)):
-            # Hot paths: a running request grows, or a fresh request without hits starts.
-            tracked = self._requests.get(rid)
-            if tracked is None:
-                if not request.num_computed_tokens:
-                    return self._start(request, num_new_tokens, delay_cache_blocks)
-            elif tracked[0] is request:
-                return self._grow(request, tracked, num_new_tokens, delay_cache_blocks)
-        if not (num_new_tokens.__class__ is int and num_new_tokens >= 0
-                and num_new_computed_tokens.__class__ is int and num_new_computed_tokens >= 0
-                and num_lookahead_tokens.__class__ is int and num_lookahead_tokens >= 0
-                and num_external_computed_tokens.__class__ is int
-                and num_external_computed_tokens >= 0
-                and num_encoder_tokens.__class__ is int and num_encoder_tokens >= 0):
-            num_new_tokens = _count("num_new_tokens", num_new_tokens)
-            num_new_computed_tokens = _count("num_new_computed_tokens", num_new_computed_tokens)
-            num_lookahead_tokens = _count("num_lookahead_tokens", num_lookahead_tokens)
-            num_external_computed_tokens = _count("num_external_computed_tokens",
-                                                  num_external_computed_tokens)
-            num_encoder_tokens = _count("num_encoder_tokens", num_encoder_tokens)
-        running = rid in self._requests
-        if running or request.num_computed_tokens:
-            self._check_request(request)  # raises for a stranger, a freed or overrun request
-        if num_new_tokens == 0 and num_new_computed_tokens == 0 and num_external_computed_tokens == 0:
-            raise InvalidArgumentError("allocate_slots needs new tokens or computed tokens to adopt")
-        hits: Sequence[Sequence[KVCacheBlock]] = (
-            self._empty if new_computed_blocks is None else new_computed_blocks)
-        if not isinstance(hits, (tuple, list)) or len(hits) != self.num_groups:
-            raise InvalidArgumentError(
-                f"new_computed_blocks must hold one block list per group ({self.num_groups}), "
-                f"got {new_computed_blocks!r}")
-        has_hits = any(hits)
-        if running and (has_hits or num_new_computed_tokens):
-            raise RequestStateError(f"request {rid!r} is running: it cannot take a new prefix hit")
-        if not running:
-            if num_new_computed_tokens + num_external_computed_tokens > request.num_tokens:
-                raise InvalidHitError(
-                    f"request {rid!r}: {num_new_computed_tokens} hit + "
-                    f"{num_external_computed_tokens} external tokens exceed its "
-                    f"{request.num_tokens} tokens")
-            if has_hits or num_new_computed_tokens:
-                look = self._last_lookup
-                pool = self.pool
-                if (look is None or look[0] is not hits or look[1] is not request
-                        or look[2] != (num_new_computed_tokens, pool.num_evicted_blocks,
-                                       pool.num_resets)):
-                    self._check_hits(request, hits, num_new_computed_tokens,
-                                     num_external_computed_tokens)
+                and (new_computed_blocks is None or new_computed_blocks is self._empty)
+                and (not request.num_computed_tokens if tracked is None else
+                     tracked[0] is request and request.num_computed_tokens <= tracked[1])):
+            (num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
+             num_external_computed_tokens, num_encoder_tokens) = _counts(
+                num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
+                num_external_computed_tokens, num_encoder_tokens)
+            hits = self._check_allocation(request, num_new_tokens, num_new_computed_tokens,
+                                          new_computed_blocks, num_external_computed_tokens)
+
         num_local_computed = request.num_computed_tokens + num_new_computed_tokens
         total_computed = num_local_computed + num_external_computed_tokens
         if total_computed + num_new_tokens > self.max_model_len:
             self._too_long(request, total_computed, num_new_tokens)
         coord = self.coordinator
-        free = self.pool.num_free_blocks
-
         if full_sequence_must_fit:
-            num_full = min(request.num_tokens, self.max_model_len)
-            need = coord.get_num_blocks_to_allocate(rid, num_full, hits, num_encoder_tokens,
-                                                    total_computed, self._admission_caps)
-            if need > free:
+            need = coord.num_blocks_to_allocate(
+                request.request_id, min(request.num_tokens, self.max_model_len), hits,
+                num_encoder_tokens, total_computed, self._admission_caps)
+            if need > self.pool.num_free_blocks:
                 return None
-
-        num_slots = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        # Blocks that left the attention window are released first (they count as free), but
-        # only once we know the allocation succeeds: a None result changes nothing.
-        freeable = coord.get_num_freeable_skipped_blocks(rid, total_computed) if running else 0
-        need = coord.get_num_blocks_to_allocate(rid, num_slots, hits, num_encoder_tokens,
-                                                total_computed)
-        if need > free + freeable:
+        cache_upto = None  # cache up to the request's real tokens (never draft slots)
+        if self.enable_caching and not delay_cache_blocks:
+            tokens = request.all_token_ids
+            if len(request.block_hashes) < len(tokens) // self.hash_block_size:
+                self._sync_hashes(request)
+            cache_upto = total_computed + num_new_tokens
+            if cache_upto > len(tokens):
+                cache_upto = len(tokens)
+        num_slots = total_computed + num_new_tokens + num_lookahead_tokens
+        if num_slots > self.max_model_len:
+            num_slots = self.max_model_len
+        new_blocks = coord.allocate(request, tracked is not None, num_slots, hits,
+                                    num_local_computed, num_external_computed_tokens,
+                                    num_encoder_tokens, cache_upto)
+        if new_blocks is None:
             return None
-        if running:
-            coord.remove_skipped_blocks(rid, total_computed)
-        elif has_hits or num_external_computed_tokens:
-            coord.add_computed_blocks(rid, hits, num_local_computed, num_external_computed_tokens)
-            if coord.prefix_chains is not None and has_hits:
-                self._adopt_chains(rid, hits)
-        new_blocks = coord.allocate_new_blocks(rid, num_slots, num_encoder_tokens)
-        tracked = self._requests.get(rid)
         if tracked is None:
-            self._requests[rid] = [request, num_slots]
+            self._requests[request.request_id] = [request, num_slots]
         elif num_slots > tracked[1]:
             tracked[1] = num_slots
-        if self.enable_caching and not delay_cache_blocks:
-            self._sync_hashes(request)
-            coord.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
-        if not any(new_blocks):
+        if new_blocks is coord.no_blocks or not any(new_blocks):
             return self._empty
         return KVCacheBlocks(new_blocks)
+
+    def _check_allocation(self, request: KVRequest, num_new_tokens: int,
+                          num_new_computed_tokens: int, new_computed_blocks: object,
+                          num_external_computed_tokens: int) -> Sequence[Sequence[KVCacheBlock]]:
+        """Raise unless ``allocate_slots`` may serve these (non-negative) counts for ``request``
+        in its current state; returns the hit blocks per group."""
+        rid = request.request_id
+        running = rid in self._requests
+        if running or request.num_computed_tokens:
+            self._check_request(request)  # raises for a stranger, a freed or overrun request
+        if num_new_tokens == 0 and num_new_computed_tokens == 0 and num_external_computed_tokens == 0:
+            raise InvalidArgumentError("allocate_slots needs new tokens or computed tokens to adopt")
+        hits = self._empty if new_computed_blocks is None else new_computed_blocks
+        if not isinstance(hits, (tuple, list)) or len(hits) != self.num_groups:
+            raise InvalidArgumentError(
+                f"new_computed_blocks must hold one block list per group ({self.num_groups}), "
+                f"got {new_computed_blocks!r}")
+        has_hits = any(hits)
+        if running:
+            if has_hits or num_new_computed_tokens:
+                raise RequestStateError(f"request {rid!r} is running: it cannot take a new "
+                                        "prefix hit")
+            return hits
+        if num_new_computed_tokens + num_external_computed_tokens > request.num_tokens:
+            raise InvalidHitError(
+                f"request {rid!r}: {num_new_computed_tokens} hit + {num_external_computed_tokens} "
+                f"external tokens exceed its {request.num_tokens} tokens")
+        if has_hits or num_new_computed_tokens:
+            look = self._last_lookup
+            pool = self.pool
+            if (look is None or look[0] is not hits or look[1] is not request
+                    or look[2] != (num_new_computed_tokens, pool.num_evicted_blocks,
+                                   pool.num_resets)):
+                self._check_hits(request, hits, num_new_computed_tokens,
+                                 num_external_computed_tokens)
+        return hits
 
     def _check_request(self, request: KVRequest) -> bool:
         """Whether ``request`` is running; raises if another object holds its id, if it claims
@@ -409,58 +417,6 @@ class KVCacheManager:
             raise InvalidHitError(f"{where}: {block!r} is not a block of this manager's pool")
         raise InvalidHitError(f"{where}: block {block.block_id} is no longer cached under the "
                               "request's hash (evicted or reused since get_computed_blocks)")
-
-    def _adopt_chains(self, request_id: str, hits: Sequence[Sequence[KVCacheBlock]]) -> None:
-        """Verify mode: the request's prefix chain continues its (proven) hit's, per block size."""
-        chains = self.coordinator.prefix_chains
-        assert chains is not None
-        deepest: dict[int, PrefixNode] = {}
-        for m, blocks in zip(self.coordinator.managers, hits):
-            node = next((b.prefix_node for b in reversed(blocks) if not b.is_null), None)
-            if node is None:
-                continue
-            best = deepest.get(m.block_size)
-            if best is None or best.index < node.index:
-                deepest[m.block_size] = node
-        for block_size, node in deepest.items():
-            chains.adopt(request_id, block_size, node)
-
-    def _grow(self, request: KVRequest, tracked: list[Any], num_new_tokens: int,
-              delay_cache_blocks: bool) -> KVCacheBlocks | None:
-        """``allocate_slots`` for a running request with only new tokens (chunked prefill and
-        decode): the hot path, same semantics as the general one."""
-        total_computed = request.num_computed_tokens
-        num_slots = total_computed + num_new_tokens
-        had_slots = tracked[1]
-        if total_computed > had_slots:
-            self._check_request(request)  # raises, naming the numbers
-        if num_slots > self.max_model_len:
-            self._too_long(request, total_computed, num_new_tokens)
-        cache_upto = self._cache_upto(request, num_slots, delay_cache_blocks)
-        new_blocks = self.coordinator.grow(request, total_computed, num_slots, cache_upto)
-        if new_blocks is None:
-            return None
-        if num_slots > had_slots:
-            tracked[1] = num_slots
-        return KVCacheBlocks(new_blocks) if any(new_blocks) else self._empty
-
-    def _start(self, request: KVRequest, num_new_tokens: int,
-               delay_cache_blocks: bool) -> KVCacheBlocks | None:
-        """``allocate_slots`` for a fresh request without a prefix hit: the other hot path."""
-        if num_new_tokens > self.max_model_len:
-            self._too_long(request, 0, num_new_tokens)
-        cache_upto = self._cache_upto(request, num_new_tokens, delay_cache_blocks)
-        new_blocks = self.coordinator.start(request, num_new_tokens, cache_upto)
-        if new_blocks is None:
-            return None
-        self._requests[request.request_id] = [request, num_new_tokens]
-        return KVCacheBlocks(new_blocks) if any(new_blocks) else self._empty
-
-    def _cache_upto(self, request: KVRequest, num_slots: int, delay: bool) -> int | None:
-        if not self.enable_caching or delay:
-            return None
-        self._sync_hashes(request)
-        return min(num_slots, len(request.all_token_ids))
 
     def _too_long(self, request: KVRequest, num_computed: int, num_new: int) -> None:
         raise InvalidArgumentError(
@@ -568,11 +524,13 @@ class KVCacheManager:
     def take_events(self) -> list[KVCacheEvent]:
         """The KV events recorded since the last call; ``BlockStored`` events carry their group's
         spec kind and sliding window, as vLLM publishes them."""
-        events = self.pool.take_events()
+        events = self.pool.take_events()  # a fresh list, ours to rewrite in place
         meta = self._event_metadata
-        return [replace(e, kv_cache_spec_kind=meta[e.group_id][0],
-                        kv_cache_spec_sliding_window=meta[e.group_id][1])
-                if isinstance(e, BlockStored) else e for e in events]
+        for i, e in enumerate(events):
+            if isinstance(e, BlockStored) and e.group_id is not None:
+                kind, window = meta[e.group_id]
+                events[i] = replace(e, kv_cache_spec_kind=kind, kv_cache_spec_sliding_window=window)
+        return events
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
         """The stats collected since the last call (and start a new interval); ``None`` when

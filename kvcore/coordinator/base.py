@@ -1,9 +1,12 @@
 """KVCacheCoordinator: drives one single-type manager per KV-cache group over one shared pool.
 
-The coordinator sums what every group needs, hands hits to every group in two phases (touch all
+Allocation has one path, :meth:`KVCacheCoordinator.allocate`, the same for one group or many:
+count what every group needs (releasing blocks that left the window only counts as freeing
+them), then, if the pool can supply it, take every group's hit blocks (phase 1: touch all
 groups' hits before any group allocates, so one group's allocation can never evict another
-group's not-yet-taken hit), and decides how hits of different groups combine
-(``find_longest_cache_hit``, per subclass).
+group's not-yet-taken hit), append new blocks to every group (phase 2) and cache the now-full
+blocks.  Subclasses decide only how a prefix hit is found and how hits of different groups
+combine (``find_longest_cache_hit``).
 """
 
 from __future__ import annotations
@@ -11,10 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvcore.block_pool import BlockPool
-from kvcore.blocks import BlockHash, KVCacheBlock
+from kvcore.blocks import BlockHash, KVCacheBlock, PrefixNode
 from kvcore.managers import ManagerClasses, SingleTypeKVCacheManager, make_manager
 from kvcore.managers.base import ManagerContext
-from kvcore.managers.cross_attention import CrossAttentionManager
 from kvcore.request import KVRequest
 from kvcore.specs import KVCacheConfig
 from kvcore.verify import HitVerifier, PrefixChains
@@ -23,11 +25,15 @@ GroupBlocks = tuple[list[KVCacheBlock], ...]
 
 
 class KVCacheCoordinator:
-    """Base: everything except how a prefix hit is found."""
+    """Base: everything except how a prefix hit is found.
+
+    ``cache_alignment`` (hybrid models: ``alignment_tokens``) makes groups cache only up to a
+    multiple of it, since a hit must end on one; ``None`` caches every full block.
+    """
 
     def __init__(self, config: KVCacheConfig, *, enable_caching: bool, enable_events: bool,
-                 verify_hits: bool, alignment_tokens: int, use_eagle: bool = False,
-                 manager_classes: ManagerClasses | None = None) -> None:
+                 verify_hits: bool, alignment_tokens: int, cache_alignment: int | None = None,
+                 use_eagle: bool = False, manager_classes: ManagerClasses | None = None) -> None:
         self.config = config
         self.enable_caching = enable_caching
         self.verify_hits = verify_hits and enable_caching
@@ -37,17 +43,22 @@ class KVCacheCoordinator:
                               verify_hits=self.verify_hits)
         self.hash_block_size = config.hash_block_size
         self.alignment_tokens = alignment_tokens
+        self.cache_alignment = cache_alignment
         self.prefix_chains = PrefixChains() if self.verify_hits else None
         ctx = ManagerContext(self.pool, enable_caching, self.hash_block_size, alignment_tokens,
                              use_eagle, self.prefix_chains)
         self.managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
             make_manager(g.spec, i, ctx, overrides=manager_classes)
             for i, g in enumerate(config.groups))
-        self._is_cross = tuple(isinstance(m, CrossAttentionManager) for m in self.managers)
-        self._attention = tuple(m for m, cross in zip(self.managers, self._is_cross) if not cross)
+        # Capabilities, read once: which groups size by encoder tokens, release blocks early,
+        # and cache.
+        self._encoder = tuple(m.uses_encoder_tokens for m in self.managers)
+        self._any_encoder = any(self._encoder)
+        self._decoder = tuple(m for m in self.managers if not m.uses_encoder_tokens)
+        self._releasing = tuple(m for m in self.managers if m.releases_blocks)
         self._caching = tuple(m for m in self.managers if m.enable_caching)
-        self._releasing = tuple(m for m in self._attention if m.releases_blocks)
-        self._all_attention = len(self._attention) == len(self.managers)
+        # What ``allocate`` returns when no group got a block (shared: never mutated).
+        self.no_blocks: GroupBlocks = tuple([] for _ in self.managers)
 
     # -- hits -------------------------------------------------------------------------------------
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int,
@@ -55,132 +66,130 @@ class KVCacheCoordinator:
         """Per-group hit blocks and the hit length in tokens (at most ``max_length``)."""
         raise NotImplementedError
 
-    def num_cacheable_tokens(self, num_tokens: int) -> int:
-        """How many of the first ``num_tokens`` tokens may be cached (hybrid: aligned down)."""
-        return num_tokens
-
-    def eagle_cacheable_tokens(self, num_tokens: int, aligned: int,
-                               manager: SingleTypeKVCacheManager) -> int:
-        """Under EAGLE, how many tokens ``manager`` caches (``aligned``: the common count)."""
-        return aligned
-
-    # -- accounting -------------------------------------------------------------------------------
-    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
-                                   new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
-                                   num_encoder_tokens: int, total_computed_tokens: int,
-                                   max_blocks: Sequence[int | None] | None = None) -> int:
-        """Free blocks all groups need together; ``max_blocks`` caps each group's per-request
-        holding (admission of the whole sequence)."""
+    # -- allocation -------------------------------------------------------------------------------
+    def num_blocks_to_allocate(self, request_id: str, num_tokens: int,
+                               hits: Sequence[Sequence[KVCacheBlock]], num_encoder_tokens: int,
+                               total_computed_tokens: int,
+                               max_blocks: Sequence[int | None] | None = None) -> int:
+        """Free blocks all groups need together to hold ``num_tokens`` tokens (encoder groups:
+        ``num_encoder_tokens``), hit blocks that leave the free queue included; ``max_blocks``
+        caps each group's per-request holding (admission of the whole sequence)."""
         n = 0
-        for i, manager in enumerate(self.managers):
-            cap = None if max_blocks is None else max_blocks[i]
-            if self._is_cross[i]:
-                n += manager.get_num_blocks_to_allocate(request_id, num_encoder_tokens, (), 0, cap)
-            else:
-                n += manager.get_num_blocks_to_allocate(request_id, num_tokens,
-                                                        new_computed_blocks[i],
-                                                        total_computed_tokens, cap)
+        for i, m in enumerate(self.managers):
+            n += m.get_num_blocks_to_allocate(
+                request_id, num_encoder_tokens if self._encoder[i] else num_tokens, hits[i],
+                total_computed_tokens, None if max_blocks is None else max_blocks[i])
         return n
 
-    def get_num_freeable_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> int:
-        return sum(m.get_num_freeable_skipped_blocks(request_id, num_computed_tokens)
-                   for m in self.managers)
+    def allocate(self, request: KVRequest, running: bool, num_slots: int,
+                 hits: Sequence[Sequence[KVCacheBlock]], num_local_computed_tokens: int,
+                 num_external_computed_tokens: int, num_encoder_tokens: int,
+                 num_tokens_to_cache: int | None) -> GroupBlocks | None:
+        """Give ``request`` slots for ``num_slots`` tokens in every group, or return ``None``
+        having changed nothing.
 
-    # -- mutation ---------------------------------------------------------------------------------
-    def add_computed_blocks(self, request_id: str,
-                            new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
-                            num_local_computed_tokens: int,
-                            num_external_computed_tokens: int) -> None:
-        """Phase 1: every group takes its hit blocks.  Phase 2: blocks for external tokens."""
-        total = num_local_computed_tokens + num_external_computed_tokens
-        for i, manager in enumerate(self.managers):
-            manager.add_computed_blocks(request_id, new_computed_blocks[i], total)
-        if num_external_computed_tokens > 0:
-            for i, manager in enumerate(self.managers):
-                if not self._is_cross[i]:
-                    manager.allocate_external_computed_blocks(
-                        request_id, num_local_computed_tokens, num_external_computed_tokens)
-
-    def allocate_new_blocks(self, request_id: str, num_tokens: int,
-                            num_encoder_tokens: int) -> GroupBlocks:
-        return tuple(
-            m.allocate_new_blocks(request_id, num_encoder_tokens if self._is_cross[i] else num_tokens)
-            for i, m in enumerate(self.managers))
-
-    def grow(self, request: KVRequest, num_computed_tokens: int, num_slots: int,
-             num_tokens_to_cache: int | None) -> GroupBlocks | None:
-        """A running request gets slots up to ``num_slots`` tokens (no hits, no encoder):
-        release out-of-window blocks, allocate, cache — in that order for all groups, as the
-        general path does — or return ``None`` having changed nothing."""
+        A new request starts with its prefix hit ``hits`` (one block list per group, covering
+        ``num_local_computed_tokens``) plus fresh blocks for ``num_external_computed_tokens``
+        computed elsewhere; a ``running`` one (``hits`` empty) first releases the blocks that
+        left its attention window.  Then every group grows to
+        ``num_slots`` tokens (encoder groups: ``num_encoder_tokens``) and, unless
+        ``num_tokens_to_cache`` is ``None``, caches its blocks that are full within that many
+        tokens.  Returns the new blocks per group.
+        """
         rid = request.request_id
-        need = 0
-        counts = []
-        for m in self._attention:
-            n = -(-num_slots // m.block_size) - len(m.req_to_blocks[rid])
-            counts.append(n)
-            if n > 0:
-                need += n
-        if need and need > (self.pool.num_free_blocks
-                            + self.get_num_freeable_skipped_blocks(rid, num_computed_tokens)):
-            return None
-        for m in self._releasing:
-            m.remove_skipped_blocks(rid, num_computed_tokens)
-        return self._extend(request, counts, need, num_tokens_to_cache)
-
-    def start(self, request: KVRequest, num_slots: int,
-              num_tokens_to_cache: int | None) -> GroupBlocks | None:
-        """A new request with nothing computed and no hits gets slots for ``num_slots`` tokens,
-        or ``None`` having changed nothing."""
-        counts = [-(-num_slots // m.block_size) for m in self._attention]
-        need = sum(counts)
-        if need > self.pool.num_free_blocks:
-            return None
-        rid = request.request_id
-        for m in self._attention:
-            m.req_to_blocks[rid] = []
-        return self._extend(request, counts, need, num_tokens_to_cache)
-
-    def _extend(self, request: KVRequest, counts: list[int], need: int,
-                num_tokens_to_cache: int | None) -> GroupBlocks:
-        """Append ``counts[i]`` new blocks to attention group i (one pool call), then cache."""
-        rid = request.request_id
-        new_blocks: list[list[KVCacheBlock]] = []
-        if need:
-            fresh = self.pool.get_new_blocks(need)
-            at = 0
-            for m, n in zip(self._attention, counts):
+        managers = self.managers
+        total_computed = num_local_computed_tokens + num_external_computed_tokens
+        if total_computed and not running:
+            # A new request bringing computed tokens: each type counts and takes its own hits.
+            need = self.num_blocks_to_allocate(rid, num_slots, hits, num_encoder_tokens,
+                                               total_computed)
+            if need > self.pool.num_free_blocks:
+                return None
+            # Phase 1: every group takes its hit before any group allocates.
+            for i, m in enumerate(managers):
+                m.add_computed_blocks(rid, hits[i], total_computed)
+            if num_external_computed_tokens:
+                for m in self._decoder:
+                    m.allocate_external_computed_blocks(rid, num_local_computed_tokens,
+                                                        num_external_computed_tokens)
+            if self.prefix_chains is not None and num_local_computed_tokens:
+                self._adopt_chains(rid, hits)
+        elif running:
+            # Growth only (the count is inlined: this runs every decode step).
+            need = 0
+            for m in self._decoder:
+                n = -(-num_slots // m.block_size) - len(m.req_to_blocks[rid])
                 if n > 0:
-                    part = fresh[at:at + n] if len(counts) > 1 else fresh
-                    at += n
-                    m.req_to_blocks[rid].extend(part)
-                    new_blocks.append(part)
-                else:
-                    new_blocks.append([])
+                    need += n
+            if need and need > self.pool.num_free_blocks:
+                # Blocks that left the window count as free: they are released first.
+                freeable = 0
+                for m in self._releasing:
+                    freeable += m.get_num_freeable_skipped_blocks(rid, total_computed)
+                if need > self.pool.num_free_blocks + freeable:
+                    return None
+            for m in self._releasing:  # phase 1: release what left the window
+                m.remove_skipped_blocks(rid, total_computed)
         else:
-            new_blocks = [[] for _ in counts]
+            # A new request starting from nothing: one fresh table per group.
+            need = 0
+            for m, sized_by_encoder in zip(managers, self._encoder):
+                need += -(-(num_encoder_tokens if sized_by_encoder else num_slots) // m.block_size)
+            if need > self.pool.num_free_blocks:
+                return None
+        # Phase 2: every group grows to its size.
+        if need:
+            encoder = self._encoder
+            new_blocks = tuple(
+                m.allocate_new_blocks(rid, num_encoder_tokens if encoder[i] else num_slots)
+                for i, m in enumerate(managers))
+        else:
+            new_blocks = self.no_blocks
         if num_tokens_to_cache is not None:
-            aligned = self.num_cacheable_tokens(num_tokens_to_cache)
-            eagle = self.use_eagle
-            for m in self._caching:
-                num_tokens = (self.eagle_cacheable_tokens(num_tokens_to_cache, aligned, m)
-                              if eagle else aligned)
-                if (num_tokens // m.block_size > m.num_cached_block.get(rid, 0)
-                        or m.caches_partial_tail):
-                    m.cache_blocks(request, num_tokens)
-        if self._all_attention:
-            return tuple(new_blocks)
-        it = iter(new_blocks)
-        return tuple([] if cross else next(it) for cross in self._is_cross)
+            if self.cache_alignment is None:  # cache_blocks, inlined for the common case
+                for m in self._caching:
+                    if (num_tokens_to_cache // m.block_size > m.num_cached_block.get(rid, 0)
+                            or m.caches_partial_tail):
+                        m.cache_blocks(request, num_tokens_to_cache)
+            else:
+                self.cache_blocks(request, num_tokens_to_cache)
+        return new_blocks
+
+    def _adopt_chains(self, request_id: str, hits: Sequence[Sequence[KVCacheBlock]]) -> None:
+        """Verify mode: the request's prefix chain continues its (proven) hit's, per block size."""
+        chains = self.prefix_chains
+        assert chains is not None
+        deepest: dict[int, PrefixNode] = {}
+        for m, blocks in zip(self.managers, hits):
+            node = next((b.prefix_node for b in reversed(blocks) if not b.is_null), None)
+            if node is None:
+                continue
+            best = deepest.get(m.block_size)
+            if best is None or best.index < node.index:
+                deepest[m.block_size] = node
+        for block_size, node in deepest.items():
+            chains.adopt(request_id, block_size, node)
 
     def cache_blocks(self, request: KVRequest, num_tokens: int) -> None:
-        aligned = self.num_cacheable_tokens(num_tokens)
+        """Every caching group caches the request's blocks full within ``num_tokens`` tokens
+        (aligned down to ``cache_alignment``; under EAGLE, one block further, since an aligned
+        hit is found one block past its boundary)."""
+        rid = request.request_id
+        align = self.cache_alignment
+        aligned = num_tokens if align is None else num_tokens - num_tokens % align
+        eagle = self.use_eagle and align is not None
         for m in self._caching:
-            m.cache_blocks(request, self.eagle_cacheable_tokens(num_tokens, aligned, m)
-                           if self.use_eagle else aligned)
+            n = aligned
+            if eagle and aligned:
+                # An EAGLE lookup matches one block past an aligned boundary and drops it: that
+                # block must be cached too (as vLLM).
+                n = min(num_tokens, aligned + m.block_size)
+            if n // m.block_size > m.num_cached_block.get(rid, 0) or m.caches_partial_tail:
+                m.cache_blocks(request, n)
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
-        for manager in self.managers:
-            manager.remove_skipped_blocks(request_id, num_computed_tokens)
+        for m in self._releasing:
+            m.remove_skipped_blocks(request_id, num_computed_tokens)
 
     def free(self, request_id: str) -> None:
         for manager in self.managers:
@@ -193,9 +202,7 @@ class KVCacheCoordinator:
 
     def new_step(self) -> None:
         for manager in self.managers:
-            new_step = getattr(manager, "new_step", None)
-            if new_step is not None:
-                new_step()
+            manager.new_step()
 
     def reset_prefix_cache(self) -> bool:
         return self.pool.reset_prefix_cache()

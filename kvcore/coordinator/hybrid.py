@@ -3,9 +3,9 @@
 A hit must be valid for every group.  Groups with equal specs are searched together (a block hit
 must exist in all of them).  Hit lengths are multiples of the lcm of the block sizes.  The search
 is a fixed point: each type either accepts the current candidate length or shrinks it, and any
-shrink restarts the round, until a round changes nothing.  Full attention goes first, since its
-left-to-right hit bounds everything else and is downward closed (a shorter prefix of a full-
-attention hit is still a hit), so with one other type a single round suffices.
+shrink restarts the round, until a round changes nothing.  Types whose hits are downward closed
+(a shorter prefix of a hit is still a hit: full attention) go first, since their left-to-right
+hit bounds everything else, so with one other type a single round suffices.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from kvcore.coordinator.base import GroupBlocks, KVCacheCoordinator
 from kvcore.hashing import hashes_at
 from kvcore.managers import ManagerClasses, SingleTypeKVCacheManager
 from kvcore.managers.base import HitQuery, cdiv
-from kvcore.managers.full_attention import FullAttentionManager
 from kvcore.specs import KVCacheConfig, KVCacheSpec
 from kvcore.verify import HitVerifier
 
@@ -31,7 +30,8 @@ class _SpecGroup:
 
     @property
     def is_full(self) -> bool:
-        return issubclass(self.manager_cls, FullAttentionManager)
+        """Whether the type's hits are downward closed (full attention)."""
+        return self.manager_cls.downward_closed_hits
 
 
 class HybridCoordinator(KVCacheCoordinator):
@@ -40,7 +40,8 @@ class HybridCoordinator(KVCacheCoordinator):
                  manager_classes: ManagerClasses | None = None) -> None:
         super().__init__(config, enable_caching=True, enable_events=enable_events,
                          verify_hits=verify_hits, alignment_tokens=config.alignment_tokens,
-                         use_eagle=use_eagle, manager_classes=manager_classes)
+                         cache_alignment=config.alignment_tokens, use_eagle=use_eagle,
+                         manager_classes=manager_classes)
         spec_groups: list[_SpecGroup] = []
         for i, manager in enumerate(self.managers):
             if not manager.enable_caching:
@@ -54,15 +55,6 @@ class HybridCoordinator(KVCacheCoordinator):
         spec_groups.sort(key=lambda sg: not sg.is_full)  # stable: full attention first
         self._spec_groups = spec_groups
         self._single_round = len(spec_groups) == 2 and spec_groups[0].is_full
-
-    def num_cacheable_tokens(self, num_tokens: int) -> int:
-        return num_tokens - num_tokens % self.alignment_tokens
-
-    def eagle_cacheable_tokens(self, num_tokens: int, aligned: int,
-                               manager: SingleTypeKVCacheManager) -> int:
-        # An EAGLE lookup matches one block past an aligned boundary and drops it: that block
-        # must be cached too (as vLLM).
-        return min(num_tokens, aligned + manager.block_size) if aligned > 0 else aligned
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int,
                                verifier: HitVerifier | None) -> tuple[GroupBlocks, int]:

@@ -89,6 +89,14 @@ class SingleTypeKVCacheManager:
     releases_blocks: ClassVar[bool] = False
     """Whether ``get_num_skipped_tokens`` can be non-zero (blocks leave as a request advances)."""
 
+    uses_encoder_tokens: ClassVar[bool] = False
+    """Whether the group holds the encoder output (sized by ``num_encoder_tokens``, allocated
+    once per request) instead of the decoder's tokens."""
+
+    downward_closed_hits: ClassVar[bool] = False
+    """Whether every shorter aligned prefix of a hit is itself a hit (full attention), so a
+    hybrid search can bound everything else by this type's hit and just trim it later."""
+
     drops_eagle_block: ClassVar[bool] = True
     """Whether a hit drops its last block under EAGLE (``HitQuery.drop_last``); a type that keeps
     its hit (a recurrent state: the draft model has no such layer) gets no look-ahead margin."""
@@ -278,6 +286,9 @@ class SingleTypeKVCacheManager:
         if blocks:
             blocks.reverse()
             self.pool._free_blocks(blocks)
+
+    def new_step(self) -> None:
+        """A scheduling step ended (types with per-step state reset it here)."""
 
     def get_num_common_prefix_blocks(self, request_id: str, num_running_requests: int) -> int:
         """Leading blocks of this request that every running request shares."""

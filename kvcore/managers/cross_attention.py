@@ -7,6 +7,8 @@ from kvcore.managers.base import HitBlocks, HitQuery, SingleTypeKVCacheManager
 
 
 class CrossAttentionManager(SingleTypeKVCacheManager):
+    uses_encoder_tokens = True
+
     @classmethod
     def find_longest_cache_hit(cls, query: HitQuery) -> tuple[HitBlocks, int]:
         return [[] for _ in query.group_ids], 0

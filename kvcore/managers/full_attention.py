@@ -11,6 +11,8 @@ from kvcore.request import KVRequest
 
 class FullAttentionManager(SingleTypeKVCacheManager):
     registers_partial_tail = True
+    downward_closed_hits = True
+
     @classmethod
     def find_longest_cache_hit(cls, query: HitQuery) -> tuple[HitBlocks, int]:
         bs = query.spec.block_size

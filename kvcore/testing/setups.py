@@ -57,13 +57,15 @@ class Setup:
     enable_caching: bool = True
     collisions: str | None = None  # a CollidingHasher mode (needs verify_hits), or real hashes
     use_eagle: bool = False
+    fast_path: bool = True  # False: every allocate_slots call takes the validated path
 
     def build(self) -> KVCacheManager:
         groups = tuple(KVCacheGroup((f"layer{i}",), s) for i, s in enumerate(self.specs))
         hasher = CollidingHasher(self.collisions) if self.collisions else None
         return KVCacheManager(KVCacheConfig(self.num_blocks, groups), self.max_model_len,
                               enable_caching=self.enable_caching, verify_hits=self.verify_hits,
-                              block_hasher=hasher, enable_events=True, use_eagle=self.use_eagle)
+                              block_hasher=hasher, enable_events=True, use_eagle=self.use_eagle,
+                              fast_path=self.fast_path)
 
 
 def _setups() -> tuple[Setup, ...]:
@@ -92,10 +94,15 @@ def _setups() -> tuple[Setup, ...]:
                             True, mode, s.use_eagle)
                       for s in base if s.enable_caching
                       for mode in ("tokens", "constant", "truncated"))
-    return base + verified + colliding
+    general = tuple(Setup(f"{s.name} general-path", s.specs, s.num_blocks, s.max_model_len,
+                          use_eagle=s.use_eagle, enable_caching=s.enable_caching, fast_path=False)
+                    for s in base if s.name in ("full", "full+swa5+swa5", "full+cross",
+                                                "nocache full+swa", "full8+swa4 eagle"))
+    return base + verified + colliding + general
 
 
 SETUPS: tuple[Setup, ...] = _setups()
 """Full, sliding window, chunked local with chunk sizes that are not multiples of the block
 size, hybrids (different block sizes, partial prompt-tail entries, Mamba, cross attention),
-EAGLE, caching off; each again with ``verify_hits`` and with each colliding hasher."""
+EAGLE, caching off; each again with ``verify_hits`` and with each colliding hasher; a few with
+``fast_path`` off."""

@@ -190,6 +190,8 @@ class KvcoreImpl(_Impl):
         groups = [KVCacheGroup((f"layer{i}",), spec) for i, spec in enumerate(specs)]
         config = KVCacheConfig(cfg["num_blocks"], tuple(groups))
         extra: dict[str, Any] = {"use_eagle": True} if cfg.get("eagle") else {}
+        if cfg.get("general_path"):  # kvcore only: every allocate_slots call fully validated
+            extra["fast_path"] = False
         self.m = KVCacheManager(config, cfg["max_model_len"], enable_caching=cfg.get("caching", True),
                                 enable_events=True, log_stats=True,
                                 max_num_batched_tokens=cfg.get("budget"), **extra)

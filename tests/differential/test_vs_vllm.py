@@ -90,9 +90,14 @@ def test_traces_cover_the_interesting_cases(traces: list[dict[str, Any]]) -> Non
     assert sum(1 for t in traces for op in t["ops"] if op.get("look")) >= 10
 
 
+@pytest.mark.parametrize("path", ["fast", "general"])
 def test_kvcore_matches_vllm_on_every_trace(
-        traces: list[dict[str, Any]], vllm_observations: dict[str, list[dict[str, Any]]]) -> None:
-    ours = replay_all("kvcore", traces)
+        path: str, traces: list[dict[str, Any]],
+        vllm_observations: dict[str, list[dict[str, Any]]]) -> None:
+    """Through both of kvcore's ``allocate_slots`` entries: the validation shortcut for calls
+    that only add tokens (``fast_path``, the default) and the fully validated one."""
+    ours = replay_all("kvcore", [{**t, "config": {**t["config"], "general_path": path == "general"}}
+                                 for t in traces])
     failures = []
     for trace, a in zip(traces, ours):
         b = vllm_observations[str(trace["seed"])]
