@@ -20,9 +20,10 @@ import hashlib
 import itertools
 import os
 import struct
+import sys
 from array import array
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, cast, overload
 
 import cbor2
 import xxhash
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 HASH_ALGORITHMS: tuple[str, ...] = ("xxh3_128", "sha256", "sha256_cbor")
 _ALIASES = {"xxhash": "xxh3_128", "xxh3": "xxh3_128"}
 DEFAULT_SEED = b"kvcore/prefix-cache/v1"
+_BIG_ENDIAN = sys.byteorder == "big"  # token words are hashed little-endian everywhere
 
 ExtraKeys = tuple[tuple[Any, ...], ...]
 Seed = bytes | str | int | None
@@ -67,71 +69,131 @@ def _seed_bytes(seed: Seed) -> bytes:
     raise InvalidArgumentError(f"hash seed must be bytes, str, int or None, got {type(seed).__name__}")
 
 
+def _sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+def _cbor(extra: ExtraKeys) -> bytes:
+    return cbor2.dumps(extra, canonical=True)
+
+
+def _u32_words(token_ids: Sequence[int]) -> array[int]:
+    """``token_ids`` as little-endian uint32 words, packed and checked in one C-level pass.
+
+    Raises :class:`InvalidArgumentError` naming the first token id that is not an int in
+    ``[0, 2**32)``.  (A C ``unsigned int``, array typecode ``I``, is 32 bits on every platform
+    CPython supports.)
+    """
+    try:
+        if isinstance(token_ids, list):
+            words = array("I")
+            words.fromlist(token_ids)  # faster than array("I", token_ids)
+        else:
+            words = array("I", token_ids)
+    except (OverflowError, TypeError):
+        for t in token_ids:
+            try:
+                array("I", (t,))
+            except (OverflowError, TypeError):
+                raise InvalidArgumentError(
+                    f"token ids must be ints in [0, 2**32), got {t!r}") from None
+        raise  # unreachable: some token failed above
+    if _BIG_ENDIAN:
+        words.byteswap()
+    return words
+
+
 class BlockHasher:
     """One hash algorithm plus the root derived from a seed.
 
     ``hash_block(parent, token_ids, extra_keys)`` returns the chained hash of one full block;
-    ``parent=None`` chains onto the root.
+    ``parent=None`` chains onto the root.  ``hash_blocks`` hashes consecutive blocks in one call,
+    with exactly the values chained ``hash_block`` calls give.
     """
 
-    __slots__ = ("_hash", "_structs", "algorithm", "root")
+    __slots__ = ("_digest", "_own_hash_block", "algorithm", "root")
 
     def __init__(self, algorithm: str = "xxh3_128", seed: Seed = None) -> None:
         self.algorithm = resolve_algorithm(algorithm)
-        self._structs: dict[int, struct.Struct] = {}
-        self._hash: Callable[[bytes, Sequence[int], ExtraKeys | None], bytes] = {
-            "xxh3_128": self._hash_xxh3,
-            "sha256": self._hash_sha256,
-            "sha256_cbor": self._hash_sha256_cbor,
-        }[self.algorithm]
+        # False in a subclass that redefines hash_block (kvcore.testing's fault injection):
+        # hash_blocks then goes through it, block by block.
+        self._own_hash_block = type(self).hash_block is BlockHasher.hash_block
         seed_b = _seed_bytes(seed)
-        if self.algorithm == "xxh3_128":
-            root = xxhash.xxh3_128_digest(b"kvcore-root\x00" + seed_b)
-        elif self.algorithm == "sha256":
-            root = hashlib.sha256(b"kvcore-root\x00" + seed_b).digest()
-        else:
-            root = hashlib.sha256(cbor2.dumps(["kvcore-root", seed_b], canonical=True)).digest()
-        self.root = BlockHash(root)
+        digest: Callable[[bytes], bytes] = (
+            xxhash.xxh3_128_digest if self.algorithm == "xxh3_128" else _sha256)
+        # A BlockHash is bytes at run time: digests are block hashes as they are, unwrapped.
+        self._digest = cast("Callable[[bytes], BlockHash]", digest)
+        self.root = self._digest(
+            cbor2.dumps(["kvcore-root", seed_b], canonical=True) if self.algorithm == "sha256_cbor"
+            else b"kvcore-root\x00" + seed_b)
 
     def hash_block(self, parent: BlockHash | None, token_ids: Sequence[int],
                    extra_keys: ExtraKeys | None = None) -> BlockHash:
         """Hash one block chained onto ``parent`` (``None``: the root)."""
-        return BlockHash(self._hash(self.root if parent is None else parent, token_ids, extra_keys))
+        prev = self.root if parent is None else parent
+        words = _u32_words(token_ids)
+        if self.algorithm == "sha256_cbor":
+            return self._digest(cbor2.dumps(
+                [prev, list(token_ids), list(extra_keys) if extra_keys else None], canonical=True))
+        data = prev + words
+        if extra_keys:
+            data += _cbor(extra_keys)
+        return self._digest(data)
 
-    # -- algorithms -----------------------------------------------------------------------------
-    def _pack(self, token_ids: Sequence[int]) -> bytes:
-        n = len(token_ids)
-        st = self._structs.get(n)
-        if st is None:
-            st = self._structs[n] = struct.Struct(f"<{n}I")
-        try:
-            return st.pack(*token_ids)
-        except struct.error as exc:
-            raise InvalidArgumentError(
-                f"token ids must be integers in [0, 2**32): {exc} in {list(token_ids)[:8]}...") from None
+    def hash_blocks(self, parent: BlockHash | None, token_ids: Sequence[int], block_size: int,
+                    extra_keys: Sequence[ExtraKeys | None] | None = None) -> list[BlockHash]:
+        """Chained hashes of the ``len(token_ids) // block_size`` full blocks of ``token_ids``.
 
-    def _hash_xxh3(self, parent: bytes, token_ids: Sequence[int], extra: ExtraKeys | None) -> bytes:
-        data = parent + self._pack(token_ids)
-        if extra:
-            data += cbor2.dumps(extra, canonical=True)
-        return xxhash.xxh3_128_digest(data)
-
-    def _hash_sha256(self, parent: bytes, token_ids: Sequence[int], extra: ExtraKeys | None) -> bytes:
-        data = parent + self._pack(token_ids)
-        if extra:
-            data += cbor2.dumps(extra, canonical=True)
-        return hashlib.sha256(data).digest()
-
-    def _hash_sha256_cbor(self, parent: bytes, token_ids: Sequence[int],
-                          extra: ExtraKeys | None) -> bytes:
-        try:
-            array("I", token_ids)
-        except (OverflowError, TypeError):
-            raise InvalidArgumentError(
-                f"token ids must be integers in [0, 2**32): {list(token_ids)[:8]}...") from None
-        return hashlib.sha256(
-            cbor2.dumps([parent, list(token_ids), list(extra) if extra else None], canonical=True)
-        ).digest()
+        Equal to chaining :meth:`hash_block` block by block from ``parent`` (a trailing partial
+        block is not hashed); ``extra_keys[i]`` belongs to block ``i``, ``None``: no block has
+        any.  All of ``token_ids`` is checked and packed at once, before anything is hashed.
+        """
+        bs = block_size
+        if bs <= 0:
+            raise InvalidArgumentError(f"block_size must be positive, got {bs!r}")
+        words = _u32_words(token_ids)
+        n = len(words) // bs
+        del words[n * bs:]
+        if extra_keys is not None and len(extra_keys) != n:
+            raise InvalidArgumentError(f"{len(extra_keys)} extra keys for {n} blocks")
+        prev: bytes = self.root if parent is None else parent
+        out: list[Any] = []  # of BlockHash: digests are plain bytes at run time
+        if not self._own_hash_block:
+            for i in range(n):
+                parent = self.hash_block(parent, token_ids[i * bs:(i + 1) * bs],
+                                         extra_keys[i] if extra_keys else None)
+                out.append(parent)
+            return out
+        if self.algorithm == "sha256_cbor":
+            tokens = token_ids if isinstance(token_ids, list) else list(token_ids)
+            for i in range(n):
+                extra = extra_keys[i] if extra_keys else None
+                prev = _sha256(cbor2.dumps([prev, tokens[i * bs:(i + 1) * bs],
+                                            list(extra) if extra else None], canonical=True))
+                out.append(prev)
+            return out
+        # Each block's packed tokens as one bytes object, split off in C.
+        blocks = struct.iter_unpack(f"{4 * bs}s", words)
+        if extra_keys is not None:
+            digest = self._digest
+            for (chunk,), extra in zip(blocks, extra_keys):
+                data = prev + chunk
+                if extra:
+                    data += _cbor(extra)
+                prev = digest(data)
+                out.append(prev)
+        elif self.algorithm == "xxh3_128":
+            # The hot loops: one concatenation and one C hash call per block.
+            xxh3 = xxhash.xxh3_128_digest
+            for (chunk,) in blocks:
+                prev = xxh3(prev + chunk)
+                out.append(prev)
+        else:
+            sha256 = hashlib.sha256
+            for (chunk,) in blocks:
+                prev = sha256(prev + chunk).digest()
+                out.append(prev)
+        return out
 
 
 def block_extra_keys(request: KVRequest, start: int, end: int) -> ExtraKeys | None:
@@ -173,23 +235,23 @@ class RequestBlockHasher:
     def __call__(self, request: KVRequest) -> list[BlockHash]:
         bs = self.block_size
         hashes = request.block_hashes
-        start = len(hashes) * bs
-        num_tokens = request.num_tokens
-        if start + bs > num_tokens:
-            return []
         tokens = request.all_token_ids
-        hash_block = self.hasher.hash_block
+        start = len(hashes) * bs
+        n = (len(tokens) - start) // bs
+        if n <= 0:
+            return []
         parent = hashes[-1] if hashes else None
+        end = start + n * bs
         plain = (request.lora_name is None and not request.mm_items
                  and request.cache_salt is None)
-        out: list[BlockHash] = []
-        while start + bs <= num_tokens:
-            end = start + bs
-            extra = None if plain else block_extra_keys(request, start, end)
-            parent = hash_block(parent, tokens[start:end], extra)
-            out.append(parent)
-            start = end
-        return out
+        if n == 1:  # decoding completes one block at a time
+            return [self.hasher.hash_block(parent, tokens[start:end],
+                                           None if plain else block_extra_keys(request, start, end))]
+        extra = None if plain else [block_extra_keys(request, s, s + bs)
+                                    for s in range(start, end, bs)]
+        # From the start, the list itself (its partial last block is left out) rather than a copy.
+        return self.hasher.hash_blocks(parent, tokens if start == 0 else tokens[start:end], bs,
+                                       extra)
 
 
 class BlockHashView(Sequence[BlockHash]):
