@@ -23,6 +23,7 @@ from kvcore.events import (
     BlockRemoved,
     BlockStored,
     KVCacheEvent,
+    KVEventBatch,
     decode_event_batch,
     encode_event_batch,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "KVCacheManager",
     "KVCacheSpec",
     "KVCoreError",
+    "KVEventBatch",
     "KVRequest",
     "MambaSpec",
     "MultiModalItem",

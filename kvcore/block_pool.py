@@ -27,6 +27,7 @@ from kvcore.errors import (
     NullBlockError,
 )
 from kvcore.events import (
+    MEDIUM_GPU,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -270,8 +271,8 @@ class BlockPool:
 
         ``block_hashes`` are the request's hashes at this group's block size (default:
         ``request.block_hashes``).  Null blocks are skipped, and so are blocks whose entry in
-        ``block_mask`` (aligned with the new blocks) is false.  A block already cached under the same
-        hash in the same group is left as it is; a block cached elsewhere (another group or
+        ``block_mask`` (aligned with the new blocks) is false.  A block already cached under the
+        same hash in the same group is left as it is; a block cached elsewhere (another group or
         another hash) is rejected with :class:`InvalidGroupError` / :class:`BlockStateError`
         before anything changes.  Emits one ``BlockStored`` for the call.
 
@@ -280,17 +281,55 @@ class BlockPool:
         """
         if not self.enable_caching:
             return
+        hashes = request.block_hashes if block_hashes is None else block_hashes
+        new_blocks = self._blocks_to_cache(blocks, hashes, num_cached_blocks, num_full_blocks,
+                                           group_id, block_mask, prefix_nodes)
+        if not new_blocks:
+            return
+        cached = self._cached[group_id]
+        nodes = prefix_nodes if self.verify_hits else None
+        partial = self._partial_primary
+        stored: list[int] = []  # indices into new_blocks
+        for i, block in enumerate(new_blocks):
+            if block.is_null or (block_mask is not None and not block_mask[i]):
+                continue
+            if block.block_hash is not None:
+                if not partial or block.block_id not in partial:
+                    continue  # already cached under this hash (checked above)
+                self._drop_partial_primary(block, group_id)
+            idx = num_cached_blocks + i
+            h = hashes[idx]
+            block.block_hash = h
+            block.group_id = group_id
+            if nodes is not None:
+                block.prefix_node = nodes[idx]
+            if h in cached:
+                self._dups[group_id].setdefault(h, {})[block.block_id] = block
+            else:
+                cached[h] = block
+            stored.append(i)
+        if self.enable_events and stored:
+            self._events.append(self._stored_event(
+                request, len(new_blocks), hashes, num_cached_blocks, block_size, group_id, stored))
+
+    def _blocks_to_cache(self, blocks: Sequence[KVCacheBlock], hashes: Sequence[BlockHash],
+                         num_cached_blocks: int, num_full_blocks: int, group_id: int,
+                         block_mask: Sequence[bool] | None,
+                         prefix_nodes: Sequence[PrefixNode] | None) -> Sequence[KVCacheBlock]:
+        """Validate a ``cache_full_blocks`` call and return the blocks it covers (empty when there
+        are none); raises, before anything changes, if any argument or block is unfit."""
         if not 0 <= group_id < self.num_groups:
             raise InvalidGroupError(f"group id {group_id} out of range [0, {self.num_groups})")
-        _check_count("num_cached_blocks", num_cached_blocks)
-        _check_count("num_full_blocks", num_full_blocks)
-        hashes = request.block_hashes if block_hashes is None else block_hashes
+        if (num_cached_blocks.__class__ is not int or num_full_blocks.__class__ is not int
+                or num_cached_blocks < 0 or num_full_blocks < 0):  # checks off the common path
+            _check_count("num_cached_blocks", num_cached_blocks)
+            _check_count("num_full_blocks", num_full_blocks)
         if num_full_blocks > len(blocks) or num_full_blocks > len(hashes):
             raise InvalidArgumentError(
                 f"num_full_blocks={num_full_blocks} exceeds the request's {len(blocks)} blocks "
                 f"or {len(hashes)} block hashes")
         if num_cached_blocks >= num_full_blocks:
-            return
+            return ()
         new_blocks = blocks[num_cached_blocks:num_full_blocks]
         if block_mask is not None and len(block_mask) != len(new_blocks):
             raise InvalidArgumentError(
@@ -306,49 +345,28 @@ class BlockPool:
                 if mine[block.block_id] is not block:
                     self._check_owned([block], "cache_full_blocks")  # raises, naming it
                 if block.ref_cnt <= 0:
-                    raise BlockStateError(f"block {block.block_id} is free; only blocks in use can be cached")
+                    raise BlockStateError(
+                        f"block {block.block_id} is free; only blocks in use can be cached")
                 if block.block_hash is not None and block.block_id not in self._partial_primary:
                     if block.group_id != group_id:
                         raise InvalidGroupError(
                             f"block {block.block_id} is cached in group {block.group_id}, "
                             f"cannot cache it in group {group_id}")
                     if block.block_hash != hashes[num_cached_blocks + i]:
-                        raise BlockStateError(f"block {block.block_id} is already cached under another hash")
+                        raise BlockStateError(
+                            f"block {block.block_id} is already cached under another hash")
         except (AttributeError, IndexError, TypeError):  # not a block, or an id out of range
             self._check_owned(new_blocks, "cache_full_blocks")  # raises, naming it
             raise
+        return new_blocks
 
-        cached = self._cached[group_id]
-        nodes = prefix_nodes if self.verify_hits else None
-        stored: list[int] = []  # indices into new_blocks
-        partial = self._partial_primary
-        for i, block in enumerate(new_blocks):
-            if block.is_null or (block_mask is not None and not block_mask[i]):
-                continue
-            if block.block_hash is not None:
-                if not partial or block.block_id not in partial:
-                    continue
-                # The block's hash is a partial entry and the block is now full: replace it
-                # (and any extra keys) by the full hash, as vLLM promotes it.
-                for h in self._drop_keys(block):
-                    if self.enable_events:
-                        self._events.append(BlockRemoved(block_hashes=(h,), group_id=group_id))
-            idx = num_cached_blocks + i
-            h = hashes[idx]
-            block.block_hash = h
-            block.group_id = group_id
-            if nodes is not None:
-                block.prefix_node = nodes[idx]
-            first = cached.get(h)
-            if first is None:
-                cached[h] = block
-            else:
-                self._dups[group_id].setdefault(h, {})[block.block_id] = block
-            stored.append(i)
-
-        if self.enable_events and stored:
-            self._events.append(self._stored_event(
-                request, len(new_blocks), hashes, num_cached_blocks, block_size, group_id, stored))
+    def _drop_partial_primary(self, block: KVCacheBlock, group_id: int) -> None:
+        """``block``'s hash is a partial prompt-tail entry and the block is now full: drop the
+        entry (and any extra keys) so the full hash replaces it, as vLLM promotes it."""
+        for h in self._drop_keys(block):
+            if self.enable_events:
+                self._events.append(BlockRemoved(block_hashes=(h,), medium=MEDIUM_GPU,
+                                                 group_id=group_id))
 
     def _stored_event(self, request: KVRequest, num_new_blocks: int, hashes: Sequence[BlockHash],
                       num_cached_blocks: int, block_size: int, group_id: int,
@@ -366,9 +384,11 @@ class BlockPool:
             parent_block_hash=hashes[num_cached_blocks - 1] if num_cached_blocks > 0 else None,
             token_ids=tuple(request.all_token_ids[start:end]),
             block_size=block_size,
-            group_id=group_id,
+            lora_id=None,
+            medium=MEDIUM_GPU,
             lora_name=request.lora_name,
             extra_keys=tuple(extra),
+            group_id=group_id,
         )
 
     def _evict(self, block: KVCacheBlock) -> None:
@@ -392,7 +412,7 @@ class BlockPool:
         self.num_evicted_blocks += 1
         if self.enable_events:
             for h in removed:
-                self._events.append(BlockRemoved(block_hashes=(h,), group_id=g))
+                self._events.append(BlockRemoved(block_hashes=(h,), medium=MEDIUM_GPU, group_id=g))
 
     def _drop_keys(self, block: KVCacheBlock) -> list[BlockHash]:
         """Unmap and clear ``block``'s hash and partial entries; returns them, primary first."""
@@ -477,7 +497,8 @@ class BlockPool:
             removed = self._drop_keys(block)
             if self.enable_events:
                 for h in removed:
-                    self._events.append(BlockRemoved(block_hashes=(h,), group_id=group_id))
+                    self._events.append(BlockRemoved(block_hashes=(h,), medium=MEDIUM_GPU,
+                                                     group_id=group_id))
         if block.block_hash is None:
             block.block_hash = key
             block.group_id = group_id
@@ -492,9 +513,11 @@ class BlockPool:
                 parent_block_hash=request.block_hashes[idx - 2] if idx > 1 else None,
                 token_ids=tuple(request.all_token_ids[start:num_tokens]),
                 block_size=hash_block_size,
-                group_id=group_id,
+                lora_id=None,
+                medium=MEDIUM_GPU,
                 lora_name=request.lora_name,
                 extra_keys=(untag_extra_keys(block_extra_keys(request, start, num_tokens)),),
+                group_id=group_id,
             ))
 
     def has_partial_primary(self, block: KVCacheBlock) -> bool:

@@ -1,59 +1,104 @@
-"""KV-cache events and their encoding in vLLM's msgpack wire format.
+"""KV-cache events, as ``msgspec`` structs whose encoding is vLLM's wire format.
 
 The pool records an event when blocks enter the prefix cache (:class:`BlockStored`), leave it
 (:class:`BlockRemoved`, one per evicted block) or when the whole cache is dropped
-(:class:`AllBlocksCleared`).  ``encode_event_batch`` produces the bytes vLLM's
-``KVEventBatch`` (``msgspec``, ``array_like`` batch of ``tag``-ged event maps) publishes, so
-existing KV-aware routers can consume kvcore's events unchanged.
+(:class:`AllBlocksCleared`).  The classes mirror vLLM 0.32's ``vllm.distributed.kv_events``
+field for field: each event is a msgpack map tagged ``"type": "<ClassName>"`` with the fields in
+vLLM's declaration order and ``None`` defaults left out, and :class:`KVEventBatch` is the array
+``[ts, [event, ...], data_parallel_rank]``.  So ``msgspec.msgpack.encode(batch)`` produces the
+bytes vLLM publishes, existing KV-aware routers consume kvcore's events unchanged, and
+:func:`decode_event_batch` reads a vLLM 0.32 batch back into these classes.
+
+One name differs from the wire: the KV-cache group is the attribute ``group_id`` (as everywhere
+in kvcore) and is encoded as vLLM's ``group_idx``.  Events are frozen; derive a changed copy
+with ``msgspec.structs.replace``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any, TypeAlias
 
 import msgspec
 
 MEDIUM_GPU = "GPU"
 
+ExternalBlockHash: TypeAlias = bytes | int
+"""A block hash as published: kvcore's ``bytes``; vLLM may publish 64-bit ints instead."""
 
-@dataclass(frozen=True, slots=True)
-class BlockStored:
+
+def _medium_gpu() -> str:
+    return MEDIUM_GPU
+
+
+def _no_value() -> None:
+    return None
+
+
+# ``lora_id``, ``medium`` and ``lora_name`` are required fields in vLLM, so vLLM's decoder rejects
+# an event without them: they must always be encoded.  ``omit_defaults`` leaves out a field that
+# equals a plain default, but never one whose default comes from a factory like these, so the
+# factories give kvcore's constructors convenient defaults while keeping the fields on the wire.
+_ALWAYS_NONE: Any = msgspec.field(default_factory=_no_value)
+
+
+class KVCacheEventBase(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, tag=True):
+    """Base of the event structs (vLLM's ``KVCacheEvent``): tagged by class name, ``None``
+    defaults omitted; no reference cycles, so instances skip the garbage collector."""
+
+
+class BlockStored(KVCacheEventBase, frozen=True, kw_only=True):
     """Blocks ``block_hashes`` (consecutive, chained onto ``parent_block_hash``) were cached in
     group ``group_id``; ``token_ids`` are their tokens and ``extra_keys`` one entry per block
-    (``None`` for a block without extra keys).  ``kv_cache_spec_kind`` (``"full_attention"``,
-    ``"sliding_window"``, ...) and ``kv_cache_spec_sliding_window`` describe the group, as
-    vLLM's ``KVCacheManager.take_events`` annotates them."""
+    (``None`` for a block without extra keys; untagged, see :func:`untag_extra_keys`).
+    ``kv_cache_spec_kind`` (``"full_attention"``, ``"sliding_window"``, ...) and
+    ``kv_cache_spec_sliding_window`` describe the group, as ``KVCacheManager.take_events``
+    annotates them.  ``lora_id`` (deprecated in vLLM), ``locality``, ``ownership`` and
+    ``session_id`` exist for vLLM's events; kvcore leaves them ``None``."""
 
-    block_hashes: tuple[bytes, ...]
-    parent_block_hash: bytes | None
+    block_hashes: tuple[ExternalBlockHash, ...]
+    parent_block_hash: ExternalBlockHash | None
     token_ids: tuple[int, ...]
     block_size: int
-    group_id: int
-    lora_name: str | None = None
+    lora_id: int | None = _ALWAYS_NONE
+    medium: str | None = msgspec.field(default_factory=_medium_gpu)
+    lora_name: str | None = _ALWAYS_NONE
+    # Entries are free-form on the wire (names, (mm id, offset) pairs, digests); see
+    # decode_event_batch for how nested arrays come back.
     extra_keys: tuple[tuple[Any, ...] | None, ...] | None = None
-    medium: str = MEDIUM_GPU
+    group_id: int | None = msgspec.field(default=None, name="group_idx")
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+    session_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class BlockRemoved:
+class BlockRemoved(KVCacheEventBase, frozen=True, kw_only=True):
     """Blocks with these hashes left group ``group_id``'s prefix cache."""
 
-    block_hashes: tuple[bytes, ...]
-    group_id: int
-    medium: str = MEDIUM_GPU
+    block_hashes: tuple[ExternalBlockHash, ...]
+    medium: str | None = msgspec.field(default_factory=_medium_gpu)
+    group_id: int | None = msgspec.field(default=None, name="group_idx")
+    locality: str | None = None
+    ownership: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class AllBlocksCleared:
+class AllBlocksCleared(KVCacheEventBase, frozen=True):
     """The prefix cache was reset: every cached hash is gone."""
 
 
 KVCacheEvent: TypeAlias = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """One published batch (vLLM's ``KVEventBatch``), encoded as an array.  As with vLLM's
+    struct, a ``None`` rank is still encoded (``omit_defaults`` does not apply to arrays)."""
+
+    ts: float
+    events: list[KVCacheEvent]
+    data_parallel_rank: int | None = None
 
 
 def untag_extra_keys(keys: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
@@ -65,76 +110,34 @@ def untag_extra_keys(keys: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
     return tuple(k[1:] if k[0] == "mm" else k[1] for k in keys)
 
 
-def _to_wire(event: KVCacheEvent) -> dict[str, Any]:
-    # Field order and omitted defaults follow vLLM's msgspec structs (tag first, then fields in
-    # declaration order; fields equal to their default are left out).
-    if isinstance(event, BlockStored):
-        out: dict[str, Any] = {
-            "type": "BlockStored",
-            "block_hashes": list(event.block_hashes),
-            "parent_block_hash": event.parent_block_hash,
-            "token_ids": list(event.token_ids),
-            "block_size": event.block_size,
-            "lora_id": None,
-            "medium": event.medium,
-            "lora_name": event.lora_name,
-        }
-        if event.extra_keys is not None:
-            out["extra_keys"] = [None if k is None else list(k) for k in event.extra_keys]
-        out["group_idx"] = event.group_id
-        if event.kv_cache_spec_kind is not None:
-            out["kv_cache_spec_kind"] = event.kv_cache_spec_kind
-        if event.kv_cache_spec_sliding_window is not None:
-            out["kv_cache_spec_sliding_window"] = event.kv_cache_spec_sliding_window
-        return out
-    if isinstance(event, BlockRemoved):
-        return {"type": "BlockRemoved", "block_hashes": list(event.block_hashes),
-                "medium": event.medium, "group_idx": event.group_id}
-    if isinstance(event, AllBlocksCleared):
-        return {"type": "AllBlocksCleared"}
-    raise TypeError(f"not a KV-cache event: {event!r}")
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(KVEventBatch)
 
 
-def _from_wire(obj: dict[str, Any]) -> KVCacheEvent:
-    kind = obj.get("type")
-    if kind == "BlockStored":
-        extra = obj.get("extra_keys")
-        return BlockStored(
-            block_hashes=tuple(obj["block_hashes"]),
-            parent_block_hash=obj["parent_block_hash"],
-            token_ids=tuple(obj["token_ids"]),
-            block_size=obj["block_size"],
-            group_id=obj.get("group_idx") or 0,
-            lora_name=obj.get("lora_name"),
-            extra_keys=None if extra is None else tuple(
-                None if k is None else tuple(tuple(x) if isinstance(x, list) else x for x in k)
-                for k in extra),
-            medium=obj.get("medium") or MEDIUM_GPU,
-            kv_cache_spec_kind=obj.get("kv_cache_spec_kind"),
-            kv_cache_spec_sliding_window=obj.get("kv_cache_spec_sliding_window"),
-        )
-    if kind == "BlockRemoved":
-        return BlockRemoved(block_hashes=tuple(obj["block_hashes"]),
-                            group_id=obj.get("group_idx") or 0,
-                            medium=obj.get("medium") or MEDIUM_GPU)
-    if kind == "AllBlocksCleared":
-        return AllBlocksCleared()
-    raise ValueError(f"unknown KV-cache event type {kind!r}")
-
-
-def encode_event_batch(events: Sequence[KVCacheEvent], ts: float | None = None,
+def encode_event_batch(events: Iterable[KVCacheEvent], ts: float | None = None,
                        data_parallel_rank: int | None = None) -> bytes:
-    """Encode ``events`` as one vLLM ``KVEventBatch``: ``[ts, [event, ...](, dp_rank)]``."""
-    batch: list[Any] = [time.time() if ts is None else ts, [_to_wire(e) for e in events]]
-    if data_parallel_rank is not None:
-        batch.append(data_parallel_rank)
-    return msgspec.msgpack.encode(batch)
+    """Encode ``events`` as one :class:`KVEventBatch` (``ts`` defaults to now)."""
+    return _encoder.encode(KVEventBatch(time.time() if ts is None else ts, list(events),
+                                        data_parallel_rank))
 
 
-def decode_event_batch(data: bytes) -> tuple[float, list[KVCacheEvent], int | None]:
-    """Inverse of :func:`encode_event_batch`: ``(ts, events, data_parallel_rank)``."""
-    batch = msgspec.msgpack.decode(data)
-    if not isinstance(batch, list) or len(batch) not in (2, 3):
-        raise ValueError("not a KV event batch: expected [ts, events(, dp_rank)]")
-    rank = batch[2] if len(batch) == 3 else None
-    return float(batch[0]), [_from_wire(e) for e in batch[1]], rank
+def _as_tuples(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return tuple(_as_tuples(v) for v in value)
+    return value
+
+
+def decode_event_batch(data: bytes) -> KVEventBatch:
+    """Decode a batch published by kvcore or vLLM 0.32 into these classes.
+
+    Raises ``msgspec.DecodeError`` (a ``ValueError``) for bytes that are not such a batch.
+    ``extra_keys`` entries have no fixed type on the wire, so their nested arrays (an
+    ``(mm id, offset)`` pair) are turned back into tuples here: decoded events then equal, and
+    hash like, the events that were encoded.
+    """
+    batch = _decoder.decode(data)
+    events = batch.events
+    for i, event in enumerate(events):
+        if isinstance(event, BlockStored) and event.extra_keys:
+            events[i] = msgspec.structs.replace(event, extra_keys=_as_tuples(event.extra_keys))
+    return batch

@@ -228,15 +228,31 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Choose this step's requests and token counts, allocating their KV slots."""
         kv = self.kv
-        cfg = self.config
         kv.new_step()
-        budget = cfg.max_num_batched_tokens
+        budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[str] = []
+        budget = self._schedule_running(budget, scheduled, preempted)
+        if not preempted:
+            budget = self._schedule_waiting(budget, scheduled)
+        for s in scheduled:
+            s.request.num_computed_tokens += s.num_new_tokens
+        num_tokens = self.config.max_num_batched_tokens - budget
+        self.stats.steps += 1
+        self.stats.scheduled_tokens += num_tokens
+        finished, self._finished_ids = self._finished_ids, []
+        return SchedulerOutput(scheduled, preempted, finished, num_tokens, self.stats.steps)
 
+    def _schedule_running(self, budget: int, scheduled: list[ScheduledRequest],
+                          preempted: list[str]) -> int:
+        """Give running requests, in admission order, their next tokens within ``budget``,
+        preempting the newest running requests while the cache is full.  Appends to
+        ``scheduled`` and ``preempted``; returns the budget left."""
+        kv = self.kv
+        running = self.running
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
+        while i < len(running) and budget > 0:
+            req = running[i]
             num_new = min(req.num_tokens - req.num_computed_tokens, budget,
                           self.max_model_len - req.num_computed_tokens)
             if num_new <= 0:
@@ -244,7 +260,7 @@ class Scheduler:
                 continue
             new_blocks = kv.allocate_slots(req, num_new)
             while new_blocks is None:
-                victim = self.running.pop()
+                victim = running.pop()
                 self._preempt(victim)
                 preempted.append(victim.request_id)
                 if victim is req:
@@ -256,42 +272,42 @@ class Scheduler:
                                               new_blocks.get_block_ids(), False))
             budget -= num_new
             i += 1
+        return budget
 
-        if not preempted:
-            while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
-                req = self.waiting[0]
-                hits, num_hit = kv.get_computed_blocks(req)
-                num_new = req.num_tokens - num_hit
-                if num_new > budget and not cfg.enable_chunked_prefill:
-                    break
-                num_new = min(num_new, budget)
-                new_blocks = kv.allocate_slots(req, num_new, num_hit, hits,
-                                               full_sequence_must_fit=cfg.full_sequence_must_fit)
-                if new_blocks is None:
-                    if not self.running and not scheduled and kv.num_free_blocks == self._usable_blocks:
-                        # Alone with an empty cache and still no room: it never will fit.
-                        self.waiting.popleft()
-                        self._finish(req, RequestStatus.FINISHED_REJECTED)
-                        continue
-                    break
-                self.waiting.popleft()
-                kv.record_prefix_cache_stats(req, num_hit)  # once per admission, as vLLM
-                req.status = RequestStatus.RUNNING
-                req.num_computed_tokens = num_hit
-                req.num_cached_tokens = num_hit
-                self.running.append(req)
-                self.stats.prefix_hit_tokens += num_hit
-                scheduled.append(ScheduledRequest(kv, req, num_hit, num_new,
-                                                  new_blocks.get_block_ids(), True))
-                budget -= num_new
-
-        for s in scheduled:
-            s.request.num_computed_tokens += s.num_new_tokens
-        num_tokens = cfg.max_num_batched_tokens - budget
-        self.stats.steps += 1
-        self.stats.scheduled_tokens += num_tokens
-        finished, self._finished_ids = self._finished_ids, []
-        return SchedulerOutput(scheduled, preempted, finished, num_tokens, self.stats.steps)
+    def _schedule_waiting(self, budget: int, scheduled: list[ScheduledRequest]) -> int:
+        """Admit waiting requests first come, first served (prefix hits first) while the budget
+        and ``max_num_seqs`` allow; a request that cannot fit even alone with an empty cache is
+        rejected.  Appends to ``scheduled``; returns the budget left."""
+        kv = self.kv
+        cfg = self.config
+        waiting = self.waiting
+        while waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            req = waiting[0]
+            hits, num_hit = kv.get_computed_blocks(req)
+            num_new = req.num_tokens - num_hit
+            if num_new > budget and not cfg.enable_chunked_prefill:
+                break
+            num_new = min(num_new, budget)
+            new_blocks = kv.allocate_slots(req, num_new, num_hit, hits,
+                                           full_sequence_must_fit=cfg.full_sequence_must_fit)
+            if new_blocks is None:
+                if not self.running and not scheduled and kv.num_free_blocks == self._usable_blocks:
+                    # Alone with an empty cache and still no room: it never will fit.
+                    waiting.popleft()
+                    self._finish(req, RequestStatus.FINISHED_REJECTED)
+                    continue
+                break
+            waiting.popleft()
+            kv.record_prefix_cache_stats(req, num_hit)  # once per admission, as vLLM
+            req.status = RequestStatus.RUNNING
+            req.num_computed_tokens = num_hit
+            req.num_cached_tokens = num_hit
+            self.running.append(req)
+            self.stats.prefix_hit_tokens += num_hit
+            scheduled.append(ScheduledRequest(kv, req, num_hit, num_new,
+                                              new_blocks.get_block_ids(), True))
+            budget -= num_new
+        return budget
 
     def update_from_output(self, output: SchedulerOutput,
                            sampled_token_ids: Mapping[str, int] | Sequence[int]) -> list[Request]:

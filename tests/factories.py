@@ -4,13 +4,14 @@ snapshots for "a failed call changes nothing" assertions."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
-from kvcore import BlockHasher, BlockPool, KVCacheBlock, Request, RequestBlockHasher
+from kvcore import BlockHasher, BlockPool, KVCacheBlock, MultiModalItem, Request, RequestBlockHasher
 from kvcore.hashing import Seed
 from kvcore.manager import KVCacheBlocks, KVCacheManager
+from kvcore.managers import ManagerClasses
 from kvcore.specs import (
     FullAttentionSpec,
     KVCacheConfig,
@@ -20,16 +21,61 @@ from kvcore.specs import (
 )
 from kvcore.testing.snapshot import manager_snapshot, pool_snapshot, scheduler_snapshot
 
-__all__ = ["admit", "decode", "full_spec", "ids", "make_config", "make_manager", "make_pool",
-           "make_request", "manager_snapshot", "pool_snapshot", "scheduler_snapshot", "swa_spec"]
+if TYPE_CHECKING:  # annotations are not evaluated at run time, so Python 3.10 needs no import
+    from typing_extensions import Unpack
+
+__all__ = ["ManagerOptions", "PoolOptions", "RequestOptions", "admit", "decode", "full_spec",
+           "ids", "make_config", "make_manager", "make_pool", "make_request", "manager_snapshot",
+           "pool_snapshot", "scheduler_snapshot", "swa_spec"]
 
 
-def make_pool(num_blocks: int = 16, **kwargs: Any) -> BlockPool:
+class PoolOptions(TypedDict, total=False):
+    """Keyword options of :class:`BlockPool`."""
+
+    enable_caching: bool
+    num_groups: int
+    enable_events: bool
+    verify_hits: bool
+
+
+class RequestOptions(TypedDict, total=False):
+    """Keyword options of :class:`Request` (besides ``block_hasher``)."""
+
+    max_tokens: int | None
+    cache_salt: str | None
+    lora_name: str | None
+    mm_items: Sequence[MultiModalItem]
+    skip_reading_prefix_cache: bool
+    eos_token_id: int | None
+    ignore_eos: bool
+    stop_token_ids: Sequence[int]
+    arrival_time: float
+    sampling_params: object
+
+
+class ManagerOptions(TypedDict, total=False):
+    """Keyword options of :class:`KVCacheManager` (besides config and ``max_model_len``)."""
+
+    enable_caching: bool
+    hash_algo: str
+    hash_seed: Seed
+    verify_hits: bool
+    enable_events: bool
+    log_stats: bool
+    max_num_batched_tokens: int | None
+    manager_classes: ManagerClasses | None
+    block_hasher: BlockHasher | None
+    use_eagle: bool
+    fast_path: bool
+
+
+def make_pool(num_blocks: int = 16, **kwargs: Unpack[PoolOptions]) -> BlockPool:
     return BlockPool(num_blocks, **kwargs)
 
 
 def make_request(request_id: str, token_ids: Sequence[int], block_size: int = 4, *,
-                 algorithm: str = "xxh3_128", seed: Seed = None, **kwargs: Any) -> Request:
+                 algorithm: str = "xxh3_128", seed: Seed = None,
+                 **kwargs: Unpack[RequestOptions]) -> Request:
     hasher = RequestBlockHasher(block_size, BlockHasher(algorithm, seed))
     return Request(request_id, list(token_ids), block_hasher=hasher, **kwargs)
 
@@ -40,14 +86,16 @@ def ids(blocks: Sequence[KVCacheBlock]) -> list[int]:
 
 # -- manager-level factories ---------------------------------------------------------------------
 
-def full_spec(block_size: int = 4, **kw: Any) -> FullAttentionSpec:
-    return FullAttentionSpec(block_size=block_size, num_kv_heads=2, head_size=8,
-                             dtype=torch.float16, **kw)
+def full_spec(block_size: int = 4, *, num_kv_heads: int = 2, head_size: int = 8,
+              dtype: torch.dtype = torch.float16) -> FullAttentionSpec:
+    return FullAttentionSpec(block_size=block_size, num_kv_heads=num_kv_heads,
+                             head_size=head_size, dtype=dtype)
 
 
-def swa_spec(window: int, block_size: int = 4) -> SlidingWindowSpec:
-    return SlidingWindowSpec(block_size=block_size, num_kv_heads=2, head_size=8,
-                             dtype=torch.float16, sliding_window=window)
+def swa_spec(window: int, block_size: int = 4, *, num_kv_heads: int = 2, head_size: int = 8,
+             dtype: torch.dtype = torch.float16) -> SlidingWindowSpec:
+    return SlidingWindowSpec(block_size=block_size, num_kv_heads=num_kv_heads,
+                             head_size=head_size, dtype=dtype, sliding_window=window)
 
 
 def make_config(*specs: KVCacheSpec, num_blocks: int = 16) -> KVCacheConfig:
@@ -58,7 +106,7 @@ def make_config(*specs: KVCacheSpec, num_blocks: int = 16) -> KVCacheConfig:
 
 
 def make_manager(*specs: KVCacheSpec, num_blocks: int = 16, max_model_len: int = 1024,
-                 **kwargs: Any) -> KVCacheManager:
+                 **kwargs: Unpack[ManagerOptions]) -> KVCacheManager:
     return KVCacheManager(make_config(*specs, num_blocks=num_blocks), max_model_len, **kwargs)
 
 

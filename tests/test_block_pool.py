@@ -13,8 +13,10 @@ from kvcore import (
     DoubleFreeError,
     InvalidArgumentError,
     InvalidGroupError,
+    KVCacheBlock,
     NoFreeBlocksError,
     NullBlockError,
+    Request,
     check_invariants,
 )
 from kvcore.verify import PrefixChains
@@ -22,7 +24,7 @@ from tests.factories import ids, make_request, pool_snapshot
 
 
 def cached_request_blocks(pool: BlockPool, rid: str, tokens: list[int], bs: int = 4,
-                          group_id: int = 0):  # type: ignore[no-untyped-def]
+                          group_id: int = 0) -> tuple[Request, list[KVCacheBlock]]:
     """Allocate blocks for ``tokens`` and cache the full ones, as a manager would."""
     req = make_request(rid, tokens, bs)
     blocks = pool.get_new_blocks(-(-len(tokens) // bs))

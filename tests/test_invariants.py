@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import pytest
 
 from kvcore import BlockHash, BlockPool, InvariantError, KVCacheBlock, check_invariants
 from kvcore.blocks import PrefixNode
 from kvcore.verify import PrefixChains
-from tests.factories import make_request
+from tests.factories import PoolOptions, make_request
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
-def populated_pool(**kwargs: object) -> tuple[BlockPool, list[KVCacheBlock]]:
+def populated_pool(**kwargs: Unpack[PoolOptions]) -> tuple[BlockPool, list[KVCacheBlock]]:
     """Blocks 1-3 in use by request "a" (1, 2 cached), 4-9 free, then 2 freed cached blocks of "b"."""
-    pool = BlockPool(12, **kwargs)  # type: ignore[arg-type]
+    pool = BlockPool(12, **kwargs)
     chains = PrefixChains()
     req = make_request("a", list(range(10)), 4)
     a = pool.get_new_blocks(3)
@@ -28,7 +32,8 @@ def populated_pool(**kwargs: object) -> tuple[BlockPool, list[KVCacheBlock]]:
 
 
 def expect(rule: str, fault: Callable[[BlockPool, list[KVCacheBlock]], object],
-           block_id: int | None = None, owners: bool = False, **kwargs: object) -> InvariantError:
+           block_id: int | None = None, owners: bool = False,
+           **kwargs: Unpack[PoolOptions]) -> InvariantError:
     pool, a = populated_pool(**kwargs)
     fault(pool, a)
     with pytest.raises(InvariantError) as info:

@@ -3,22 +3,24 @@ hybrid combinations (block size 4 unless stated)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
+from kvcore.blocks import KVCacheBlock
 from kvcore.coordinator import (
     HybridCoordinator,
     NoPrefixCacheCoordinator,
     UnitaryCoordinator,
 )
-from kvcore.manager import KVCacheManager
 from kvcore.specs import ChunkedLocalAttentionSpec, CrossAttentionSpec, MambaSpec
 from tests.factories import admit, decode, full_spec, make_manager, manager_snapshot, swa_spec
 
 BS = 4
 
 
-def ids(blocks: object) -> list[int]:
-    return [b.block_id for b in blocks]  # type: ignore[attr-defined]
+def ids(blocks: Iterable[KVCacheBlock]) -> list[int]:
+    return [b.block_id for b in blocks]
 
 
 def chunked_spec(chunk: int) -> ChunkedLocalAttentionSpec:
@@ -34,8 +36,7 @@ def cross_spec() -> CrossAttentionSpec:
     return CrossAttentionSpec(block_size=BS, num_kv_heads=2, head_size=8, dtype=torch.float16)
 
 
-def mgr(*specs: object, **kw: object) -> KVCacheManager:
-    return make_manager(*specs, **kw)  # type: ignore[return-value]
+mgr = make_manager
 
 
 # -- sliding window -------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import pytest
 
@@ -11,6 +13,8 @@ from kvcore import (
     BlockRemoved,
     BlockStored,
     InvalidArgumentError,
+    KVCacheEvent,
+    KVEventBatch,
     MultiModalItem,
     Request,
     decode_event_batch,
@@ -42,7 +46,7 @@ def test_request_fields_and_appending() -> None:
     {"request_id": "a", "prompt_token_ids": [1] * 9,
      "mm_items": [MultiModalItem("i", 4, 1), MultiModalItem("j", 1, 1)]},
 ])
-def test_bad_request_arguments(kwargs: dict) -> None:  # type: ignore[type-arg]
+def test_bad_request_arguments(kwargs: dict[str, Any]) -> None:
     with pytest.raises(InvalidArgumentError):
         Request(**kwargs)
 
@@ -55,7 +59,7 @@ def test_bad_output_tokens_change_nothing() -> None:
     assert r.all_token_ids == [1, 2, 3] and r.block_hashes == hashes
 
 
-def _sample_events() -> list:  # type: ignore[type-arg]
+def _sample_events() -> list[KVCacheEvent]:
     return [
         BlockStored(block_hashes=(b"\x01" * 16, b"\x02" * 16), parent_block_hash=None,
                     token_ids=tuple(range(8)), block_size=4, group_id=0),
@@ -70,18 +74,32 @@ def _sample_events() -> list:  # type: ignore[type-arg]
 def test_event_batch_round_trip() -> None:
     events = _sample_events()
     data = encode_event_batch(events, ts=12.5, data_parallel_rank=3)
-    ts, decoded, rank = decode_event_batch(data)
-    assert (ts, rank) == (12.5, 3)
-    assert decoded == events
-    ts, decoded, rank = decode_event_batch(encode_event_batch(events, ts=1.0))
-    assert rank is None and decoded == events
+    batch = decode_event_batch(data)
+    assert (batch.ts, batch.data_parallel_rank) == (12.5, 3)
+    assert batch.events == events
+    assert [hash(e) for e in batch.events] == [hash(e) for e in events]
+    batch = decode_event_batch(encode_event_batch(events, ts=1.0))
+    assert batch.data_parallel_rank is None and batch.events == events
+    # The structs are the wire format: encoding a batch directly gives the same bytes.
+    assert msgspec.msgpack.encode(KVEventBatch(12.5, events, 3)) == data
+
+
+def test_events_are_frozen_and_keep_python_names() -> None:
+    ev = BlockRemoved(block_hashes=(b"\x01" * 16,), group_id=2)
+    assert ev.group_id == 2 and ev.medium == "GPU"
+    with pytest.raises(AttributeError):
+        ev.group_id = 3  # type: ignore[misc]  # frozen: the assignment must fail
+    moved = msgspec.structs.replace(ev, group_id=3)
+    assert moved.group_id == 3 and ev.group_id == 2
+    with pytest.raises(TypeError):
+        BlockRemoved((b"\x01" * 16,))  # type: ignore[call-arg]  # keyword-only fields
 
 
 def test_event_wire_layout_matches_vllm_shape() -> None:
     """vLLM's KVEventBatch is an array [ts, events]; each event is a map tagged by "type" with
     the fields in declaration order and defaults omitted."""
     raw = msgspec.msgpack.decode(encode_event_batch(_sample_events(), ts=2.0))
-    assert raw[0] == 2.0 and len(raw) == 2
+    assert raw[0] == 2.0 and raw[2] is None and len(raw) == 3  # vLLM encodes a None rank too
     stored, stored2, removed, cleared = raw[1]
     assert list(stored) == ["type", "block_hashes", "parent_block_hash", "token_ids",
                             "block_size", "lora_id", "medium", "lora_name", "group_idx"]
@@ -99,6 +117,25 @@ def test_decode_rejects_garbage() -> None:
         decode_event_batch(msgspec.msgpack.encode([1.0, [{"type": "Nope"}]]))
 
 
+def test_decode_reads_everything_vllm_publishes() -> None:
+    """vLLM 0.32 may publish int hashes, bytes digests among the extra keys, no group, and
+    fields kvcore never sets (session_id, locality, ownership); all of it decodes."""
+    stored = {"type": "BlockStored", "block_hashes": [7, 8], "parent_block_hash": 6,
+              "token_ids": [1, 2, 3, 4], "block_size": 2, "lora_id": 5, "medium": "CPU",
+              "lora_name": "ad", "extra_keys": [["ad", ["img", 0], b"\x00\x01"], None],
+              "locality": "LOCAL", "session_id": "s1"}
+    removed = {"type": "BlockRemoved", "block_hashes": [b"\x09"], "medium": None,
+               "ownership": "tier2"}
+    batch = decode_event_batch(msgspec.msgpack.encode([3, [stored, removed], 1]))
+    ev, rem = batch.events
+    assert isinstance(ev, BlockStored) and isinstance(rem, BlockRemoved)
+    assert ev.block_hashes == (7, 8) and ev.group_id is None and ev.lora_id == 5
+    assert ev.extra_keys == (("ad", ("img", 0), b"\x00\x01"), None)
+    assert (ev.locality, ev.session_id, rem.ownership, rem.medium) == ("LOCAL", "s1", "tier2", None)
+    assert msgspec.msgpack.decode(encode_event_batch(batch.events, ts=3.0, data_parallel_rank=1)) == [
+        3.0, [stored, removed], 1]
+
+
 def test_pool_events_carry_untagged_extra_keys_and_lora() -> None:
     pool = BlockPool(6, enable_events=True)
     req = make_request("a", list(range(8)), 4, lora_name="ad", cache_salt="s",
@@ -109,7 +146,7 @@ def test_pool_events_carry_untagged_extra_keys_and_lora() -> None:
     assert isinstance(ev, BlockStored)
     assert ev.lora_name == "ad"
     assert ev.extra_keys == (("ad", "s"), ("ad", ("img", 1)))
-    assert decode_event_batch(encode_event_batch([ev]))[1] == [ev]
+    assert decode_event_batch(encode_event_batch([ev])).events == [ev]
 
 
 def test_events_disabled_records_nothing() -> None:

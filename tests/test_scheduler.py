@@ -5,33 +5,54 @@ always finish with every block returned."""
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypedDict
 
 import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from kvcore import InvalidArgumentError, Request, UnknownRequestError
-from kvcore.manager import KVCacheManager
+from kvcore import InvalidArgumentError, KVCacheSpec, Request, UnknownRequestError
 from kvcore.request import RequestStatus
 from kvcore.scheduler import RequestRejectedError, Scheduler, SchedulerConfig, SchedulerOutput
 from tests.factories import full_spec, make_manager, swa_spec
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
-def sched(num_blocks: int = 64, max_model_len: int = 256, specs: tuple[object, ...] = (),
-          **cfg: object) -> Scheduler:
-    m: KVCacheManager = make_manager(*(specs or (full_spec(4),)), num_blocks=num_blocks,  # type: ignore[assignment]
-                                     max_model_len=max_model_len)
-    return Scheduler(m, SchedulerConfig(**cfg))  # type: ignore[arg-type]
+
+class SchedulerOptions(TypedDict, total=False):
+    """Fields of :class:`SchedulerConfig`."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    enable_chunked_prefill: bool
+    full_sequence_must_fit: bool
+
+
+class StopOptions(TypedDict, total=False):
+    """Stop conditions of a :class:`Request`."""
+
+    eos_token_id: int | None
+    ignore_eos: bool
+    stop_token_ids: Sequence[int]
+
+
+def sched(num_blocks: int = 64, max_model_len: int = 256, specs: tuple[KVCacheSpec, ...] = (),
+          **cfg: Unpack[SchedulerOptions]) -> Scheduler:
+    m = make_manager(*(specs or (full_spec(4),)), num_blocks=num_blocks,
+                     max_model_len=max_model_len)
+    return Scheduler(m, SchedulerConfig(**cfg))
 
 
 def req(s: Scheduler, rid: str, tokens: list[int], max_tokens: int | None = 4,
-        **kw: object) -> Request:
+        **kw: Unpack[StopOptions]) -> Request:
     r = s.kv.make_request(rid, tokens, max_tokens=max_tokens, **kw)
     s.add_request(r)
     return r
 
 
-def step(s: Scheduler, token: int | None = 1, rng: random.Random | None = None
+def step(s: Scheduler, token: int = 1, rng: random.Random | None = None
          ) -> tuple[SchedulerOutput, list[Request]]:
     out = s.schedule()
     sampled = {x.request_id: (rng.randrange(8) if rng else token) for x in out.scheduled if x.samples}
@@ -211,7 +232,7 @@ def test_random_workloads_always_finish_with_every_block_returned(
     specs = (full_spec(4), swa_spec(rng.choice([4, 8, 16]), 4)) if hybrid else (full_spec(4),)
     max_len = 96
     num_blocks = rng.randint(26, 64) * len(specs)
-    m: KVCacheManager = make_manager(*specs, num_blocks=num_blocks, max_model_len=max_len)  # type: ignore[assignment]
+    m = make_manager(*specs, num_blocks=num_blocks, max_model_len=max_len)
     budget = max_len if not chunked else rng.choice([8, 16, 32, 96])
     s = Scheduler(m, SchedulerConfig(max_num_seqs=rng.randint(1, 6), max_num_batched_tokens=budget,
                                      enable_chunked_prefill=chunked,
@@ -264,7 +285,7 @@ def test_update_from_output_checks_every_token_before_applying_any() -> None:
     out = s.schedule()
     for bad in ({"a": 1}, {"a": 1, "b": -1}, {"a": 1, "b": True}, {"a": 1, "b": 1.0}):
         with pytest.raises(InvalidArgumentError):
-            s.update_from_output(out, bad)
+            s.update_from_output(out, bad)  # type: ignore[arg-type]  # bad on purpose
         assert a.output_token_ids == [] and b.output_token_ids == []
     s.update_from_output(out, {"a": 1, "b": 2})
     assert a.output_token_ids == [1] and b.output_token_ids == [2]

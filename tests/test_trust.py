@@ -4,6 +4,8 @@ in test_manager_stateful.py (hypothesis) and test_fuzz.py (seeded)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -16,6 +18,7 @@ from kvcore import (
     KVCacheConfig,
     KVCacheGroup,
     KVCacheManager,
+    KVCacheSpec,
     Request,
     UnknownRequestError,
 )
@@ -48,8 +51,8 @@ def run_whole_prompt(m: KVCacheManager, req: Request, oracle: ContentOracle | No
 
 @pytest.mark.parametrize("specs", [(full_spec(4), chunked_spec(13)), (chunked_spec(13),)],
                          ids=["hybrid full+chunked", "chunked"])
-def test_chunked_hit_never_leaves_its_chunk_in_null_blocks(specs: tuple[object, ...]) -> None:
-    m = make_manager(*specs, num_blocks=48)  # type: ignore[arg-type]
+def test_chunked_hit_never_leaves_its_chunk_in_null_blocks(specs: tuple[KVCacheSpec, ...]) -> None:
+    m = make_manager(*specs, num_blocks=48)
     oracle = ContentOracle(m)
     prompt = list(range(100, 131))  # 31 tokens: a hit may cover 30, whose chunk starts at 26
     a = m.make_request("a", prompt)
@@ -141,10 +144,11 @@ def admitted(m: KVCacheManager, rid: str, tokens: list[int]) -> Request:
     return r
 
 
-def refused(m: KVCacheManager, error: type[Exception], match: str, call: object) -> None:
+def refused(m: KVCacheManager, error: type[Exception], match: str,
+            call: Callable[[], object]) -> None:
     before = manager_snapshot(m)
     with pytest.raises(error, match=match):
-        call()  # type: ignore[operator]
+        call()
     assert manager_snapshot(m) == before
 
 
@@ -235,12 +239,14 @@ def test_touch_and_free_of_foreign_blocks_change_nothing() -> None:
     mine = pool.get_new_blocks(2)
     theirs = other.get_new_blocks(1)
     befores = pool_snapshot(pool), pool_snapshot(other)
+    first, other_first = pool.free_queue.first(), other.free_queue.first()
+    assert first is not None and other_first is not None
     for call in (lambda: pool.touch([mine[0], theirs[0]]),
-                 lambda: pool.touch([pool.free_queue.first(), other.free_queue.first()]),
+                 lambda: pool.touch([first, other_first]),
                  lambda: pool.free_blocks([mine[0], theirs[0]]),
-                 lambda: pool.touch([mine[0], "not a block"])):
+                 lambda: pool.touch([mine[0], "not a block"])):  # type: ignore[list-item]
         with pytest.raises(BlockStateError):
-            call()  # type: ignore[no-untyped-call]
+            call()
         assert (pool_snapshot(pool), pool_snapshot(other)) == befores
 
 
@@ -249,7 +255,7 @@ def test_touch_and_free_of_foreign_blocks_change_nothing() -> None:
 def test_empty_salt_and_lora_name_are_refused() -> None:
     for kwargs in ({"cache_salt": ""}, {"lora_name": ""}, {"cache_salt": 3}):
         with pytest.raises(InvalidArgumentError, match="non-empty str"):
-            Request("a", [1, 2, 3], **kwargs)  # type: ignore[arg-type]
+            Request("a", [1, 2, 3], **kwargs)
 
 
 def test_salts_isolate_tenants() -> None:
@@ -267,18 +273,20 @@ def test_salts_isolate_tenants() -> None:
     (lambda: KVCacheManager(None, 16), "config must be a KVCacheConfig"),  # type: ignore[arg-type]
     (lambda: make_manager(max_model_len=True), "max_model_len"),
     (lambda: make_manager(max_model_len=0), "max_model_len"),
-    (lambda: make_manager(enable_caching="yes"), "enable_caching must be a bool"),
-    (lambda: make_manager(hash_algo=None), "hash_algo must be a str"),
+    (lambda: make_manager(enable_caching="yes"),  # type: ignore[arg-type]  # on purpose
+     "enable_caching must be a bool"),
+    (lambda: make_manager(hash_algo=None), "hash_algo must be a str"),  # type: ignore[arg-type]
     (lambda: make_manager(hash_algo="md5"), "unknown hash algorithm"),
     (lambda: make_manager(max_num_batched_tokens=0), "max_num_batched_tokens"),
-    (lambda: make_manager(block_hasher="xxh3"), "block_hasher must be a BlockHasher"),
+    (lambda: make_manager(block_hasher="xxh3"),  # type: ignore[arg-type]  # on purpose
+     "block_hasher must be a BlockHasher"),
     (lambda: KVCacheConfig(16, (None,)), "KVCacheGroup"),  # type: ignore[arg-type]
     (lambda: KVCacheGroup(("l",), None), "spec"),  # type: ignore[arg-type]
     (lambda: BlockPool(8, num_groups=True), "num_groups"),
 ])
-def test_bad_construction_is_a_typed_error(build: object, match: str) -> None:
+def test_bad_construction_is_a_typed_error(build: Callable[[], object], match: str) -> None:
     with pytest.raises(InvalidArgumentError, match=match):
-        build()  # type: ignore[operator]
+        build()
 
 
 def test_unknown_request_errors_name_the_request(m: KVCacheManager) -> None:
@@ -286,7 +294,7 @@ def test_unknown_request_errors_name_the_request(m: KVCacheManager) -> None:
     for call in (lambda: m.free(r), lambda: m.cache_blocks(r, 1), lambda: m.uncache_blocks(r, 0),
                  lambda: m.get_block_ids("ghost")):
         with pytest.raises(UnknownRequestError, match="ghost"):
-            call()  # type: ignore[no-untyped-call]
+            call()
 
 
 def test_invariants_prove_every_cached_block_of_a_running_request_in_verify_mode() -> None:

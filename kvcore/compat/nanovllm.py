@@ -1,18 +1,42 @@
 """A nano-vllm ``BlockManager`` implemented on :class:`~kvcore.manager.KVCacheManager`.
 
-nano-vllm's scheduler talks to its block manager through five calls over ``Sequence`` objects
-(``seq_id``, ``token_ids``, ``len(seq)``, ``block_table``, ``num_cached_tokens``):
+It follows the block-manager API of nano-vllm's current scheduler (GeeeekExplorer/nano-vllm after
+its chunked-prefill refactor, ``nanovllm/engine/block_manager.py`` at bb823b3, April 2026)::
 
-    can_allocate(seq) / allocate(seq)     admit a waiting sequence (whole prompt, prefix hits)
-    can_append(seq)   / may_append(seq)   before a decode step (slot for the last token)
-    deallocate(seq)                        finish or preempt
+    can_allocate(seq) -> int          -1 if the whole sequence cannot get blocks now, else how
+                                      many of its leading blocks the prefix cache serves
+    allocate(seq, num_cached_blocks)  blocks for the whole sequence, the first num_cached_blocks
+                                      from the cache; sets block_table and num_cached_tokens
+    can_append(seq) / may_append(seq) before a decode step: a block for the newest token when
+                                      it starts one
+    hash_blocks(seq)                  after a step, before num_cached_tokens advances: cache the
+                                      blocks the step's num_scheduled_tokens filled
+    deallocate(seq)                   finish or preempt: release the blocks, clear block_table
+                                      and num_cached_tokens
 
-This adapter keeps that contract, so a nano-vllm-style scheduler switches to kvcore unchanged and
-gains kvcore's LRU prefix cache, verified hits and invariant checks.  nano-vllm numbers blocks
-from 0 and has no null block; kvcore's block 0 is the null block, so ``block_table`` holds
-``kvcore_id - 1`` and ``num_blocks`` usable blocks map to ids ``0..num_blocks-1``.  Unlike
-nano-vllm, the last prompt token is never a hit (its logits are needed), so a fully cached prompt
-recomputes its last block.
+and is driven the way that scheduler drives it: a waiting sequence without blocks is admitted by
+``can_allocate`` then ``allocate(seq, n)``, its prompt computed in one or more chunks of
+``num_scheduled_tokens`` (``seq.num_cached_tokens`` counts the tokens computed so far), and
+``postprocess`` calls ``hash_blocks`` for every scheduled sequence; running sequences decode with
+``can_append``/``may_append``, preempting the newest running one when no block is free.
+
+Semantics compared with nano-vllm's own block manager:
+
+* Hit length: the same.  nano-vllm looks up all blocks but the one holding the last token;
+  kvcore caps a hit at ``num_tokens - 1`` tokens.  Either way the last token's block is
+  recomputed (its logits are needed), and ``num_cached_tokens`` is ``num_cached_blocks *
+  block_size``.
+* Confirming a hit: nano-vllm compares the cached block's tokens with the sequence's; kvcore
+  trusts its chained 128-bit hash, or with ``verify_hits=True`` proves the whole prefix token by
+  token (a block equal at another prefix passes nano-vllm's check, never kvcore's).
+* Hashes are computed on the block-manager side in both (here by the kvcore manager, chained
+  from its seed, incrementally).  A block enters the prefix cache only in ``hash_blocks``, after
+  the step that writes its KV, as in nano-vllm; allocation never caches anything.
+* Block ids: kvcore's block 0 is the null block, so ``block_table`` holds ``kvcore_id - 1`` and
+  ``num_blocks`` usable blocks map to ids ``0..num_blocks-1``.  Which free block is reused first
+  differs (kvcore: blocks without a hash, then cached ones in LRU order; nano-vllm: FIFO), and
+  when equal content is cached twice kvcore's map keeps the first block, nano-vllm's the latest.
+* Misuse raises a typed ``kvcore.errors`` exception instead of an assertion or ``KeyError``.
 """
 
 from __future__ import annotations
@@ -22,19 +46,26 @@ from typing import Any, Protocol
 import torch
 
 from kvcore.blocks import BlockHash
-from kvcore.errors import InvalidArgumentError, NoFreeBlocksError, UnknownRequestError
+from kvcore.errors import (
+    InvalidArgumentError,
+    InvalidHitError,
+    NoFreeBlocksError,
+    UnknownRequestError,
+)
 from kvcore.manager import KVCacheBlocks, KVCacheManager
 from kvcore.request import MultiModalItem
 from kvcore.specs import FullAttentionSpec, KVCacheConfig, KVCacheGroup
 
 
 class Sequence(Protocol):
-    """The part of nano-vllm's ``Sequence`` the block manager uses."""
+    """The part of nano-vllm's ``Sequence`` the block manager uses (``status`` optional: a
+    sequence whose ``status.name`` is ``"WAITING"`` when deallocated counts as preempted)."""
 
     seq_id: int
     token_ids: list[int]
     block_table: list[int]
     num_cached_tokens: int
+    num_scheduled_tokens: int
 
     def __len__(self) -> int: ...
 
@@ -85,7 +116,6 @@ class BlockManager:
         self.manager = KVCacheManager(config, max_model_len or num_blocks * block_size,
                                       **manager_kwargs)
         self._requests: dict[int, _SeqRequest] = {}
-        self._lookups: dict[int, tuple[KVCacheBlocks, int]] = {}
 
     def _request(self, seq: Sequence) -> _SeqRequest:
         req = self._requests.get(seq.seq_id)
@@ -93,41 +123,49 @@ class BlockManager:
             req = self._requests[seq.seq_id] = _SeqRequest(seq)
         return req
 
-    def _lookup(self, seq: Sequence) -> tuple[KVCacheBlocks, int]:
-        req = self._request(seq)
-        cached = self._lookups.get(seq.seq_id)
-        if cached is not None:
-            blocks, _hit = cached
-            # Still valid only if every hit block still carries the hash it was found under.
-            if all(b.block_hash == req.block_hashes[i] for i, b in enumerate(blocks[0])):
-                return cached
-        found = self.manager.get_computed_blocks(req)
-        self._lookups[seq.seq_id] = found
-        return found
+    def _holding(self, seq: Sequence) -> _SeqRequest:
+        req = self._requests.get(seq.seq_id)
+        if req is None or not seq.block_table:
+            raise UnknownRequestError(f"sequence {seq.seq_id} holds no blocks")
+        return req
 
     # -- admission ------------------------------------------------------------------------------
-    def can_allocate(self, seq: Sequence) -> bool:
-        """Whether ``allocate(seq)`` will succeed now (prefix hits taken into account)."""
-        blocks, _ = self._lookup(seq)
-        hits = blocks[0]
+    def can_allocate(self, seq: Sequence) -> int:
+        """``-1`` if blocks for the whole sequence cannot be had now (prefix hits taken into
+        account), else the number of leading blocks the prefix cache serves, to pass to
+        ``allocate``.  Changes nothing."""
+        hits = self.manager.get_computed_blocks(self._request(seq))[0][0]
         needed = -(-len(seq) // self.block_size) - len(hits)
-        needed += sum(1 for b in hits if b.ref_cnt == 0)
-        return needed <= self.manager.num_free_blocks
+        needed += sum(1 for b in hits if b.ref_cnt == 0)  # a free cached block leaves the queue
+        return -1 if needed > self.manager.num_free_blocks else len(hits)
 
-    def allocate(self, seq: Sequence) -> None:
-        """Give the sequence blocks for its whole prompt, reusing cached prefix blocks; sets
-        ``block_table`` and ``num_cached_tokens``."""
+    def allocate(self, seq: Sequence, num_cached_blocks: int) -> None:
+        """Give the sequence blocks for all its tokens, the first ``num_cached_blocks`` taken
+        from the prefix cache (as ``can_allocate`` just returned, or fewer); sets ``block_table``
+        and ``num_cached_tokens``.  Nothing is cached until ``hash_blocks``."""
         if seq.block_table:
             raise InvalidArgumentError(f"sequence {seq.seq_id} already has blocks")
+        if num_cached_blocks.__class__ is not int or num_cached_blocks < 0:
+            raise InvalidArgumentError(
+                f"num_cached_blocks must be a non-negative int, got {num_cached_blocks!r}")
         req = self._request(seq)
-        blocks, hit = self._lookup(seq)
-        self._lookups.pop(seq.seq_id, None)
-        if self.manager.allocate_slots(req, len(seq) - hit, hit, blocks) is None:
+        blocks, num_hit = self.manager.get_computed_blocks(req)
+        hits = blocks[0]
+        if num_cached_blocks > len(hits):
+            raise InvalidHitError(
+                f"sequence {seq.seq_id}: {num_cached_blocks} cached blocks asked for, the prefix "
+                f"cache serves {len(hits)} now (call can_allocate right before allocate)")
+        if num_cached_blocks < len(hits):
+            blocks = KVCacheBlocks((hits[:num_cached_blocks],))
+            num_hit = num_cached_blocks * self.block_size
+        out = self.manager.allocate_slots(req, len(seq) - num_hit, num_hit, blocks,
+                                          delay_cache_blocks=True)
+        if out is None:
             raise NoFreeBlocksError(f"not enough free blocks for sequence {seq.seq_id}; "
                                     "call can_allocate first")
-        self.manager.record_prefix_cache_stats(req, hit)
-        req.num_computed_tokens = len(seq)
-        seq.num_cached_tokens = hit
+        self.manager.record_prefix_cache_stats(req, num_hit)
+        req.num_computed_tokens = num_hit
+        seq.num_cached_tokens = num_hit
         seq.block_table[:] = [i - 1 for i in self.manager.get_block_ids(req.request_id)[0]]
 
     def deallocate(self, seq: Sequence) -> None:
@@ -145,26 +183,37 @@ class BlockManager:
         seq.num_cached_tokens = 0
         seq.block_table.clear()
 
-    # -- decode ---------------------------------------------------------------------------------
+    # -- steps ----------------------------------------------------------------------------------
     def can_append(self, seq: Sequence) -> bool:
         """Whether a slot for the sequence's newest token is available."""
         needed = -(-len(seq) // self.block_size) - len(seq.block_table)
         return needed <= self.manager.num_free_blocks
 
     def may_append(self, seq: Sequence) -> None:
-        """Make room for the newest token (a new block when the last one is full) and cache the
-        block it completes."""
-        req = self._requests.get(seq.seq_id)
-        if req is None:
-            raise UnknownRequestError(f"sequence {seq.seq_id} holds no blocks")
+        """Make room for the newest token: a new block when it starts one."""
+        req = self._holding(seq)
         new = len(seq) - req.num_computed_tokens
         if new <= 0:
             return
-        out = self.manager.allocate_slots(req, new)
+        out = self.manager.allocate_slots(req, new, delay_cache_blocks=True)
         if out is None:
             raise NoFreeBlocksError(f"no free block for sequence {seq.seq_id}; call can_append first")
-        req.num_computed_tokens = len(seq)
         seq.block_table.extend(b.block_id - 1 for b in out[0])
+
+    def hash_blocks(self, seq: Sequence) -> None:
+        """After a step computed ``seq.num_scheduled_tokens`` tokens from ``num_cached_tokens``
+        on (and before ``num_cached_tokens`` advances): put the blocks those tokens filled into
+        the prefix cache."""
+        req = self._holding(seq)
+        start = seq.num_cached_tokens
+        end = start + seq.num_scheduled_tokens
+        if not 0 <= start <= end <= len(seq):
+            raise InvalidArgumentError(
+                f"sequence {seq.seq_id}: num_cached_tokens={start} and num_scheduled_tokens="
+                f"{seq.num_scheduled_tokens} do not fit its {len(seq)} tokens")
+        if end // self.block_size > start // self.block_size:
+            self.manager.cache_blocks(req, end)
+        req.num_computed_tokens = end
 
     @property
     def num_free_blocks(self) -> int:

@@ -25,7 +25,6 @@ import torch
 
 from kvcore.errors import InvalidArgumentError
 from kvcore.manager import KVCacheManager
-from kvcore.request import Request
 from kvcore.scheduler import RequestRejectedError, Scheduler, SchedulerConfig
 from kvcore.sim.traces import TraceRequest
 from kvcore.specs import FullAttentionSpec, KVCacheConfig, KVCacheGroup
@@ -214,9 +213,3 @@ def _progress(total: int) -> Any:
     except ImportError:  # progress is optional
         return None
     return tqdm(total=total, unit="req", desc="replay")
-
-
-def to_requests(trace: Sequence[TraceRequest], manager: KVCacheManager) -> list[Request]:
-    """Materialise trace requests as kvcore requests hashed by ``manager`` (for notebooks)."""
-    return [manager.make_request(t.request_id, t.prompt_token_ids(), max_tokens=t.output_len,
-                                 ignore_eos=True) for t in trace]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -232,8 +232,3 @@ def default_trace_path() -> Path | None:
         if p.is_file():
             return p
     return None
-
-
-def iter_prompts(requests: Sequence[TraceRequest]) -> Iterator[list[int]]:
-    for r in requests:
-        yield r.prompt_token_ids()

@@ -1,0 +1,98 @@
+"""KV events on the wire against vLLM 0.32 itself (the peer venv, run as a subprocess).
+
+kvcore's batches must decode into vLLM's own ``KVEventBatch`` classes and re-encode to the very
+same bytes, and batches vLLM encodes (with fields kvcore never sets) must decode into kvcore's
+classes and re-encode unchanged.  Skipped without the peer venv (a failure in CI), like
+``test_vs_vllm``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+from typing import Any
+
+import pytest
+
+from kvcore import KVCacheEvent, MultiModalItem, decode_event_batch, encode_event_batch
+from tests.differential.test_vs_vllm import _peer
+from tests.factories import admit, full_spec, make_manager, swa_spec
+
+_PEER_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import msgspec
+    from vllm.distributed.kv_events import (
+        AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch)
+
+    decoder = msgspec.msgpack.Decoder(KVEventBatch)
+    encoder = msgspec.msgpack.Encoder()
+    ours = bytes.fromhex(sys.stdin.read().strip())
+    batch = decoder.decode(ours)
+    out = {
+        "same_bytes": encoder.encode(batch) == ours,
+        "types": [type(e).__name__ for e in batch.events],
+        "groups": [getattr(e, "group_idx", None) for e in batch.events],
+        "kinds": [getattr(e, "kv_cache_spec_kind", None) for e in batch.events],
+        "rank": batch.data_parallel_rank,
+    }
+    theirs = KVEventBatch(ts=5.0, data_parallel_rank=2, events=[
+        BlockStored(block_hashes=[11, 12], parent_block_hash=10, token_ids=[1, 2, 3, 4],
+                    block_size=2, lora_id=3, medium="CPU", lora_name="ad",
+                    extra_keys=[("ad", ("img", 0), b"\\x00\\x01"), None], group_idx=1,
+                    kv_cache_spec_kind="full_attention", locality="LOCAL", session_id="s"),
+        BlockStored(block_hashes=[b"\\x05"], parent_block_hash=None, token_ids=[9, 9],
+                    block_size=2, lora_id=None, medium=None, lora_name=None),
+        BlockRemoved(block_hashes=[11], medium="CPU", ownership="tier2"),
+        AllBlocksCleared(),
+    ])
+    out["theirs"] = encoder.encode(theirs).hex()
+    print(json.dumps(out))
+""")
+
+
+def _event_stream() -> list[KVCacheEvent]:
+    """A manager's events: two groups (full + sliding window), LoRA, multimodal and salt keys,
+    evictions and a reset."""
+    m = make_manager(full_spec(4), swa_spec(8, 4), num_blocks=12, enable_events=True)
+    a = m.make_request("a", range(14), lora_name="ad", cache_salt="s",
+                       mm_items=(MultiModalItem("img", 5, 2),))
+    assert admit(m, a) is not None
+    m.free(a)
+    b = m.make_request("b", range(100, 118))
+    assert admit(m, b) is not None  # evicts some of a's blocks
+    m.free(b)
+    assert m.reset_prefix_cache()
+    events = m.take_events()
+    assert {type(e).__name__ for e in events} == {"BlockStored", "BlockRemoved",
+                                                   "AllBlocksCleared"}
+    return events
+
+
+def _run_peer(data: bytes) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": "", "VLLM_LOGGING_LEVEL": "ERROR"}
+    proc = subprocess.run([str(_peer()), "-c", _PEER_SCRIPT], input=data.hex(),
+                          capture_output=True, text=True, env=env, timeout=600)
+    if proc.returncode != 0:
+        pytest.fail(f"vLLM peer failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_event_bytes_are_vllm_wire_format_both_ways() -> None:
+    events = _event_stream()
+    ours = encode_event_batch(events, ts=1.5, data_parallel_rank=0)
+    peer = _run_peer(ours)
+    # vLLM decodes kvcore's bytes into its classes and re-encodes them byte for byte.
+    assert peer["same_bytes"]
+    assert peer["types"] == [type(e).__name__ for e in events]
+    assert peer["groups"] == [getattr(e, "group_id", None) for e in events]
+    assert peer["kinds"] == [getattr(e, "kv_cache_spec_kind", None) for e in events]
+    assert peer["rank"] == 0
+    # vLLM's bytes (int hashes, CPU medium, fields kvcore never sets) decode into kvcore's
+    # classes and re-encode unchanged.
+    theirs = bytes.fromhex(peer["theirs"])
+    batch = decode_event_batch(theirs)
+    assert encode_event_batch(batch.events, ts=batch.ts,
+                              data_parallel_rank=batch.data_parallel_rank) == theirs
