@@ -1,24 +1,26 @@
-"""Request block-hashing throughput, identical for kvcore and vLLM (``--impl kvcore|vllm``).
+"""Request block-hashing throughput, identical for kvcore and vLLM (run in a benchmark worker).
 
-For each algorithm and block size, a request of ``--num-tokens`` random token ids is built with no
-hashes, and the request block hasher (kvcore's ``RequestBlockHasher``, vLLM's
-``get_request_block_hasher``) is timed computing all its full-block hashes.  Request construction
-is not timed.  Algorithms are paired by role: kvcore's xxh3_128 with vLLM's ``xxhash`` (pickle +
-xxh3_128), and sha256 / sha256_cbor with their namesakes.  Prints JSON to stdout.
+For each algorithm and block size, a request of ``num_tokens`` random token ids (the same ids
+on both sides) is built with no hashes, and the request block hasher (kvcore's
+``RequestBlockHasher``, vLLM's ``get_request_block_hasher``) is timed computing all its
+full-block hashes, in thread CPU time with the GC off.  Request construction is not timed.
+Algorithms are paired by role: kvcore's xxh3_128 with vLLM's ``xxhash`` (pickle + xxh3_128), and
+sha256 / sha256_cbor with their namesakes.  One sample = one hashing of the whole request;
+``units`` is its token count.
 """
 
 from __future__ import annotations
 
-import argparse
-import gc
-import json
 import random
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
+from .timing import Sample, cpu_timed
+
 PAIRS = [("xxh3_128", "xxhash"), ("sha256", "sha256"), ("sha256_cbor", "sha256_cbor")]
+DEFAULT_BLOCK_SIZES = "16,256"
+DEFAULT_NUM_TOKENS = 1 << 16
+_tokens: dict[int, list[int]] = {}
 
 
 def kvcore_case(algorithm: str, block_size: int,
@@ -44,34 +46,32 @@ def vllm_case(algorithm: str, block_size: int,
     return hasher, lambda: Request("bench", tokens, params, None)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--impl", choices=["kvcore", "vllm"], required=True)
-    ap.add_argument("--block-sizes", default="16,256")
-    ap.add_argument("--num-tokens", type=int, default=1 << 16)
-    ap.add_argument("--repeats", type=int, default=7)
-    args = ap.parse_args()
-    rng = random.Random(0)
-    tokens = [rng.randrange(0, 150_000) for _ in range(args.num_tokens)]
-    out = []
-    for ours, theirs in PAIRS:
-        for bs in (int(x) for x in args.block_sizes.split(",")):
-            case = kvcore_case if args.impl == "kvcore" else vllm_case
-            hasher, make_request = case(ours if args.impl == "kvcore" else theirs, bs, tokens)
-            samples = []
-            for _ in range(args.repeats):
-                req = make_request()
-                gc.disable()
-                t0 = time.perf_counter_ns()
-                hashes = hasher(req)
-                dt = time.perf_counter_ns() - t0
-                gc.enable()
-                assert len(hashes) == args.num_tokens // bs
-                samples.append(args.num_tokens / (dt / 1e9))
-            out.append({"algorithm": ours, "peer_algorithm": theirs, "block_size": bs,
-                        "tokens_per_s": statistics.median(samples), "samples": samples})
-    print(json.dumps(out))
+def cases(impl: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    sizes = [int(x) for x in str(params.get("block_sizes", DEFAULT_BLOCK_SIZES)).split(",")]
+    return [{"name": f"{ours} / block {bs}", "algorithm": ours, "peer_algorithm": theirs,
+             "block_size": bs} for ours, theirs in PAIRS for bs in sizes]
 
 
-if __name__ == "__main__":
-    main()
+def measure(impl: str, case: str, params: dict[str, Any], repeat: int,
+            warmup: bool = False) -> Sample:
+    by_name = {c["name"]: c for c in cases(impl, params)}
+    if case not in by_name:
+        raise KeyError(f"unknown hashing case {case!r}")
+    c = by_name[case]
+    num_tokens = int(params.get("num_tokens", DEFAULT_NUM_TOKENS))
+    if num_tokens not in _tokens:
+        rng = random.Random(0)
+        _tokens[num_tokens] = [rng.randrange(0, 150_000) for _ in range(num_tokens)]
+    tokens = _tokens[num_tokens]
+    make_case = kvcore_case if impl == "kvcore" else vllm_case
+    algorithm = c["algorithm"] if impl == "kvcore" else c["peer_algorithm"]
+    hasher, make_request = make_case(algorithm, c["block_size"], tokens)
+    req = make_request()
+
+    def run() -> dict[str, Any]:
+        return {"blocks": len(hasher(req))}
+
+    sample = cpu_timed(run, num_tokens)
+    if sample["info"]["blocks"] != num_tokens // c["block_size"]:
+        raise RuntimeError(f"{case}: {sample['info']['blocks']} hashes for {num_tokens} tokens")
+    return sample

@@ -1,180 +1,254 @@
-"""KV-cache-manager request cycles, identical for kvcore and vLLM (``--impl kvcore|vllm``).
+"""KV-cache-manager request cycles, identical for kvcore and vLLM (run in a benchmark worker).
 
 One cycle = ``get_computed_blocks`` -> ``allocate_slots`` (the prompt) ->
-``record_prefix_cache_stats`` -> ``D`` decode steps
-(append a token, ``allocate_slots(request, 1)``) -> ``free``, for requests run one after another
-through one manager (block size 16, 4096 blocks, so the prefix cache fills up and allocation
-evicts, as in steady state).  Request objects (and their prompt hashes) are built before the
-clock starts on both sides; hashing of decode-time blocks is timed on both.  Both use xxh3-128
-hashing (vLLM: ``xxhash``).  Prints JSON with the median over repeats of µs per cycle.
+``record_prefix_cache_stats`` -> ``D`` decode steps (append a token, ``allocate_slots(request,
+1)``) -> ``free``, for requests run one after another through one fresh manager per sample.  The
+preemption scenario instead runs a small vLLM-style step loop (see :func:`preempting_loop`).
+
+What is timed (thread CPU time, GC off; see ``timing``): the loop over all requests.  Request
+objects are built before the clock starts on both sides.  Their prompt hashes are computed at
+construction (not timed), except in the ``hash_timed`` scenarios, where requests are built
+without a block hasher and the loop calls the side's request block hasher for each request
+before its lookup, so the hashing of every prompt block is inside the timed region on both
+sides.  Hashing of blocks completed by decode tokens is timed everywhere (it happens in
+``append_output_token_ids`` on both sides).  Everything uses block size 16 and xxh3-128 hashing.
+
+Each sample also reports what the run did (hit tokens, preemptions): the two implementations do
+the same work exactly when these agree, and the driver says so when they do not.
 """
 
 from __future__ import annotations
 
-import argparse
-import gc
-import json
 import random
-import statistics
-import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-BLOCK_SIZE = 16
-NUM_BLOCKS = 4096
-MAX_MODEL_LEN = 8192
-WINDOW = 64
+from .manager_sides import Group, Side, make_side
+from .timing import Sample, cpu_timed
 
-# name -> (groups, caching, prompt kind, decode steps, kvcore verify_hits)
-SCENARIOS: dict[str, tuple[tuple[str, ...], bool, str, int, bool]] = {
-    "caching off, 128-token prompts": (("full",), False, "unique", 0, False),
-    "unique 128-token prompts": (("full",), True, "unique", 0, False),
-    "96 shared + 32 unique tokens": (("full",), True, "shared", 0, False),
-    "96 shared + 32 unique, kvcore verify_hits": (("full",), True, "shared", 0, True),
-    "128-token prompt + 32 decode steps": (("full",), True, "unique", 32, False),
-    "128 + 32 decode, kvcore verify_hits": (("full",), True, "unique", 32, True),
-    "hybrid full + SWA(64), 96 shared + 32 unique, 32 decode": (("full", "swa"), True, "shared",
-                                                                32, False),
-    "hybrid, kvcore verify_hits": (("full", "swa"), True, "shared", 32, True),
-}
-"""vLLM has no hit verification: in the verify_hits scenarios it runs the same cycles
-unverified, so the ratio is what kvcore's proof of every hit costs against vLLM's trust in the
-hash."""
+DEFAULT_REQUESTS = 2000
+MIN_REQUESTS = 4
+VOCAB = 50_000
 
 
-def prompts(kind: str, n: int, rng: random.Random) -> list[list[int]]:
-    shared = [rng.randrange(1, 50_000) for _ in range(96)]
-    out = []
-    for _ in range(n):
-        if kind == "shared":
-            out.append(shared + [rng.randrange(1, 50_000) for _ in range(32)])
-        else:
-            out.append([rng.randrange(1, 50_000) for _ in range(128)])
-    return out
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    doc: str
+    """What the scenario exercises."""
+    groups: tuple[Group, ...] = ("full",)
+    caching: bool = True
+    prompt_len: int = 128
+    shared_len: int = 0
+    """Leading prompt tokens taken from a shared prefix."""
+    num_prefixes: int = 1
+    """How many distinct shared prefixes the prompts draw from (uniformly)."""
+    decode: int = 0
+    num_blocks: int = 4096
+    """Pool size, the null block included."""
+    per_requests: int = 1
+    """The scenario runs ``--requests // per_requests`` requests (at least MIN_REQUESTS), so
+    long requests do not dominate the run time."""
+    verify: bool = False
+    """kvcore runs with ``verify_hits=True``; vLLM runs the same cycles unverified."""
+    hash_timed: bool = False
+    max_running: int = 0
+    """> 0: the preempting step loop with at most this many running requests."""
+    max_model_len: int = 8192
+
+    def num_requests(self, requests: int) -> int:
+        return max(MIN_REQUESTS, requests // self.per_requests)
 
 
-class _Side:
-    """One implementation under test; ``lookup`` returns (hit blocks, hit tokens)."""
+SWA_PROMPT = "96 shared + 32 unique, 32 decode"
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("caching off, 128-token prompts",
+             "No prefix cache: the no-cache coordinator allocates and frees 8 blocks per "
+             "request; no lookup, nothing cached.", caching=False),
+    Scenario("unique 128-token prompts",
+             "Lookups that miss at the first block; 8 blocks allocated and cached per request; "
+             "once the 4096-block pool is full every allocation evicts."),
+    Scenario("96 shared + 32 unique tokens",
+             "Prefix hits: 6 cached blocks found, touched and adopted, 2 blocks allocated and "
+             "cached per request.", shared_len=96),
+    Scenario("96 shared + 32 unique, kvcore verify_hits",
+             "As the shared-prefix row, with kvcore proving every hit token by token "
+             "(vLLM runs unverified: the ratio is the price of the proof).",
+             shared_len=96, verify=True),
+    Scenario("128-token prompt + 512 decode steps",
+             "Long decode: 512 allocate_slots(request, 1) calls per request, a new block (and "
+             "its hash) every 16 tokens, 40 blocks freed at the end.",
+             decode=512, per_requests=8),
+    Scenario("preemption-heavy: 32 running, pool 50% of demand",
+             "A vLLM-style step loop over 64-token prompts + 128 decode steps, at most 32 "
+             "running, with 192 usable blocks (half of the 384 that 32 finished requests hold): "
+             "decode allocations fail and the latest admitted request is preempted (freed, "
+             "re-admitted later with whatever of its blocks is still cached as the hit), about "
+             "once per request.",
+             prompt_len=64, decode=128, max_running=32, num_blocks=193, per_requests=4),
+    Scenario(f"hybrid full + SWA(64), {SWA_PROMPT}",
+             "Hybrid coordinator: hits valid for both groups; the sliding-window group nulls "
+             "and frees blocks leaving its 64-token window as the request advances.",
+             groups=("full", 64), shared_len=96, decode=32),
+    Scenario("hybrid full + SWA(64), kvcore verify_hits",
+             "As the SWA(64) row, with kvcore proving every hit (vLLM unverified).",
+             groups=("full", 64), shared_len=96, decode=32, verify=True),
+    Scenario("hybrid full + SWA(512), 1024-token prompts, 32 decode",
+             "A window inside long prompts (768 shared + 256 unique tokens): a sliding-window "
+             "hit must cover the 512-token window; blocks before the window are nulled and "
+             "freed.",
+             groups=("full", 512), prompt_len=1024, shared_len=768, decode=32, per_requests=8),
+    Scenario("Gemma-3-like full + 5 SWA(1024), 2048-token prompts, 32 decode",
+             "Six groups, as vLLM groups Gemma-3's 5:1 sliding/full layers (equal specs per "
+             "group), 1536 shared + 512 unique tokens: hits agreed by six groups, six block "
+             "tables grown and trimmed.",
+             groups=("full", 1024, 1024, 1024, 1024, 1024), prompt_len=2048, shared_len=1536,
+             decode=32, num_blocks=8192, per_requests=16),
+    Scenario("8k-token prompts, hashing timed",
+             "Hashing-bound: unique prompts whose 512 blocks are hashed inside the timed region "
+             "(requests built unhashed), then looked up, allocated, cached and freed.",
+             prompt_len=8192, hash_timed=True, per_requests=32),
+    Scenario("32k-token prompts, hashing timed",
+             "Hashing-bound, as the 8k row with 2,048 blocks per request.",
+             prompt_len=32768, hash_timed=True, per_requests=128, num_blocks=8192,
+             max_model_len=40960),
+    Scenario("eviction-heavy: 2048 prefixes, 256-block pool",
+             "Prompts draw one of 2,048 distinct 96-token prefixes (+32 unique tokens): 12,288 "
+             "blocks of distinct cached prefixes against 255 usable blocks, so lookups mostly "
+             "miss and nearly every allocation evicts cached blocks.",
+             shared_len=96, num_prefixes=2048, num_blocks=256),
+)
+BY_NAME = {s.name: s for s in SCENARIOS}
 
-    manager: Any
 
-    def __init__(self, groups: tuple[str, ...], caching: bool, verify: bool = False) -> None:
-        raise NotImplementedError
+def make_prompts(sc: Scenario, n: int, rng: random.Random) -> list[list[int]]:
+    def draw(k: int) -> list[int]:
+        return [rng.randrange(1, VOCAB) for _ in range(k)]
 
-    def make_request(self, rid: str, tokens: list[int]) -> Any:
-        raise NotImplementedError
+    prefixes = [draw(sc.shared_len) for _ in range(sc.num_prefixes)]
+    tail = sc.prompt_len - sc.shared_len
+    return [prefixes[rng.randrange(len(prefixes))] + draw(tail) for _ in range(n)]
 
-    def lookup(self, req: Any) -> tuple[Any, int]:
-        raise NotImplementedError
 
-    def cycle_fn(self) -> Callable[[Any, int], None]:
-        m, lookup = self.manager, self.lookup
+def serial_loop(side: Side, reqs: list[Any], sc: Scenario) -> Callable[[], dict[str, Any]]:
+    """Requests one after another: lookup, prompt allocation, stats, decode, free."""
 
-        def cycle(req: Any, decode_steps: int) -> None:
-            blocks, hit = lookup(req)
-            if m.allocate_slots(req, req.num_tokens - hit, hit, blocks) is None:
-                raise RuntimeError("allocation failed")
-            m.record_prefix_cache_stats(req, hit)  # as a scheduler does after admission
+    def run() -> dict[str, Any]:
+        m = side.manager
+        lookup, alloc = side.lookup, m.allocate_slots
+        record, free = m.record_prefix_cache_stats, m.free
+        hash_request = side.hash_request if sc.hash_timed else None
+        decode = sc.decode
+        hit_tokens = 0
+        for req in reqs:
+            if hash_request is not None:
+                hash_request(req)
+            found = lookup(req)
+            hit = found[1]
+            if alloc(req, req.num_tokens - hit, hit, found[0]) is None:
+                raise RuntimeError(f"{req.request_id}: the prompt did not fit the pool")
+            record(req, hit)
+            hit_tokens += hit
             req.num_computed_tokens = req.num_tokens
-            for t in range(decode_steps):
+            for t in range(decode):
                 req.append_output_token_ids(t)
-                m.allocate_slots(req, 1)
+                if alloc(req, 1) is None:
+                    raise RuntimeError(f"{req.request_id}: a decode slot did not fit the pool")
                 req.num_computed_tokens += 1
-            m.free(req)
+            free(req)
+        return {"hit_tokens": hit_tokens}
 
-        return cycle
-
-
-class KvcoreSide(_Side):
-    def __init__(self, groups: tuple[str, ...], caching: bool, verify: bool = False) -> None:
-        import torch
-
-        from kvcore.manager import KVCacheManager
-        from kvcore.specs import FullAttentionSpec, KVCacheConfig, KVCacheGroup, SlidingWindowSpec
-
-        common = dict(block_size=BLOCK_SIZE, num_kv_heads=8, head_size=128, dtype=torch.float16)
-        specs = [FullAttentionSpec(**common) if g == "full"  # type: ignore[arg-type]
-                 else SlidingWindowSpec(sliding_window=WINDOW, **common)  # type: ignore[arg-type]
-                 for g in groups]
-        config = KVCacheConfig(NUM_BLOCKS, tuple(KVCacheGroup((f"l{i}",), s)
-                                                 for i, s in enumerate(specs)))
-        self.manager = KVCacheManager(config, MAX_MODEL_LEN, enable_caching=caching,
-                                      hash_algo="xxh3_128", verify_hits=verify)
-
-    def make_request(self, rid: str, tokens: list[int]) -> Any:
-        return self.manager.make_request(rid, tokens)
-
-    def lookup(self, req: Any) -> tuple[Any, int]:
-        return self.manager.get_computed_blocks(req)
+    return run
 
 
-class VllmSide(_Side):
-    def __init__(self, groups: tuple[str, ...], caching: bool, verify: bool = False) -> None:
-        import torch
-        from vllm.utils.hashing import get_hash_fn_by_name
-        from vllm.v1.core.kv_cache_manager import KVCacheManager
-        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-        from vllm.v1.kv_cache_interface import (
-            FullAttentionSpec,
-            KVCacheConfig,
-            KVCacheGroupSpec,
-            SlidingWindowSpec,
-        )
+def preempting_loop(side: Side, reqs: list[Any], sc: Scenario) -> Callable[[], dict[str, Any]]:
+    """A vLLM-scheduler-style step loop with recompute preemption (no token budget).
 
-        common = dict(block_size=BLOCK_SIZE, num_kv_heads=8, head_size=128, dtype=torch.float16)
-        specs = [FullAttentionSpec(**common) if g == "full"
-                 else SlidingWindowSpec(sliding_window=WINDOW, **common) for g in groups]
-        config = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[],
-                               kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s)
-                                                for i, s in enumerate(specs)])
-        fn = get_hash_fn_by_name("xxhash")
-        init_none_hash(fn)
-        self.hasher = get_request_block_hasher(BLOCK_SIZE, fn)
-        self.manager = KVCacheManager(config, MAX_MODEL_LEN, scheduler_block_size=BLOCK_SIZE,
-                                      hash_block_size=BLOCK_SIZE, enable_caching=caching,
-                                      log_stats=True)
-        from vllm.sampling_params import SamplingParams
-        from vllm.v1.request import Request
+    Each step: every running request gets a slot for its newest token; when that fails the
+    latest admitted running request is preempted (freed, ``num_computed_tokens = 0``, back to the
+    front of the waiting queue) and the allocation retried, until it fits or the request itself
+    was preempted.  In steps that preempted nobody, waiting requests are admitted in order (prefix
+    lookup, allocation of all their tokens, stats) while fewer than ``max_running`` run and
+    allocation succeeds.  Then the step "runs": each scheduled request has all its tokens
+    computed and either finishes (``decode`` output tokens, freed) or samples one more token.
+    """
 
-        self._params = SamplingParams(max_tokens=64)
-        self._request_cls = Request
+    def run() -> dict[str, Any]:
+        m = side.manager
+        lookup, alloc = side.lookup, m.allocate_slots
+        record, free = m.record_prefix_cache_stats, m.free
+        decode, max_running = sc.decode, sc.max_running
+        waiting: deque[Any] = deque(reqs)
+        running: list[Any] = []
+        hit_tokens = preemptions = steps = 0
+        step_limit = 10 * len(reqs) * (decode + 2)
+        while waiting or running:
+            steps += 1
+            if steps > step_limit:
+                raise RuntimeError("the preempting loop made no progress")
+            preempted = False
+            i = 0
+            while i < len(running):
+                req = running[i]
+                if alloc(req, 1) is not None:
+                    i += 1
+                    continue
+                victim = running.pop()
+                free(victim)
+                victim.num_computed_tokens = 0
+                victim.num_preemptions += 1
+                waiting.appendleft(victim)
+                preemptions += 1
+                preempted = True
+            if not preempted:
+                while waiting and len(running) < max_running:
+                    req = waiting[0]
+                    found = lookup(req)
+                    hit = found[1]
+                    if alloc(req, req.num_tokens - hit, hit, found[0]) is None:
+                        if not running:
+                            raise RuntimeError(f"{req.request_id} does not fit an empty pool")
+                        break
+                    waiting.popleft()
+                    record(req, hit)
+                    hit_tokens += hit
+                    running.append(req)
+            still: list[Any] = []
+            for req in running:
+                req.num_computed_tokens = req.num_tokens
+                if req.num_output_tokens >= decode:
+                    free(req)
+                else:
+                    req.append_output_token_ids(req.num_output_tokens + 1)
+                    still.append(req)
+            running = still
+        return {"hit_tokens": hit_tokens, "preemptions": preemptions, "steps": steps}
 
-    def make_request(self, rid: str, tokens: list[int]) -> Any:
-        return self._request_cls(rid, tokens, self._params, None, block_hasher=self.hasher)
-
-    def lookup(self, req: Any) -> tuple[Any, int]:
-        blocks, hit, _ = self.manager.get_computed_blocks(req)  # vLLM 0.32 returns 3 values
-        return blocks, hit
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--impl", choices=["kvcore", "vllm"], required=True)
-    ap.add_argument("--requests", type=int, default=2000)
-    ap.add_argument("--repeats", type=int, default=5)
-    args = ap.parse_args()
-    side_cls: type[_Side] = KvcoreSide if args.impl == "kvcore" else VllmSide
-    out = []
-    for name, (groups, caching, kind, decode_steps, verify) in SCENARIOS.items():
-        samples = []
-        for rep in range(args.repeats):
-            side = side_cls(groups, caching, verify)
-            rng = random.Random(rep)
-            reqs = [side.make_request(f"r{i}", p)
-                    for i, p in enumerate(prompts(kind, args.requests, rng))]
-            cycle = side.cycle_fn()
-            gc.collect()
-            gc.disable()
-            t0 = time.perf_counter_ns()
-            for req in reqs:
-                cycle(req, decode_steps)
-            elapsed = time.perf_counter_ns() - t0
-            gc.enable()
-            samples.append(elapsed / 1e3 / len(reqs))
-        out.append({"scenario": name, "us_per_cycle": statistics.median(samples),
-                    "samples": samples, "decode_steps": decode_steps})
-    print(json.dumps(out))
+    return run
 
 
-if __name__ == "__main__":
-    main()
+def cases(impl: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    requests = int(params.get("requests", DEFAULT_REQUESTS))
+    return [{"name": s.name, "doc": s.doc, "verify_hits": s.verify, "hash_timed": s.hash_timed,
+             "requests": s.num_requests(requests), "decode_steps": s.decode}
+            for s in SCENARIOS]
+
+
+def measure(impl: str, case: str, params: dict[str, Any], repeat: int,
+            warmup: bool = False) -> Sample:
+    """Build a fresh manager and the requests of ``case`` (untimed), then time the loop.
+    A warm-up runs an eighth of the requests (imports, first-call paths, adaptive bytecode)."""
+    if case not in BY_NAME:
+        raise KeyError(f"unknown scenario {case!r}")
+    sc = BY_NAME[case]
+    n = sc.num_requests(int(params.get("requests", DEFAULT_REQUESTS)))
+    if warmup:
+        n = max(2, n // 8)
+    side = make_side(impl, sc.groups, sc.num_blocks, sc.max_model_len, sc.caching, sc.verify)
+    rng = random.Random(f"{sc.name}/{repeat}/{warmup}")
+    reqs = [side.make_request(f"r{i}", p, hashed=not sc.hash_timed)
+            for i, p in enumerate(make_prompts(sc, n, rng))]
+    loop = preempting_loop if sc.max_running else serial_loop
+    return cpu_timed(loop(side, reqs, sc), n)

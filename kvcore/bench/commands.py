@@ -1,0 +1,220 @@
+"""The measured benchmarks (``pool``, ``hash``, ``manager``): which workers run, which cases,
+and the tables they print.  The measuring itself is :mod:`kvcore.bench.workers`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvcore.bench.peer import compiled_python, peer_python
+from kvcore.bench.table import fmt, ratio, render
+from kvcore.bench.workers import (
+    CaseSamples,
+    Spread,
+    WorkerSpec,
+    list_cases,
+    per_unit,
+    run_interleaved,
+    select_cases,
+    spread,
+    start_workers,
+    work_mismatches,
+)
+
+KVCORE, VLLM, COMPILED = "kvcore", "vLLM", "compiled"
+MIN_REPEATS = 5
+
+
+def worker_specs(no_peer: bool, compiled: str | None) -> tuple[list[WorkerSpec], list[str]]:
+    """kvcore from this source tree, the vLLM peer (unless ``no_peer``), and a compiled kvcore
+    when ``compiled`` names its interpreter; plus notes on what is missing."""
+    specs = [WorkerSpec(KVCORE, "kvcore", sys.executable, with_repo=True, expect="source")]
+    notes = []
+    if not no_peer:
+        py = peer_python()
+        if py is None:
+            notes.append("vLLM peer not found: build it with `bash scripts/peer_vllm.sh` or set "
+                         "KVCORE_PEER_PYTHON")
+        else:
+            specs.append(WorkerSpec(VLLM, "vllm", str(py)))
+    if compiled:
+        specs.append(WorkerSpec(COMPILED, "kvcore", compiled, expect="compiled"))
+    return specs, notes
+
+
+@dataclass
+class Run:
+    """One benchmark's outcome: who ran, every sample, and notes for the reader."""
+
+    command: str
+    params: dict[str, Any]
+    repeats: int
+    workers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    results: list[CaseSamples] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self.workers)
+
+    def spreads(self, label: str, scale: float = 1.0,
+                invert: bool = False) -> dict[str, Spread]:
+        """Per case name: median, min and max over repeats of ``label``'s ns per unit times
+        ``scale`` (or, with ``invert``, units per ns times ``scale``)."""
+        out = {}
+        for res in self.results:
+            samples = res.samples.get(label)
+            if samples:
+                values = [1.0 / per_unit(s) * scale if invert else per_unit(s, scale)
+                          for s in samples]
+                out[res.name] = spread(values)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"command": self.command, "params": self.params, "repeats": self.repeats,
+                "workers": self.workers, "notes": self.notes,
+                "cases": [{"case": r.case, "samples": r.samples} for r in self.results]}
+
+
+def measure(args: argparse.Namespace, workload: str, params: dict[str, Any], repeats: int,
+            patterns: str | None = None, warmup: bool = False) -> Run:
+    specs, notes = worker_specs(args.no_peer, compiled_python(args.compiled_python))
+    workers, start_notes = start_workers(specs, optional=(VLLM,))
+    run = Run(workload, params, repeats, {w.label: w.hello for w in workers}, [],
+              notes + start_notes)
+    try:
+        cases = select_cases(list_cases(workers, workload, params), patterns)
+        run.results = run_interleaved(workers, workload, cases, params, repeats, warmup,
+                                      progress=lambda line: print(line, file=sys.stderr,
+                                                                  flush=True))
+    finally:
+        for w in workers:
+            w.close()
+    for res in run.results:
+        run.notes += [f"different work done: {m}" for m in work_mismatches(res)]
+    return run
+
+
+def _print_footer(run: Run) -> None:
+    print()
+    for label, hello in run.workers.items():
+        version = hello.get("vllm_version") or hello.get("python_version")
+        print(f"{label}: {hello.get('module')} ({hello.get('python')}, {version})")
+    for note in run.notes:
+        print(f"note: {note}")
+
+
+def _value(s: Spread | None, digits: int) -> str:
+    return fmt(s.median if s else None, digits)
+
+
+def _range_cell(s: Spread | None, digits: int) -> str:
+    if s is None:
+        return "n/a"
+    return f"{fmt(s.median, digits)} ({fmt(s.low, digits)}–{fmt(s.high, digits)})"
+
+
+def _ratio(a: Spread | None, b: Spread | None) -> str:
+    return ratio(a.median if a else None, b.median if b else None)
+
+
+def bench_pool(args: argparse.Namespace) -> Run:
+    params = {"pool_sizes": args.pool_sizes, "batch_sizes": args.batch_sizes}
+    run = measure(args, "pool", params, args.repeats)
+    ours, peer, comp = (run.spreads(label) for label in (KVCORE, VLLM, COMPILED))
+    compiled = COMPILED in run.workers
+    rows = []
+    for res in run.results:
+        c, n = res.case, res.name
+        row = [c["op"], f"{c['pool_size']:,}", str(c["batch"]), _value(ours.get(n), 1),
+               _value(peer.get(n), 1), _ratio(ours.get(n), peer.get(n))]
+        if compiled:
+            row += [_value(comp.get(n), 1), _ratio(comp.get(n), peer.get(n))]
+        rows.append(row)
+    headers = ["op", "pool blocks", "batch", "kvcore ns/block", "vLLM ns/block", "kvcore/vLLM"]
+    if compiled:
+        headers += ["compiled ns/block", "compiled/vLLM"]
+    print(render(headers, rows, title="BlockPool: ns per block (median; wall-clock sections)"))
+    # O(1) evidence: cost at the largest pool relative to the smallest, per op and batch.
+    by = {(r.case["op"], r.case["pool_size"], r.case["batch"]): ours.get(r.name)
+          for r in run.results}
+    sizes = sorted({r.case["pool_size"] for r in run.results})
+    if len(sizes) > 1:
+        scale_rows = []
+        for op in dict.fromkeys(r.case["op"] for r in run.results):
+            for batch in sorted({r.case["batch"] for r in run.results}):
+                lo, hi = by.get((op, sizes[0], batch)), by.get((op, sizes[-1], batch))
+                if lo and hi:
+                    scale_rows.append([op, str(batch), f"{hi.median / lo.median:.2f}x"])
+        print()
+        print(render(["op", "batch", f"{sizes[-1]:,} vs {sizes[0]:,} blocks"], scale_rows,
+                     title="kvcore scaling with pool size (1.00x = flat)"))
+    _print_footer(run)
+    return run
+
+
+def bench_hash(args: argparse.Namespace) -> Run:
+    params = {"block_sizes": args.block_sizes, "num_tokens": args.num_tokens}
+    run = measure(args, "hash", params, args.repeats)
+    # million tokens per second of thread CPU time
+    ours, peer, comp = (run.spreads(label, 1e3, invert=True)
+                        for label in (KVCORE, VLLM, COMPILED))
+    compiled = COMPILED in run.workers
+    rows = []
+    for res in run.results:
+        c, n = res.case, res.name
+        o, p, k = ours.get(n), peer.get(n), comp.get(n)
+        row = [c["algorithm"], str(c["block_size"]), _value(o, 2),
+               c["peer_algorithm"] if p else "n/a", _value(p, 2),
+               ratio(p.median, o.median) if p and o else "n/a"]
+        if compiled:
+            row += [_value(k, 2), ratio(p.median, k.median) if p and k else "n/a"]
+        rows.append(row)
+    headers = ["algorithm", "block size", "kvcore Mtok/s", "vLLM algo", "vLLM Mtok/s",
+               "kvcore time/vLLM time"]
+    if compiled:
+        headers += ["compiled Mtok/s", "compiled time/vLLM time"]
+    print(render(headers, rows, title="Request block hashing: million tokens per second of "
+                                      "CPU time (median)"))
+    _print_footer(run)
+    return run
+
+
+def bench_manager(args: argparse.Namespace) -> Run:
+    params = {"requests": args.requests}
+    run = measure(args, "manager", params, args.repeats, patterns=args.scenarios,
+                  warmup=not args.quick)
+    ours, peer, comp = (run.spreads(label, 1e-3) for label in (KVCORE, VLLM, COMPILED))
+    compiled = COMPILED in run.workers
+    rows = []
+    for res in run.results:
+        n = res.name
+        row = [n, _range_cell(ours.get(n), 2), _range_cell(peer.get(n), 2),
+               _ratio(ours.get(n), peer.get(n))]
+        if compiled:
+            row += [_range_cell(comp.get(n), 2), _ratio(comp.get(n), peer.get(n))]
+        rows.append(row)
+    headers = ["scenario", "kvcore pure µs/cycle", "vLLM µs/cycle", "pure/vLLM"]
+    if compiled:
+        headers += ["compiled µs/cycle", "compiled/vLLM"]
+    print(render(headers, rows, title=(
+        f"KVCacheManager: µs of CPU time per request cycle, median (min–max) of {args.repeats} "
+        f"interleaved repeats, --requests {args.requests}")))
+    _print_footer(run)
+    return run
+
+
+def list_scenarios() -> None:
+    """Print the manager scenarios and what each exercises (read from the workload module,
+    which is the file every worker runs)."""
+    from kvcore.bench.workloads.manager_cycle import SCENARIOS
+
+    for s in SCENARIOS:
+        print(f"{s.name}\n    {s.doc}")
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], Run]] = {
+    "pool": bench_pool, "hash": bench_hash, "manager": bench_manager}
