@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import stat
 import sys
 from pathlib import Path
@@ -34,7 +35,7 @@ from kvcore.bench.workers import (
 from kvcore.bench.workloads import hash_ops, manager_cycle, pool_ops
 from kvcore.bench.workloads.worker import StartupError, serve, startup
 
-KVCORE_SPEC = WorkerSpec("kvcore", "kvcore", sys.executable, with_repo=True, expect="source")
+KVCORE_SPEC = WorkerSpec("kvcore", "kvcore", sys.executable, source=REPO_ROOT, expect="source")
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -275,6 +276,24 @@ def test_manager_compiled_column_with_a_fake_compiled_build(
     assert rc == 0, err
     assert "compiled µs/cycle" in out and "compiled/vLLM" in out
     assert f"compiled: {tmp_path / 'stub' / 'kvcore' / '__init__.py'}" in out
+
+
+def test_baseline_tree_adds_a_column_and_a_ratio(capsys: pytest.CaptureFixture[str]) -> None:
+    # The repository itself as its own baseline: same code, so the same work is done.
+    rc, out, err = _run(capsys, "--no-peer", "manager", "--baseline", str(REPO_ROOT), "--quick",
+                        "--repeats", "1", "--requests", "4", "--scenarios", "caching off")
+    assert rc == 0, err
+    assert "baseline µs/cycle" in out and "kvcore/baseline" in out
+    assert f"baseline: {REPO_ROOT / 'kvcore' / '__init__.py'}" in out
+    assert "different work" not in out
+    row = next(line for line in out.splitlines() if line.startswith("caching off"))
+    assert re.search(r"\d+\.\d+ \(.*\)\s+\d+\.\d\dx$", row.rstrip()), row  # figure, ratio
+
+
+def test_baseline_must_be_a_kvcore_tree(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = _run(capsys, "--no-peer", "hash", "--baseline", str(tmp_path))
+    assert rc == 2 and "not a kvcore source tree" in err and str(tmp_path) in err
 
 
 def test_manager_refuses_few_repeats(capsys: pytest.CaptureFixture[str]) -> None:

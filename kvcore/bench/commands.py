@@ -7,11 +7,13 @@ import argparse
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kvcore.bench.peer import compiled_python, peer_python
 from kvcore.bench.table import fmt, ratio, render
 from kvcore.bench.workers import (
+    REPO_ROOT,
     CaseSamples,
     Spread,
     WorkerSpec,
@@ -24,14 +26,16 @@ from kvcore.bench.workers import (
     work_mismatches,
 )
 
-KVCORE, VLLM, COMPILED = "kvcore", "vLLM", "compiled"
+KVCORE, VLLM, COMPILED, BASELINE = "kvcore", "vLLM", "compiled", "baseline"
 MIN_REPEATS = 5
 
 
-def worker_specs(no_peer: bool, compiled: str | None) -> tuple[list[WorkerSpec], list[str]]:
-    """kvcore from this source tree, the vLLM peer (unless ``no_peer``), and a compiled kvcore
-    when ``compiled`` names its interpreter; plus notes on what is missing."""
-    specs = [WorkerSpec(KVCORE, "kvcore", sys.executable, with_repo=True, expect="source")]
+def worker_specs(no_peer: bool, compiled: str | None,
+                 baseline: str | None = None) -> tuple[list[WorkerSpec], list[str]]:
+    """kvcore from this source tree, the vLLM peer (unless ``no_peer``), a compiled kvcore when
+    ``compiled`` names its interpreter, and another kvcore source tree when ``baseline`` names
+    one (e.g. a ``git worktree`` of an earlier commit); plus notes on what is missing."""
+    specs = [WorkerSpec(KVCORE, "kvcore", sys.executable, source=REPO_ROOT, expect="source")]
     notes = []
     if not no_peer:
         py = peer_python()
@@ -42,6 +46,13 @@ def worker_specs(no_peer: bool, compiled: str | None) -> tuple[list[WorkerSpec],
             specs.append(WorkerSpec(VLLM, "vllm", str(py)))
     if compiled:
         specs.append(WorkerSpec(COMPILED, "kvcore", compiled, expect="compiled"))
+    if baseline:
+        tree = Path(baseline).resolve()
+        if not (tree / "kvcore" / "__init__.py").is_file():
+            raise ValueError(f"--baseline {baseline!r} is not a kvcore source tree "
+                             "(no kvcore/__init__.py in it)")
+        specs.append(WorkerSpec(BASELINE, "kvcore", sys.executable, source=tree,
+                                expect="source"))
     return specs, notes
 
 
@@ -81,7 +92,8 @@ class Run:
 
 def measure(args: argparse.Namespace, workload: str, params: dict[str, Any], repeats: int,
             patterns: str | None = None, warmup: bool = False) -> Run:
-    specs, notes = worker_specs(args.no_peer, compiled_python(args.compiled_python))
+    specs, notes = worker_specs(args.no_peer, compiled_python(args.compiled_python),
+                                args.baseline)
     workers, start_notes = start_workers(specs, optional=(VLLM,))
     run = Run(workload, params, repeats, {w.label: w.hello for w in workers}, [],
               notes + start_notes)
@@ -121,22 +133,50 @@ def _ratio(a: Spread | None, b: Spread | None) -> str:
     return ratio(a.median if a else None, b.median if b else None)
 
 
+@dataclass(frozen=True)
+class _Extra:
+    """Two more columns for a worker beyond kvcore and vLLM (compiled kvcore, a baseline tree):
+    its figure, and a time ratio ``num/den`` (compiled vs vLLM; this tree vs the baseline)."""
+
+    label: str
+    figure: dict[str, Spread]
+    num: dict[str, Spread]
+    den: dict[str, Spread]
+    ratio_header: str
+
+    def cells(self, case: str, cell: Callable[[Spread | None], str]) -> list[str]:
+        return [cell(self.figure.get(case)), _ratio(self.num.get(case), self.den.get(case))]
+
+
+def _extras(run: Run, scale: float = 1.0, invert: bool = False) -> list[_Extra]:
+    """The extra column pairs ``run`` has, with figures as ``Run.spreads(scale, invert)``."""
+    times = {label: run.spreads(label) for label in run.labels}
+    out = []
+    if COMPILED in run.workers:
+        out.append(_Extra(COMPILED, run.spreads(COMPILED, scale, invert), times[COMPILED],
+                          times.get(VLLM, {}), "compiled/vLLM"))
+    if BASELINE in run.workers:
+        out.append(_Extra(BASELINE, run.spreads(BASELINE, scale, invert), times[KVCORE],
+                          times[BASELINE], "kvcore/baseline"))
+    return out
+
+
 def bench_pool(args: argparse.Namespace) -> Run:
     params = {"pool_sizes": args.pool_sizes, "batch_sizes": args.batch_sizes}
     run = measure(args, "pool", params, args.repeats)
-    ours, peer, comp = (run.spreads(label) for label in (KVCORE, VLLM, COMPILED))
-    compiled = COMPILED in run.workers
+    ours, peer = run.spreads(KVCORE), run.spreads(VLLM)
+    extras = _extras(run)
     rows = []
     for res in run.results:
         c, n = res.case, res.name
         row = [c["op"], f"{c['pool_size']:,}", str(c["batch"]), _value(ours.get(n), 1),
                _value(peer.get(n), 1), _ratio(ours.get(n), peer.get(n))]
-        if compiled:
-            row += [_value(comp.get(n), 1), _ratio(comp.get(n), peer.get(n))]
+        for extra in extras:
+            row += extra.cells(n, lambda s: _value(s, 1))
         rows.append(row)
     headers = ["op", "pool blocks", "batch", "kvcore ns/block", "vLLM ns/block", "kvcore/vLLM"]
-    if compiled:
-        headers += ["compiled ns/block", "compiled/vLLM"]
+    for extra in extras:
+        headers += [f"{extra.label} ns/block", extra.ratio_header]
     print(render(headers, rows, title="BlockPool: ns per block (median; wall-clock sections)"))
     # O(1) evidence: cost at the largest pool relative to the smallest, per op and batch.
     by = {(r.case["op"], r.case["pool_size"], r.case["batch"]): ours.get(r.name)
@@ -159,26 +199,27 @@ def bench_pool(args: argparse.Namespace) -> Run:
 def bench_hash(args: argparse.Namespace) -> Run:
     params = {"block_sizes": args.block_sizes, "num_tokens": args.num_tokens}
     run = measure(args, "hash", params, args.repeats)
-    # million tokens per second of thread CPU time
-    ours, peer, comp = (run.spreads(label, 1e3, invert=True)
-                        for label in (KVCORE, VLLM, COMPILED))
-    compiled = COMPILED in run.workers
+    # million tokens per second of thread CPU time; ratios are of time per token
+    ours, peer = (run.spreads(label, 1e3, invert=True) for label in (KVCORE, VLLM))
+    times = {label: run.spreads(label) for label in (KVCORE, VLLM)}
+    extras = _extras(run, 1e3, invert=True)
     rows = []
     for res in run.results:
         c, n = res.case, res.name
-        o, p, k = ours.get(n), peer.get(n), comp.get(n)
-        row = [c["algorithm"], str(c["block_size"]), _value(o, 2),
-               c["peer_algorithm"] if p else "n/a", _value(p, 2),
-               ratio(p.median, o.median) if p and o else "n/a"]
-        if compiled:
-            row += [_value(k, 2), ratio(p.median, k.median) if p and k else "n/a"]
+        p = peer.get(n)
+        row = [c["algorithm"], str(c["block_size"]), _range_cell(ours.get(n), 2),
+               c["peer_algorithm"] if p else "n/a", _range_cell(p, 2),
+               _ratio(times[KVCORE].get(n), times[VLLM].get(n))]
+        for extra in extras:
+            row += extra.cells(n, lambda s: _range_cell(s, 2))
         rows.append(row)
     headers = ["algorithm", "block size", "kvcore Mtok/s", "vLLM algo", "vLLM Mtok/s",
                "kvcore time/vLLM time"]
-    if compiled:
-        headers += ["compiled Mtok/s", "compiled time/vLLM time"]
-    print(render(headers, rows, title="Request block hashing: million tokens per second of "
-                                      "CPU time (median)"))
+    for extra in extras:
+        headers += [f"{extra.label} Mtok/s", extra.ratio_header]
+    print(render(headers, rows, title=(
+        "Request block hashing: million tokens per second of CPU time, median (min–max) of "
+        f"{args.repeats} interleaved repeats")))
     _print_footer(run)
     return run
 
@@ -187,19 +228,19 @@ def bench_manager(args: argparse.Namespace) -> Run:
     params = {"requests": args.requests}
     run = measure(args, "manager", params, args.repeats, patterns=args.scenarios,
                   warmup=not args.quick)
-    ours, peer, comp = (run.spreads(label, 1e-3) for label in (KVCORE, VLLM, COMPILED))
-    compiled = COMPILED in run.workers
+    ours, peer = (run.spreads(label, 1e-3) for label in (KVCORE, VLLM))
+    extras = _extras(run, 1e-3)
     rows = []
     for res in run.results:
         n = res.name
         row = [n, _range_cell(ours.get(n), 2), _range_cell(peer.get(n), 2),
                _ratio(ours.get(n), peer.get(n))]
-        if compiled:
-            row += [_range_cell(comp.get(n), 2), _ratio(comp.get(n), peer.get(n))]
+        for extra in extras:
+            row += extra.cells(n, lambda s: _range_cell(s, 2))
         rows.append(row)
     headers = ["scenario", "kvcore pure µs/cycle", "vLLM µs/cycle", "pure/vLLM"]
-    if compiled:
-        headers += ["compiled µs/cycle", "compiled/vLLM"]
+    for extra in extras:
+        headers += [f"{extra.label} µs/cycle", extra.ratio_header]
     print(render(headers, rows, title=(
         f"KVCacheManager: µs of CPU time per request cycle, median (min–max) of {args.repeats} "
         f"interleaved repeats, --requests {args.requests}")))

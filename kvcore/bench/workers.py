@@ -41,16 +41,17 @@ class WorkerError(RuntimeError):
 class WorkerSpec:
     """One implementation under test.
 
-    ``label`` names its column; ``impl`` is "kvcore" or "vllm"; ``with_repo`` puts the repository
-    first on ``PYTHONPATH`` (kvcore from source); every other worker gets the repository removed
-    from ``PYTHONPATH`` so it imports what its interpreter has installed.  ``expect`` is the
+    ``label`` names its column; ``impl`` is "kvcore" or "vllm"; ``source`` is a kvcore source tree
+    put first on ``PYTHONPATH`` (this repository, or a baseline checkout); every worker gets this
+    repository removed from ``PYTHONPATH`` otherwise, so one without ``source`` imports what its
+    interpreter has installed.  ``expect`` is the
     worker's start-up check: "source" (kvcore must not be compiled), "compiled" (it must be:
     ``kvcore.__compiled__ is True``) or None."""
 
     label: str
     impl: str
     python: str
-    with_repo: bool = False
+    source: Path | None = None
     expect: str | None = None
 
     def env(self) -> dict[str, str]:
@@ -59,8 +60,8 @@ class WorkerSpec:
         env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                  if p and not _is_repo_root(p)]
-        if self.with_repo:
-            parts.insert(0, str(REPO_ROOT))
+        if self.source is not None:
+            parts.insert(0, str(self.source))
         if parts:
             env["PYTHONPATH"] = os.pathsep.join(parts)
         else:
