@@ -84,6 +84,13 @@ def _counts(num_new_tokens: int, num_new_computed_tokens: int, num_lookahead_tok
             num_external_computed_tokens: int,
             num_encoder_tokens: int) -> tuple[int, int, int, int, int]:
     """``allocate_slots``'s token counts as plain ints (see ``_count``)."""
+    if (num_new_tokens.__class__ is int and num_new_tokens >= 0
+            and num_new_computed_tokens.__class__ is int and num_new_computed_tokens >= 0
+            and num_lookahead_tokens.__class__ is int and num_lookahead_tokens >= 0
+            and num_external_computed_tokens.__class__ is int and num_external_computed_tokens >= 0
+            and num_encoder_tokens.__class__ is int and num_encoder_tokens >= 0):
+        return (num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
+                num_external_computed_tokens, num_encoder_tokens)  # plain ints: nothing to do
     return (_count("num_new_tokens", num_new_tokens),
             _count("num_new_computed_tokens", num_new_computed_tokens),
             _count("num_lookahead_tokens", num_lookahead_tokens),

@@ -139,10 +139,11 @@ class KVCacheCoordinator:
                 return None
         # Phase 2: every group grows to its size.
         if need:
-            encoder = self._encoder
-            new_blocks = tuple(
-                m.allocate_new_blocks(rid, num_encoder_tokens if encoder[i] else num_slots)
-                for i, m in enumerate(managers))
+            grown = []
+            for m, sized_by_encoder in zip(managers, self._encoder):
+                grown.append(m.allocate_new_blocks(
+                    rid, num_encoder_tokens if sized_by_encoder else num_slots))
+            new_blocks = tuple(grown)
         else:
             new_blocks = self.no_blocks
         if num_tokens_to_cache is not None:

@@ -23,7 +23,7 @@ class UnitaryCoordinator(KVCacheCoordinator):
         super().__init__(config, enable_caching=True, enable_events=enable_events,
                          verify_hits=verify_hits, alignment_tokens=config.groups[0].spec.block_size,
                          use_eagle=use_eagle, manager_classes=manager_classes)
-        m = self.managers[0]
+        self._manager = m = self.managers[0]
         # One query reused by every lookup (lookups are not reentrant): building a fresh one
         # would cost more than a short hit itself.
         self._query = HitQuery((), 0, (0,), self.pool, m.spec, m.block_size,
@@ -31,7 +31,7 @@ class UnitaryCoordinator(KVCacheCoordinator):
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int,
                                verifier: HitVerifier | None) -> tuple[GroupBlocks, int]:
-        m = self.managers[0]
+        m = self._manager
         if not m.enable_caching:
             return ([],), 0
         query = self._query
