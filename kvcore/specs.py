@@ -254,7 +254,14 @@ _CHUNKED = {"chunked_attention"}
 
 
 def layer_attention_types(hf_config: Any, num_layers: int) -> list[str]:
-    """Per-layer attention type: ``full``, ``sliding`` or ``chunked``."""
+    """Per-layer attention type: ``full``, ``sliding`` or ``chunked``.
+
+    Read from ``config.layer_types`` wherever the config declares it: transformers computes it
+    (from ``use_sliding_window``/``max_window_layers``, ``sliding_window_pattern``,
+    ``no_rope_layers`` and the like) for Gemma-2, Gemma-3, Cohere2, Qwen2, Qwen3 and Llama-4
+    since 4.53, for GPT-OSS since its first release (4.55) and for Qwen2-MoE since 5.0, and a
+    ``config.json`` that lists it gives it to any version.  Only configs without it take
+    :func:`_derived_layer_types`."""
     declared = getattr(hf_config, "layer_types", None)
     if declared:
         out = []
@@ -271,21 +278,48 @@ def layer_attention_types(hf_config: Any, num_layers: int) -> list[str]:
             raise InvalidArgumentError(
                 f"config.layer_types has {len(declared)} entries for {num_layers} layers")
         return out
+    return _derived_layer_types(hf_config, num_layers)
+
+
+def _derived_layer_types(hf_config: Any, num_layers: int) -> list[str]:
+    """Layer types of a config without ``layer_types``, as transformers' modeling code derives
+    them.  Only needed for transformers 4.45-4.52 (Gemma-2, Gemma-3, Cohere2, Qwen2, Qwen3,
+    Llama-4: the pattern lived in the modeling code), Qwen2-MoE before 5.0, Qwen3-MoE (no
+    version declares it) and hand-made configs.  Llama, Mistral, Mixtral and the like never
+    declare it: their layers are all alike (``sliding_window``, if set, on every layer)."""
     window = getattr(hf_config, "sliding_window", None)
-    model_type = getattr(hf_config, "model_type", "")
-    if model_type.startswith("qwen2") or model_type.startswith("qwen3"):
+    model_type = getattr(hf_config, "model_type", "") or ""
+    if model_type.startswith(("qwen2", "qwen3")):
+        # before 4.53 Qwen configs keep ``sliding_window`` set while use_sliding_window is off;
+        # layers from max_window_layers on slide (4.x modeling; since 4.53 transformers slides
+        # every Qwen3-MoE layer when it is on, which no released checkpoint turns on)
         if window and getattr(hf_config, "use_sliding_window", False):
             first = getattr(hf_config, "max_window_layers", 0)
             return ["sliding" if i >= first else "full" for i in range(num_layers)]
         return ["full"] * num_layers
-    if model_type == "gemma2" and window:
-        return ["sliding" if i % 2 == 0 else "full" for i in range(num_layers)]
-    if model_type in ("gemma3", "gemma3_text") and window:
-        pattern = getattr(hf_config, "sliding_window_pattern", 6) or 6
-        return ["full" if (i + 1) % pattern == 0 else "sliding" for i in range(num_layers)]
-    if getattr(hf_config, "attention_chunk_size", None):
+    chunk = getattr(hf_config, "attention_chunk_size", None)
+    if chunk:
+        # Llama-4: chunked attention on the RoPE layers (no_rope_layers[i] == 1, since 4.52),
+        # full attention on every 4th (NoPE) layer (4.51 hard-codes the interval)
+        use_rope = getattr(hf_config, "no_rope_layers", None)
+        if not use_rope and model_type.startswith("llama4"):
+            use_rope = [int((i + 1) % 4 != 0) for i in range(num_layers)]
+        if use_rope:
+            if len(use_rope) < num_layers:
+                raise InvalidArgumentError(
+                    f"config.no_rope_layers has {len(use_rope)} entries for {num_layers} layers")
+            return ["chunked" if use_rope[i] else "full" for i in range(num_layers)]
         return ["chunked"] * num_layers
-    return ["sliding" if window else "full"] * num_layers
+    if not window:
+        return ["full"] * num_layers
+    # Gemma-3 (default 6) and Cohere2 (default 4) declare the period of their full layers;
+    # Gemma-2 alternates sliding / full without declaring it
+    pattern = getattr(hf_config, "sliding_window_pattern", None)
+    if not pattern and model_type == "gemma2":
+        pattern = 2
+    if pattern:
+        return ["full" if (i + 1) % int(pattern) == 0 else "sliding" for i in range(num_layers)]
+    return ["sliding"] * num_layers
 
 
 def config_dtype(hf_config: Any) -> torch.dtype:
@@ -307,8 +341,8 @@ def kv_cache_config_from_hf(
     dtype: torch.dtype | None = None,
 ) -> KVCacheConfig:
     """Build the KV-cache groups of a ``transformers`` config (Llama, Qwen2/3, Mistral, Gemma-2/3,
-    GPT-OSS, and anything declaring ``layer_types``).  Give either ``num_blocks`` or
-    ``memory_bytes``; ``dtype`` defaults to the config's dtype."""
+    Cohere2, GPT-OSS, Llama-4, and anything declaring ``layer_types``).  Give either
+    ``num_blocks`` or ``memory_bytes``; ``dtype`` defaults to the config's dtype."""
     text = getattr(hf_config, "text_config", None) or hf_config
     num_layers = getattr(text, "num_hidden_layers", None)
     num_heads = getattr(text, "num_attention_heads", None)

@@ -48,7 +48,7 @@ import numbers
 import os
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -124,7 +124,6 @@ class _RankSpec:
     device: str
     dtype: torch.dtype
     port: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _build_runner(spec: _RankSpec, tp: TPGroup) -> ModelRunner:
