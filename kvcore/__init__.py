@@ -45,6 +45,20 @@ from kvcore.specs import (
 )
 from kvcore.stats import PrefixCacheStats
 
+
+def _is_compiled() -> bool:
+    """Whether this is the mypyc-compiled build (``KVCORE_COMPILE=1 pip install .``): its hot
+    modules, kvcore.manager among them, are then extension modules."""
+    from importlib.machinery import EXTENSION_SUFFIXES
+
+    from kvcore import manager
+
+    return (manager.__file__ or "").endswith(tuple(EXTENSION_SUFFIXES))
+
+
+__compiled__: bool = _is_compiled()
+"""True in the mypyc-compiled build, False in the pure-Python package (the reference)."""
+
 __all__ = [
     "HASH_ALGORITHMS",
     "AllBlocksCleared",

@@ -15,7 +15,7 @@ Block 0 is the null block, taken at construction; the first allocation returns i
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, SupportsIndex
 
 from kvcore.blocks import BlockHash, FreeBlockQueue, KVCacheBlock, NullBlock
 from kvcore.errors import (
@@ -47,6 +47,12 @@ def _check_count(name: str, value: object) -> int:
     return value
 
 
+def _check_flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
 class BlockPool:
     """Owns ``num_blocks`` blocks (ids ``0..num_blocks-1``; 0 is the null block).
 
@@ -61,22 +67,21 @@ class BlockPool:
             prove a hit instead of trusting its hash.
     """
 
-    def __init__(self, num_blocks: int, *, enable_caching: bool = True, num_groups: int = 1,
-                 enable_events: bool = False, verify_hits: bool = False) -> None:
-        if not isinstance(num_blocks, int) or isinstance(num_blocks, bool) or num_blocks < 2:
+    # Arguments are annotated with types the compiled build does not check on entry (an int
+    # parameter would take True as 1): the checks below raise kvcore's typed errors in both builds.
+    def __init__(self, num_blocks: SupportsIndex, *, enable_caching: object = True,
+                 num_groups: SupportsIndex = 1, enable_events: object = False,
+                 verify_hits: object = False) -> None:
+        if type(num_blocks) is not int or num_blocks < 2:
             raise InvalidArgumentError(
                 f"num_blocks must be an int >= 2 (block 0 is the null block), got {num_blocks!r}")
-        if not isinstance(num_groups, int) or isinstance(num_groups, bool) or num_groups < 1:
+        if type(num_groups) is not int or num_groups < 1:
             raise InvalidArgumentError(f"num_groups must be a positive int, got {num_groups!r}")
-        for name, flag in (("enable_caching", enable_caching), ("enable_events", enable_events),
-                           ("verify_hits", verify_hits)):
-            if not isinstance(flag, bool):
-                raise InvalidArgumentError(f"{name} must be a bool, got {flag!r}")
         self.num_blocks = num_blocks
         self.num_groups = num_groups
-        self.enable_caching = enable_caching
-        self.enable_events = enable_events
-        self.verify_hits = verify_hits and enable_caching
+        self.enable_caching = _check_flag("enable_caching", enable_caching)
+        self.enable_events = _check_flag("enable_events", enable_events)
+        self.verify_hits = _check_flag("verify_hits", verify_hits) and self.enable_caching
         self.null_block: KVCacheBlock = NullBlock(0)
         self.blocks: list[KVCacheBlock] = [self.null_block]
         self.blocks.extend(KVCacheBlock(i) for i in range(1, num_blocks))
@@ -144,14 +149,14 @@ class BlockPool:
                 + sum(len(d) for dups in self._dups for d in dups.values()))
 
     # -- allocation -----------------------------------------------------------------------------
-    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+    def get_new_blocks(self, num_blocks: SupportsIndex) -> list[KVCacheBlock]:
         """Pop ``num_blocks`` blocks from the head of the free queue, each with ``ref_cnt == 1``.
 
         A popped block that still carries a hash is evicted from its group's map (lazy eviction,
         emitting ``BlockRemoved``).  Raises :class:`NoFreeBlocksError` if too few are free.
         """
-        if num_blocks.__class__ is not int or num_blocks < 0:
-            _check_count("num_blocks", num_blocks)
+        if type(num_blocks) is not int or num_blocks < 0:
+            num_blocks = _check_count("num_blocks", num_blocks)
         if num_blocks > len(self.free_queue):
             raise NoFreeBlocksError(
                 f"cannot allocate {num_blocks} blocks: only {len(self.free_queue)} are free")
@@ -159,10 +164,9 @@ class BlockPool:
             return []
         blocks = self.free_queue.take_n(num_blocks, 1)
         if self.enable_caching:
-            evict = self._evict
             for block in blocks:
                 if block.block_hash is not None:
-                    evict(block)
+                    self._evict(block)
         return blocks
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -172,7 +176,7 @@ class BlockPool:
         or a free block that is not in the free queue, raises :class:`BlockStateError` before
         anything changes.
         """
-        batch = blocks if blocks.__class__ is list else list(blocks)
+        batch = blocks if type(blocks) is list else list(blocks)
         self._check_owned(batch, "touch")
         for block in batch:
             if block.ref_cnt == 0 and not block.is_null and block.prev_free is None:
@@ -191,21 +195,22 @@ class BlockPool:
             if ref_cnt == 0:
                 if block.is_null:
                     continue
-                prev, nxt = block.prev_free, block.next_free
-                prev.next_free = nxt  # type: ignore[union-attr]  # linked: it is free
-                nxt.prev_free = prev  # type: ignore[union-attr]
+                prev: KVCacheBlock = block.prev_free  # type: ignore[assignment]  # linked: free
+                nxt: KVCacheBlock = block.next_free  # type: ignore[assignment]
+                prev.next_free = nxt
+                nxt.prev_free = prev
                 block.prev_free = block.next_free = None
                 resurrected += 1
             block.ref_cnt = ref_cnt + 1
         if resurrected:
             self.free_queue.forget(resurrected)
 
-    def _check_owned(self, blocks: Sequence[KVCacheBlock], op: str) -> None:
+    def _check_owned(self, blocks: Sequence[object], op: str) -> None:
         """Raise :class:`BlockStateError` if any block is not one of this pool's."""
         mine = self.blocks
         n = len(mine)
         for block in blocks:
-            if block.__class__ is not KVCacheBlock and not isinstance(block, KVCacheBlock):
+            if type(block) is not KVCacheBlock and not isinstance(block, KVCacheBlock):
                 raise BlockStateError(f"{op}: {block!r} is not a KV-cache block")
             bid = block.block_id
             if not 0 <= bid < n or mine[bid] is not block:
@@ -219,7 +224,7 @@ class BlockPool:
         Freeing a block more often than it is referenced raises :class:`DoubleFreeError`, and a
         block of another pool :class:`BlockStateError`; either leaves everything unchanged.
         """
-        blocks = ordered_blocks if ordered_blocks.__class__ is list else list(ordered_blocks)
+        blocks = ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks)
         self._check_owned(blocks, "free_blocks")
         self._free_blocks(blocks)
 
@@ -227,7 +232,6 @@ class BlockPool:
         """``free_blocks`` for blocks known to be this pool's (the managers' own tables)."""
         to_head: list[KVCacheBlock] = []
         to_tail: list[KVCacheBlock] = []
-        head_append, tail_append = to_head.append, to_tail.append
         caching = self.enable_caching
         it = iter(blocks)
         for block in it:
@@ -237,9 +241,9 @@ class BlockPool:
             elif ref_cnt == 1:
                 block.ref_cnt = 0
                 if caching and block.block_hash is not None:
-                    tail_append(block)
+                    to_tail.append(block)
                 else:
-                    head_append(block)
+                    to_head.append(block)
             elif block.is_null:
                 continue
             else:
@@ -320,7 +324,7 @@ class BlockPool:
         are none); raises, before anything changes, if any argument or block is unfit."""
         if not 0 <= group_id < self.num_groups:
             raise InvalidGroupError(f"group id {group_id} out of range [0, {self.num_groups})")
-        if (num_cached_blocks.__class__ is not int or num_full_blocks.__class__ is not int
+        if (type(num_cached_blocks) is not int or type(num_full_blocks) is not int
                 or num_cached_blocks < 0 or num_full_blocks < 0):  # checks off the common path
             _check_count("num_cached_blocks", num_cached_blocks)
             _check_count("num_full_blocks", num_full_blocks)
@@ -528,18 +532,19 @@ class BlockPool:
         """The partial entries ``block`` carries besides its hash."""
         return tuple(self._secondary.get(block.block_id, ()))
 
-    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+    def evict_blocks(self, block_ids: Iterable[SupportsIndex]) -> None:
         """Drop the listed blocks from the prefix cache (their reference counts are unchanged).
 
         Unhashed blocks are ignored; an out-of-range id or the null block raises before anything
         changes.
         """
-        ids = list(block_ids)
-        for block_id in ids:
-            if block_id.__class__ is not int or not 0 <= block_id < self.num_blocks:
+        ids: list[int] = []
+        for block_id in block_ids:
+            if type(block_id) is not int or not 0 <= block_id < self.num_blocks:
                 raise InvalidArgumentError(f"block id {block_id!r} out of range [0, {self.num_blocks})")
             if block_id == self.null_block.block_id:
                 raise NullBlockError("the null block is never cached, cannot evict it")
+            ids.append(block_id)
         for block_id in ids:
             block = self.blocks[block_id]
             if block.block_hash is not None:

@@ -100,6 +100,10 @@ class FreeBlockQueue:
 
     The constructor links ``blocks`` in the given order.  The length is a cached counter (the hot
     path needs it); ``kvcore.invariants`` checks it against a walk of the list.
+
+    A link inside the queue is never ``None`` (sentinels bracket it), so the hot paths read links
+    into locals typed ``KVCacheBlock`` (``# type: ignore[assignment]  # linked``): free in pure
+    Python, and the compiled build then accesses those blocks natively instead of as optionals.
     """
 
     __slots__ = ("_head", "_num_free", "_tail")
@@ -146,9 +150,9 @@ class FreeBlockQueue:
         block = head.next_free
         if block is self._tail or block is None:
             raise NoFreeBlocksError("popleft from an empty free queue")
-        nxt = block.next_free
+        nxt: KVCacheBlock = block.next_free  # type: ignore[assignment]  # linked
         head.next_free = nxt
-        nxt.prev_free = head  # type: ignore[union-attr]
+        nxt.prev_free = head
         block.prev_free = block.next_free = None
         self._num_free -= 1
         return block
@@ -174,27 +178,27 @@ class FreeBlockQueue:
 
     def _unlink_first(self, n: int, ref_cnt: int | None) -> list[KVCacheBlock]:
         head = self._head
+        node: KVCacheBlock = head.next_free  # type: ignore[assignment]  # linked
+        nxt: KVCacheBlock
         if n == 1:
-            block = head.next_free
-            nxt = block.next_free  # type: ignore[union-attr]
+            nxt = node.next_free  # type: ignore[assignment]  # linked
             head.next_free = nxt
-            nxt.prev_free = head  # type: ignore[union-attr]
-            block.prev_free = block.next_free = None  # type: ignore[union-attr]
+            nxt.prev_free = head
+            node.prev_free = node.next_free = None
             if ref_cnt is not None:
-                block.ref_cnt = ref_cnt  # type: ignore[union-attr]
+                node.ref_cnt = ref_cnt
             self._num_free -= 1
-            return [block]  # type: ignore[list-item]
+            return [node]
         out: list[KVCacheBlock] = [head] * n
-        node = head.next_free
         for i in range(n):
-            out[i] = node  # type: ignore[assignment]
-            nxt = node.next_free  # type: ignore[union-attr]
-            node.prev_free = node.next_free = None  # type: ignore[union-attr]
+            out[i] = node
+            nxt = node.next_free  # type: ignore[assignment]  # linked
+            node.prev_free = node.next_free = None
             if ref_cnt is not None:
-                node.ref_cnt = ref_cnt  # type: ignore[union-attr]
+                node.ref_cnt = ref_cnt
             node = nxt
         head.next_free = node
-        node.prev_free = head  # type: ignore[union-attr]
+        node.prev_free = head
         self._num_free -= n
         return out
 
@@ -218,8 +222,8 @@ class FreeBlockQueue:
         if block.prev_free is not None or block.next_free is not None or block.is_null:
             raise _bad_insert(block)
         tail = self._tail
-        last = tail.prev_free
-        last.next_free = block  # type: ignore[union-attr]
+        last: KVCacheBlock = tail.prev_free  # type: ignore[assignment]  # linked
+        last.next_free = block
         block.prev_free = last
         block.next_free = tail
         tail.prev_free = block
@@ -233,10 +237,10 @@ class FreeBlockQueue:
             self.append(blocks[0])
             return
         tail = self._tail
-        anchor = tail.prev_free
-        first = self._chain(blocks, anchor)  # type: ignore[arg-type]
+        anchor: KVCacheBlock = tail.prev_free  # type: ignore[assignment]  # linked
+        first = self._chain(blocks, anchor)
         last = blocks[-1]
-        anchor.next_free = first  # type: ignore[union-attr]
+        anchor.next_free = first
         last.next_free = tail
         tail.prev_free = last
         self._num_free += len(blocks)
@@ -246,7 +250,7 @@ class FreeBlockQueue:
         if not blocks:
             return
         head = self._head
-        old_first = head.next_free
+        old_first: KVCacheBlock = head.next_free  # type: ignore[assignment]  # linked
         if len(blocks) == 1:
             block = blocks[0]
             if block.prev_free is not None or block.next_free is not None or block.is_null:
@@ -254,14 +258,14 @@ class FreeBlockQueue:
             block.prev_free = head
             block.next_free = old_first
             head.next_free = block
-            old_first.prev_free = block  # type: ignore[union-attr]
+            old_first.prev_free = block
             self._num_free += 1
             return
         first = self._chain(blocks, head)
         last = blocks[-1]
         head.next_free = first
         last.next_free = old_first
-        old_first.prev_free = last  # type: ignore[union-attr]
+        old_first.prev_free = last
         self._num_free += len(blocks)
 
     @staticmethod

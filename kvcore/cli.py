@@ -4,6 +4,7 @@
                   [--policy lru,fifo,lfu,belady] [--plot FILE] [--json]
     kvcore bench pool|hash|manager [...]
     kvcore generate [...]            (runner: a tiny model end to end)
+    kvcore --version                 (and which build: compiled with mypyc, or pure Python)
 
 Bad input (a missing or malformed trace, a negative capacity, an unknown policy) is reported in
 one line on stderr with exit status 2.
@@ -51,10 +52,27 @@ def _policies(text: str) -> list[str]:
     return names
 
 
+def version() -> str:
+    """``kvcore <version> (compiled with mypyc)`` or ``kvcore <version> (pure Python)``."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    import kvcore
+
+    try:
+        number = dist_version("kvcore")
+    except PackageNotFoundError:  # a source tree on sys.path, not installed
+        number = "(not installed)"
+    build = "compiled with mypyc" if kvcore.__compiled__ else "pure Python"
+    return f"kvcore {number} ({build})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = OneLineParser(prog="kvcore", description="kvcore: a vLLM-v1-style KV-cache manager, with "
                  "trace replay, eviction-policy experiments and benchmarks.",
                  epilog=MAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action="version", version=version(),
+                    help="print the version and which build this is (compiled or pure Python)")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
 
     rp = sub.add_parser("replay", help="replay a trace or workload through the scheduler and "

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, cast, overload
 import cbor2
 import xxhash
 
+from kvcore._mypyc import mypyc_attr
 from kvcore.blocks import BlockHash
 from kvcore.errors import InvalidArgumentError, UnknownHashAlgorithmError
 
@@ -41,6 +42,9 @@ _BIG_ENDIAN = sys.byteorder == "big"  # token words are hashed little-endian eve
 
 ExtraKeys = tuple[tuple[Any, ...], ...]
 Seed = bytes | str | int | None
+"""What a seed may be.  Parameters taking one are annotated ``object``: the hasher checks the
+seed itself (a typed error), which the compiled build's check of a ``Seed`` annotation would
+pre-empt."""
 
 
 def random_seed() -> bytes:
@@ -57,7 +61,7 @@ def resolve_algorithm(name: str) -> str:
     return algo
 
 
-def _seed_bytes(seed: Seed) -> bytes:
+def _seed_bytes(seed: object) -> bytes:
     if seed is None:
         return DEFAULT_SEED
     if isinstance(seed, bytes):
@@ -91,9 +95,10 @@ def _u32_words(token_ids: Sequence[int]) -> array[int]:
         else:
             words = array("I", token_ids)
     except (OverflowError, TypeError):
-        for t in token_ids:
+        items: Sequence[object] = token_ids  # the compiled build would check an int on each
+        for t in items:
             try:
-                array("I", (t,))
+                array("I", (cast(Any, t),))
             except (OverflowError, TypeError):
                 raise InvalidArgumentError(
                     f"token ids must be ints in [0, 2**32), got {t!r}") from None
@@ -103,6 +108,8 @@ def _u32_words(token_ids: Sequence[int]) -> array[int]:
     return words
 
 
+# Subclasses are allowed outside the compiled build (kvcore.testing's colliding hashers).
+@mypyc_attr(allow_interpreted_subclasses=True)
 class BlockHasher:
     """One hash algorithm plus the root derived from a seed.
 
@@ -113,7 +120,7 @@ class BlockHasher:
 
     __slots__ = ("_digest", "_own_hash_block", "algorithm", "root")
 
-    def __init__(self, algorithm: str = "xxh3_128", seed: Seed = None) -> None:
+    def __init__(self, algorithm: str = "xxh3_128", seed: object = None) -> None:
         self.algorithm = resolve_algorithm(algorithm)
         # False in a subclass that redefines hash_block (kvcore.testing's fault injection):
         # hash_blocks then goes through it, block by block.

@@ -22,11 +22,12 @@ Blocks are cached only up to ``request.num_tokens`` (draft/lookahead tokens neve
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterable, Sequence
-from typing import Any, NoReturn
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Final, NoReturn, SupportsIndex
 
 from msgspec.structs import replace
 
+from kvcore._mypyc import mypyc_attr
 from kvcore.blocks import KVCacheBlock
 from kvcore.coordinator import KVCacheCoordinator, make_coordinator
 from kvcore.errors import (
@@ -36,7 +37,7 @@ from kvcore.errors import (
     UnknownRequestError,
 )
 from kvcore.events import BlockStored, KVCacheEvent
-from kvcore.hashing import BlockHasher, RequestBlockHasher, Seed, hashes_at
+from kvcore.hashing import BlockHasher, RequestBlockHasher, hashes_at
 from kvcore.managers import ManagerClasses
 from kvcore.request import KVRequest, Request
 from kvcore.specs import KVCacheConfig, SlidingWindowSpec
@@ -44,6 +45,7 @@ from kvcore.stats import PrefixCacheStats
 from kvcore.verify import HitVerifier
 
 
+@mypyc_attr(native_class=False)  # a tuple subclass (compiled build: a regular Python class)
 class KVCacheBlocks(tuple):
     """One block list per KV-cache group (``blocks[g][i]``: group ``g``'s ``i``-th block)."""
 
@@ -70,7 +72,7 @@ class KVCacheBlocks(tuple):
         return KVCacheBlocks([*a, *b] for a, b in zip(self, other))
 
 
-_ZERO = 0  # the default count; see the fast path of allocate_slots
+_ZERO: Final = 0  # the default count; see the fast path of allocate_slots
 
 
 def _count(name: str, value: object) -> int:
@@ -80,15 +82,23 @@ def _count(name: str, value: object) -> int:
     return int(value)
 
 
-def _counts(num_new_tokens: int, num_new_computed_tokens: int, num_lookahead_tokens: int,
-            num_external_computed_tokens: int,
-            num_encoder_tokens: int) -> tuple[int, int, int, int, int]:
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
+def _counts(num_new_tokens: object, num_new_computed_tokens: object, num_lookahead_tokens: object,
+            num_external_computed_tokens: object,
+            num_encoder_tokens: object) -> tuple[int, int, int, int, int]:
     """``allocate_slots``'s token counts as plain ints (see ``_count``)."""
-    if (num_new_tokens.__class__ is int and num_new_tokens >= 0
-            and num_new_computed_tokens.__class__ is int and num_new_computed_tokens >= 0
-            and num_lookahead_tokens.__class__ is int and num_lookahead_tokens >= 0
-            and num_external_computed_tokens.__class__ is int and num_external_computed_tokens >= 0
-            and num_encoder_tokens.__class__ is int and num_encoder_tokens >= 0):
+    # (type(x): one pointer comparison in the compiled build, where x.__class__ is an attribute
+    # lookup.)
+    if (type(num_new_tokens) is int and num_new_tokens >= 0
+            and type(num_new_computed_tokens) is int and num_new_computed_tokens >= 0
+            and type(num_lookahead_tokens) is int and num_lookahead_tokens >= 0
+            and type(num_external_computed_tokens) is int and num_external_computed_tokens >= 0
+            and type(num_encoder_tokens) is int and num_encoder_tokens >= 0):
         return (num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
                 num_external_computed_tokens, num_encoder_tokens)  # plain ints: nothing to do
     return (_count("num_new_tokens", num_new_tokens),
@@ -98,6 +108,26 @@ def _counts(num_new_tokens: int, num_new_computed_tokens: int, num_lookahead_tok
             _count("num_encoder_tokens", num_encoder_tokens))
 
 
+# Functions called with every manager KVCacheManager.__init__ has built (add_construction_hook):
+# the seam through which ``pytest --kvcore-check`` checks every manager a test builds.
+_construction_hooks: list[Callable[[KVCacheManager], object]] = []
+
+
+def add_construction_hook(hook: Callable[[KVCacheManager], object]) -> Callable[[], None]:
+    """Call ``hook(manager)`` at the end of every ``KVCacheManager.__init__`` from now on (for test
+    tools such as kvcore's pytest plugin); returns the function that removes it again."""
+    _construction_hooks.append(hook)
+
+    def remove() -> None:
+        if hook in _construction_hooks:
+            _construction_hooks.remove(hook)
+
+    return remove
+
+
+# Subclasses defined outside the compiled build (a user's manager, kvcore.testing's checked
+# managers) are allowed; compiled calls on their instances dispatch through Python.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class KVCacheManager:
     """Block tables for every running request, over one shared pool with prefix caching.
 
@@ -122,28 +152,41 @@ class KVCacheManager:
         fast_path: let ``allocate_slots`` calls that only add new tokens skip the validation they
             cannot fail (the default); ``False`` validates every call in full.  Both reach the
             same allocation code; the switch exists so tests can run both ways.
+
+    Arguments that the manager checks itself are annotated with types that the compiled build
+    does not check on entry (``object``, ``SupportsIndex``: an ``int`` parameter would take
+    ``True`` as 1), so both builds refuse bad values with the same typed errors.
     """
 
-    def __init__(self, config: KVCacheConfig, max_model_len: int, *, enable_caching: bool = True,
-                 hash_algo: str = "xxh3_128", hash_seed: Seed = None, verify_hits: bool = False,
-                 enable_events: bool = False, log_stats: bool = True,
-                 max_num_batched_tokens: int | None = None,
+    # Fixed attributes, as in the compiled build (whose instances have no __dict__): the two
+    # builds' objects have the same layout, which kvcore.testing's checked() relies on.
+    __slots__ = ("_admission_caps", "_empty", "_event_metadata", "_last_lookup", "_requests",
+                 "block_hasher", "config", "coordinator", "enable_caching", "fast_path",
+                 "hash_block_size", "log_stats", "max_model_len", "max_num_batched_tokens",
+                 "num_groups", "pool", "prefix_cache_stats", "verify_hits")
+
+    def __init__(self, config: KVCacheConfig, max_model_len: SupportsIndex, *,
+                 enable_caching: object = True, hash_algo: object = "xxh3_128",
+                 hash_seed: object = None, verify_hits: object = False,
+                 enable_events: object = False, log_stats: object = True,
+                 max_num_batched_tokens: SupportsIndex | None = None,
                  manager_classes: ManagerClasses | None = None,
-                 block_hasher: BlockHasher | None = None, use_eagle: bool = False,
-                 fast_path: bool = True) -> None:
+                 block_hasher: object = None, use_eagle: object = False,
+                 fast_path: object = True) -> None:
         if not isinstance(config, KVCacheConfig):
             raise InvalidArgumentError(f"config must be a KVCacheConfig, got {config!r}")
-        if max_model_len.__class__ is not int or max_model_len <= 0:
+        if type(max_model_len) is not int or max_model_len <= 0:
             raise InvalidArgumentError(f"max_model_len must be a positive int, got {max_model_len!r}")
         if max_num_batched_tokens is not None and (
-                max_num_batched_tokens.__class__ is not int or max_num_batched_tokens <= 0):
+                type(max_num_batched_tokens) is not int or max_num_batched_tokens <= 0):
             raise InvalidArgumentError("max_num_batched_tokens must be a positive int or None, "
                                        f"got {max_num_batched_tokens!r}")
-        for name, flag in (("enable_caching", enable_caching), ("verify_hits", verify_hits),
-                           ("enable_events", enable_events), ("log_stats", log_stats),
-                           ("use_eagle", use_eagle), ("fast_path", fast_path)):
-            if not isinstance(flag, bool):
-                raise InvalidArgumentError(f"{name} must be a bool, got {flag!r}")
+        enable_caching = _flag("enable_caching", enable_caching)
+        verify_hits = _flag("verify_hits", verify_hits)
+        enable_events = _flag("enable_events", enable_events)
+        log_stats = _flag("log_stats", log_stats)
+        use_eagle = _flag("use_eagle", use_eagle)
+        fast_path = _flag("fast_path", fast_path)
         if not isinstance(hash_algo, str):
             raise InvalidArgumentError(f"hash_algo must be a str, got {hash_algo!r}")
         if block_hasher is not None and not isinstance(block_hasher, BlockHasher):
@@ -179,6 +222,8 @@ class KVCacheManager:
         self._admission_caps = tuple(
             g.spec.max_blocks_per_request(max_model_len, max_num_batched_tokens)
             if g.spec.admission_capped else None for g in config.groups)
+        for hook in _construction_hooks:
+            hook(self)
 
     # -- requests -------------------------------------------------------------------------------
     def make_request(self, request_id: str, prompt_token_ids: Sequence[int],
@@ -220,14 +265,14 @@ class KVCacheManager:
                              (num_hit_tokens, pool.num_evicted_blocks, pool.num_resets))
         return hit, num_hit_tokens
 
-    def record_prefix_cache_stats(self, request: KVRequest, num_hit_tokens: int) -> None:
+    def record_prefix_cache_stats(self, request: KVRequest, num_hit_tokens: SupportsIndex) -> None:
         """Count one prefix-cache query of ``request`` that hit ``num_hit_tokens`` tokens.
 
         As in vLLM, a scheduler calls this once per admission, after ``allocate_slots``
         succeeded (lookups of a request that did not fit are not queries); requests that were
         preempted before are counted apart (``preempted_*``).  Nothing is counted with caching
         off or for a request that skips reading the prefix cache (no lookup happened)."""
-        if num_hit_tokens.__class__ is not int or num_hit_tokens < 0:
+        if type(num_hit_tokens) is not int or num_hit_tokens < 0:
             num_hit_tokens = _count("num_hit_tokens", num_hit_tokens)
         stats = self.prefix_cache_stats
         if stats is not None and self.enable_caching and not request.skip_reading_prefix_cache:
@@ -236,13 +281,13 @@ class KVCacheManager:
     def allocate_slots(
         self,
         request: KVRequest,
-        num_new_tokens: int,
-        num_new_computed_tokens: int = 0,
-        new_computed_blocks: KVCacheBlocks | None = None,
-        num_lookahead_tokens: int = 0,
-        num_external_computed_tokens: int = 0,
+        num_new_tokens: SupportsIndex,
+        num_new_computed_tokens: SupportsIndex = 0,
+        new_computed_blocks: Sequence[Sequence[KVCacheBlock]] | None = None,
+        num_lookahead_tokens: SupportsIndex = 0,
+        num_external_computed_tokens: SupportsIndex = 0,
         delay_cache_blocks: bool = False,
-        num_encoder_tokens: int = 0,
+        num_encoder_tokens: SupportsIndex = 0,
         full_sequence_must_fit: bool = False,
     ) -> KVCacheBlocks | None:
         """Slots for ``num_new_tokens`` (+ lookahead) tokens after the computed ones (see the
@@ -253,7 +298,7 @@ class KVCacheManager:
         # A call that only adds tokens to a running request, or starts a fresh one from nothing,
         # cannot fail validation (`is _ZERO`, identity with the int 0, keeps this cheap: a bool,
         # float, None or numpy zero is not that object).  Every other call is validated in full.
-        if not (self.fast_path and num_new_tokens.__class__ is int and num_new_tokens > 0
+        if not (self.fast_path and type(num_new_tokens) is int and num_new_tokens > 0
                 and num_new_computed_tokens is _ZERO and num_lookahead_tokens is _ZERO
                 and num_external_computed_tokens is _ZERO and num_encoder_tokens is _ZERO
                 and not full_sequence_must_fit
@@ -266,6 +311,9 @@ class KVCacheManager:
                 num_external_computed_tokens, num_encoder_tokens)
             hits = self._check_allocation(request, num_new_tokens, num_new_computed_tokens,
                                           new_computed_blocks, num_external_computed_tokens)
+        else:  # the counts the fast path found zero, as ints (for mypy and the compiled build)
+            num_new_computed_tokens = num_lookahead_tokens = num_external_computed_tokens = 0
+            num_encoder_tokens = 0
 
         num_local_computed = request.num_computed_tokens + num_new_computed_tokens
         total_computed = num_local_computed + num_external_computed_tokens
@@ -439,7 +487,7 @@ class KVCacheManager:
         self.coordinator.free(rid)
         del self._requests[rid]
 
-    def cache_blocks(self, request: KVRequest, num_computed_tokens: int) -> None:
+    def cache_blocks(self, request: KVRequest, num_computed_tokens: SupportsIndex) -> None:
         """Cache the request's blocks that are full within its first ``num_computed_tokens``
         tokens (e.g. after a delayed KV transfer completed)."""
         n = _count("num_computed_tokens", num_computed_tokens)
@@ -448,7 +496,7 @@ class KVCacheManager:
             self._sync_hashes(request)
             self.coordinator.cache_blocks(request, min(n, request.num_tokens))
 
-    def uncache_blocks(self, request: KVRequest, num_computed_tokens: int) -> None:
+    def uncache_blocks(self, request: KVRequest, num_computed_tokens: SupportsIndex) -> None:
         """Drop from the prefix cache the request's blocks that hold any token at or after
         ``num_computed_tokens``: their KV was never written (the step that was to compute them
         failed).  Reference counts and block tables are unchanged; the blocks are cached again
@@ -458,7 +506,7 @@ class KVCacheManager:
         for m in self.coordinator.managers:
             m.uncache_blocks(request.request_id, n)
 
-    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: SupportsIndex) -> None:
         """Release the request's blocks that left the attention window at ``num_computed_tokens``
         (``allocate_slots`` does this itself when it succeeds)."""
         n = _count("num_computed_tokens", num_computed_tokens)

@@ -13,8 +13,9 @@ from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, SupportsIndex
 
+from kvcore._mypyc import mypyc_attr
 from kvcore.blocks import BlockHash
 from kvcore.errors import InvalidArgumentError
 
@@ -48,8 +49,11 @@ class RequestStatus(enum.Enum):
         return self.value in ("stop", "length", "abort", "rejected")
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # as Request, which names it as its base
 class KVRequest(Protocol):
     """What the KV-cache manager reads from a request."""
+
+    __slots__ = ()
 
     request_id: str
     all_token_ids: list[int]
@@ -74,12 +78,25 @@ def _check_tokens(token_ids: Iterable[int], what: str) -> list[int]:
     try:
         array("I", out)
     except (OverflowError, TypeError):
-        bad = next(t for t in out if not isinstance(t, int) or not 0 <= t < 1 << 32)
+        items: Sequence[object] = out  # the compiled build would check an int on each
+        for bad in items:
+            if not isinstance(bad, int) or not 0 <= bad < 1 << 32:
+                break
         raise InvalidArgumentError(f"{what} must be ints in [0, 2**32), got {bad!r}") from None
     return out
 
 
-class Request:
+def _check_name(name: str, value: object) -> str | None:
+    # "" would hash like no salt / no adapter at all: refuse it rather than share KV.
+    if value is not None and (not isinstance(value, str) or not value):
+        raise InvalidArgumentError(f"{name} must be a non-empty str or None, got {value!r}")
+    return value
+
+
+# Subclasses defined outside the compiled build (a scheduler's own request type) are allowed.
+# Naming the protocol it implements lets the compiled manager read its attributes natively.
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Request(KVRequest):
     """A generation request.
 
     ``all_token_ids`` is prompt followed by output; ``num_computed_tokens`` counts tokens whose KV
@@ -95,15 +112,17 @@ class Request:
                  "num_prompt_tokens", "request_id", "sampling_params",
                  "skip_reading_prefix_cache", "status", "stop_token_ids")
 
+    num_prompt_tokens: int  # an attribute here (KVRequest only needs it readable)
+
     def __init__(
         self,
-        request_id: str,
+        request_id: object,
         prompt_token_ids: Sequence[int],
         *,
         block_hasher: RequestBlockHasher | None = None,
-        max_tokens: int | None = None,
-        cache_salt: str | None = None,
-        lora_name: str | None = None,
+        max_tokens: SupportsIndex | None = None,
+        cache_salt: object = None,
+        lora_name: object = None,
         mm_items: Sequence[MultiModalItem] = (),
         skip_reading_prefix_cache: bool = False,
         eos_token_id: int | None = None,
@@ -117,13 +136,10 @@ class Request:
         prompt = _check_tokens(prompt_token_ids, "prompt token ids")
         if not prompt:
             raise InvalidArgumentError(f"request {request_id!r}: the prompt is empty")
-        if max_tokens is not None and (max_tokens.__class__ is not int or max_tokens < 0):
+        if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 0):
             raise InvalidArgumentError(f"max_tokens must be a non-negative int, got {max_tokens!r}")
-        for name, value in (("cache_salt", cache_salt), ("lora_name", lora_name)):
-            # "" would hash like no salt / no adapter at all: refuse it rather than share KV.
-            if value is not None and (not isinstance(value, str) or not value):
-                raise InvalidArgumentError(
-                    f"{name} must be a non-empty str or None, got {value!r}")
+        cache_salt = _check_name("cache_salt", cache_salt)
+        lora_name = _check_name("lora_name", lora_name)
         items = tuple(mm_items)
         for prev, item in pairwise(items):
             if item.offset < prev.offset:
@@ -172,7 +188,7 @@ class Request:
     def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
         """Append generated tokens and hash any block they complete."""
         tokens = self.all_token_ids
-        if token_ids.__class__ is int and 0 <= token_ids < 0x1_0000_0000:
+        if type(token_ids) is int and 0 <= token_ids < 0x1_0000_0000:
             tokens.append(token_ids)
         else:
             tokens.extend(_check_tokens(

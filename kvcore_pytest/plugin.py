@@ -44,29 +44,27 @@ def pytest_configure(config: pytest.Config) -> None:
         "(--kvcore-check) nor the kv_manager fixture's leaks")
     if not config.getoption("--kvcore-check"):
         return
-    from kvcore.manager import KVCacheManager
+    from kvcore.manager import add_construction_hook
     from kvcore.testing.checked import checked
 
-    state: dict[str, Any] = {"active": True, "original_init": KVCacheManager.__init__}
-    config.stash[_STATE] = state
+    state: dict[str, Any] = {"active": True}
     every = config.getoption("--kvcore-check-every")
     track = config.getoption("--kvcore-track-contents")
-    original = state["original_init"]
 
-    def init(self: KVCacheManager, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
+    def check_new_manager(manager: KVCacheManager) -> None:
         if state["active"]:
-            checked(self, every=every, track_contents=track)
+            checked(manager, every=every, track_contents=track)
 
-    KVCacheManager.__init__ = init  # type: ignore[method-assign]  # undone in unconfigure
+    # Every manager built from now on is checked (kvcore's construction hook: the compiled
+    # build's KVCacheManager cannot be patched); undone in unconfigure.
+    state["remove_hook"] = add_construction_hook(check_new_manager)
+    config.stash[_STATE] = state
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     state = config.stash.get(_STATE, None)
     if state is not None:
-        from kvcore.manager import KVCacheManager
-
-        KVCacheManager.__init__ = state["original_init"]  # type: ignore[method-assign]
+        state["remove_hook"]()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+from typing import SupportsIndex
+
 import pytest
 
 from kvcore.bench.fuzz import FuzzReport, fuzz, main, run_round
+from kvcore.manager import KVCacheManager
+from kvcore.request import KVRequest
 from kvcore.testing.setups import SETUPS, Setup, full
 
 
@@ -17,12 +21,17 @@ def test_every_setup_survives_hostile_operations(setup: Setup) -> None:
     assert report.counts["admit"] > 0
 
 
-def test_fuzz_reports_a_planted_violation(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A manager that forgets to drop a failed step's unwritten KV must be caught.
-    from kvcore.manager import KVCacheManager
+class ForgetsToUncache(KVCacheManager):
+    """A manager that forgets to drop a failed step's unwritten KV."""
 
-    monkeypatch.setattr(KVCacheManager, "uncache_blocks", lambda self, request, n: None)
-    report = fuzz(3000, seed=1, round_ops=3000, setups=(Setup("full", (full(4),)),))
+    def uncache_blocks(self, request: KVRequest, num_computed_tokens: SupportsIndex) -> None:
+        return None
+
+
+def test_fuzz_reports_a_planted_violation() -> None:
+    # The planted bug must be caught.
+    report = fuzz(3000, seed=1, round_ops=3000,
+                  setups=(Setup("full", (full(4),), manager_class=ForgetsToUncache),))
     assert report.violations and "WrongKVError" in report.violations[0]
 
 

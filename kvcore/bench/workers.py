@@ -28,7 +28,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+
+def _repo_root() -> Path:
+    """The kvcore source tree whose column this is: the one this module lives in, or, when
+    kvcore is installed from a wheel (the compiled build's venv), the current directory."""
+    here = Path(__file__).resolve().parents[2]
+    return here if (here / "pyproject.toml").is_file() else Path.cwd().resolve()
+
+
+REPO_ROOT = _repo_root()
 WORKER_SCRIPT = Path(__file__).resolve().parent / "workloads" / "worker.py"
 DEFAULT_TIMEOUT_S = 1800.0
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from kvcore._mypyc import mypyc_attr
 from kvcore.block_pool import BlockPool
 from kvcore.blocks import BlockHash, KVCacheBlock
 from kvcore.hashing import hashes_at
@@ -80,6 +81,9 @@ class HitQuery:
         return found
 
 
+# Custom attention types (KVCacheManager(manager_classes=...)) subclass these outside the
+# compiled build: allowed, and their overrides are honoured.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class SingleTypeKVCacheManager:
     """Block tables of one group.  Subclasses set the attention type's rules."""
 

@@ -3,9 +3,11 @@ from ``num_encoder_tokens`` and never shared through the prefix cache."""
 
 from __future__ import annotations
 
+from kvcore._mypyc import mypyc_attr
 from kvcore.managers.base import HitBlocks, HitQuery, SingleTypeKVCacheManager
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # see SingleTypeKVCacheManager
 class CrossAttentionManager(SingleTypeKVCacheManager):
     uses_encoder_tokens = True
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from itertools import islice
 
+from kvcore._mypyc import mypyc_attr
 from kvcore.blocks import KVCacheBlock
 from kvcore.managers.base import HitBlocks, HitQuery, SingleTypeKVCacheManager
 from kvcore.request import KVRequest
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # see SingleTypeKVCacheManager
 class FullAttentionManager(SingleTypeKVCacheManager):
     registers_partial_tail = True
     downward_closed_hits = True

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kvcore._mypyc import mypyc_attr
 from kvcore.blocks import BlockHash, KVCacheBlock
 from kvcore.managers.base import HitBlocks, HitQuery, ManagerContext, SingleTypeKVCacheManager
 from kvcore.request import KVRequest
 from kvcore.specs import KVCacheSpec
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # see SingleTypeKVCacheManager
 class MambaManager(SingleTypeKVCacheManager):
     allows_null_blocks = True
     releases_blocks = True

@@ -8,10 +8,12 @@ advances.
 
 from __future__ import annotations
 
+from kvcore._mypyc import mypyc_attr
 from kvcore.managers.base import HitBlocks, HitQuery, ManagerContext, SingleTypeKVCacheManager, cdiv
 from kvcore.specs import KVCacheSpec, SlidingWindowSpec
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # see SingleTypeKVCacheManager
 class SlidingWindowManager(SingleTypeKVCacheManager):
     allows_null_blocks = True
     releases_blocks = True

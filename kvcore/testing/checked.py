@@ -1,9 +1,10 @@
 """``checked(manager)``: a KVCacheManager that checks itself after its public calls.
 
-The manager keeps its identity and type (its class becomes a subclass of
-:class:`~kvcore.manager.KVCacheManager` whose public methods run the checks after the call), so a
-scheduler that already holds it is checked without any change.  After every ``every``-th call —
-successful or refused — ``check_invariants()`` runs; a broken rule raises
+The manager keeps its identity and stays an instance of its class (it gets a class of its own: a
+subclass of its class, with :class:`CheckedKVCacheManager` on top, whose public methods run the
+checks after the call; see :mod:`kvcore.testing._layers`), so a scheduler that already holds it
+is checked without any change, in the pure-Python and the compiled build alike.  After every
+``every``-th call — successful or refused — ``check_invariants()`` runs; a broken rule raises
 :class:`~kvcore.errors.InvariantError` naming the call, its arguments and the rule.
 
 With ``track_contents=True`` a :class:`~kvcore.testing.oracle.ContentOracle` follows what every KV
@@ -19,12 +20,14 @@ step, ...) is caught with rule ``wrong-kv``.
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, SupportsIndex, TypeVar
 
 from kvcore.errors import InvalidArgumentError, InvariantError
 from kvcore.manager import KVCacheManager
 from kvcore.request import KVRequest
+from kvcore.testing._layers import add_layer, remove_layer
 from kvcore.testing.oracle import ContentOracle, WrongKVError
 
 _M = TypeVar("_M", bound=KVCacheManager)
@@ -60,10 +63,18 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-class CheckedKVCacheManager(KVCacheManager):
-    """The class :func:`checked` gives a manager (never constructed directly)."""
+if TYPE_CHECKING:
+    _Layer = KVCacheManager  # what the mixin's methods and super() calls reach
+else:
+    _Layer = object
 
-    _kvcore_check: _CheckState
+
+class CheckedKVCacheManager(_Layer):
+    """The layer :func:`checked` puts on a manager's class (a mixin, never constructed
+    directly): ``isinstance(manager, CheckedKVCacheManager)`` tells whether it is checked."""
+
+    __slots__ = ()
+    _kvcore_check: _CheckState  # a class attribute of the manager's own layer class
 
     def _after_call(self, what: Callable[[], str]) -> None:
         state = self._kvcore_check
@@ -123,27 +134,28 @@ class CheckedKVCacheManager(KVCacheManager):
             self._after_call(lambda: _describe("allocate_slots", (request, *args), kwargs))
         return out
 
-    def cache_blocks(self, request: KVRequest, num_computed_tokens: int) -> None:
+    def cache_blocks(self, request: KVRequest, num_computed_tokens: SupportsIndex) -> None:
         state = self._kvcore_check
         try:
             super().cache_blocks(request, num_computed_tokens)
             start = state.pending_loads.pop(request.request_id, None)
             if state.oracle is not None and start is not None:
-                end = min(num_computed_tokens, request.num_tokens)
+                end = min(operator.index(num_computed_tokens), request.num_tokens)
                 state.oracle.written(request, start, end)
                 rid = request.request_id
                 state.written_upto[rid] = max(end, state.written_upto.get(rid, 0))
         finally:
             self._after_call(lambda: _describe("cache_blocks", (request, num_computed_tokens), {}))
 
-    def uncache_blocks(self, request: KVRequest, num_computed_tokens: int) -> None:
+    def uncache_blocks(self, request: KVRequest, num_computed_tokens: SupportsIndex) -> None:
         state = self._kvcore_check
         try:
             super().uncache_blocks(request, num_computed_tokens)
+            n = operator.index(num_computed_tokens)  # accepted above: an int or numpy integer
             end = state.written_upto.get(request.request_id, 0)
-            if state.oracle is not None and end > num_computed_tokens:
-                state.oracle.discard(request, num_computed_tokens, end)
-                state.written_upto[request.request_id] = num_computed_tokens
+            if state.oracle is not None and end > n:
+                state.oracle.discard(request, n, end)
+                state.written_upto[request.request_id] = n
         finally:
             self._after_call(
                 lambda: _describe("uncache_blocks", (request, num_computed_tokens), {}))
@@ -201,37 +213,20 @@ def checked(manager: _M, *, every: int = 1, track_contents: bool = False) -> _M:
             f"track_contents needs a manager that holds no request yet, this one holds "
             f"{sorted(manager.requests())}")
     state = _CheckState(manager, every, track_contents)
-    manager.__class__ = _checked_class(_plain_class(type(manager)))
-    cast(CheckedKVCacheManager, manager)._kvcore_check = state
+    remove_layer(manager, CheckedKVCacheManager)
+    add_layer(manager, CheckedKVCacheManager, _kvcore_check=state)
     return manager
 
 
 def unchecked(manager: _M) -> _M:
     """Turn :func:`checked`'s checks off (in place) and return the manager."""
-    if isinstance(manager, CheckedKVCacheManager):
-        manager.__class__ = _plain_class(type(manager))
-        del cast(Any, manager)._kvcore_check
+    remove_layer(manager, CheckedKVCacheManager)
     return manager
 
 
 def is_checked(manager: KVCacheManager) -> bool:
     """Whether :func:`checked` is on for ``manager``."""
     return isinstance(manager, CheckedKVCacheManager)
-
-
-@functools.cache
-def _checked_class(cls: type) -> type:
-    """``CheckedKVCacheManager`` for the plain class; for a user subclass of KVCacheManager a
-    combined class, so its own methods keep working (the checks wrap them)."""
-    if cls is KVCacheManager:
-        return CheckedKVCacheManager
-    return type(f"Checked{cls.__name__}", (CheckedKVCacheManager, cls), {"_plain": cls})
-
-
-def _plain_class(cls: type) -> type:
-    if cls is CheckedKVCacheManager:
-        return KVCacheManager
-    return cast(type, cls.__dict__.get("_plain", cls))
 
 
 def assert_no_leak(manager: KVCacheManager) -> None:

@@ -13,9 +13,14 @@ from typing import TYPE_CHECKING, Any
 from kvcore.blocks import BlockHash
 from kvcore.errors import InvalidArgumentError
 from kvcore.hashing import BlockHasher, ExtraKeys
+from kvcore.testing._layers import add_layer
 
 if TYPE_CHECKING:
     from kvcore.manager import KVCacheManager
+
+    _Layer = KVCacheManager  # what the mixin's super() calls reach
+else:
+    _Layer = object
 
 COLLISION_MODES = ("constant", "tokens", "truncated")
 
@@ -74,20 +79,42 @@ class PlantedCollisions(BlockHasher):
         return super().hash_block(parent, token_ids if planted is None else planted, extra_keys)
 
 
-def refuse_allocation(manager: KVCacheManager, calls: Iterable[int]) -> KVCacheManager:
+class _Refusals:
+    __slots__ = ("calls", "count", "error")
+
+    def __init__(self, calls: set[int], error: BaseException | None) -> None:
+        self.calls = calls
+        self.error = error
+        self.count = 0
+
+
+class RefusingAllocation(_Layer):
+    """The layer :func:`refuse_allocation` puts on a manager's class (see
+    :mod:`kvcore.testing._layers`)."""
+
+    __slots__ = ()
+    _kvcore_refusals: _Refusals  # a class attribute of the manager's own layer class
+
+    def allocate_slots(self, *args: Any, **kwargs: Any) -> Any:
+        refusals = self._kvcore_refusals
+        refusals.count += 1
+        if refusals.count in refusals.calls:
+            if refusals.error is not None:
+                raise refusals.error
+            return None
+        return super().allocate_slots(*args, **kwargs)
+
+
+def refuse_allocation(manager: KVCacheManager, calls: Iterable[int], *,
+                      error: BaseException | None = None) -> KVCacheManager:
     """Make ``manager.allocate_slots`` return ``None`` (not enough blocks: preempt someone) on
-    the listed calls, counted from 1 from now, without touching the manager — as if the pool
-    had run out at those moments.  Exercises a scheduler's preemption and retry paths."""
-    refused = set(calls)
-    original = manager.allocate_slots
-    count = 0
+    the listed calls, counted from 1 from now, without touching the manager's state — as if the
+    pool had run out at those moments.  Exercises a scheduler's preemption and retry paths.
+    With ``error``, those calls raise it instead (a failure in the middle of a step).
 
-    def allocate_slots(*args: Any, **kwargs: Any) -> Any:
-        nonlocal count
-        count += 1
-        return None if count in refused else original(*args, **kwargs)
-
-    manager.allocate_slots = allocate_slots  # type: ignore[method-assign]  # test-only patch
+    The manager keeps its identity (it gets a class of its own, as with
+    :func:`~kvcore.testing.checked`); calls after the listed ones go through unchanged."""
+    add_layer(manager, RefusingAllocation, _kvcore_refusals=_Refusals(set(calls), error))
     return manager
 
 

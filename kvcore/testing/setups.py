@@ -58,11 +58,14 @@ class Setup:
     collisions: str | None = None  # a CollidingHasher mode (needs verify_hits), or real hashes
     use_eagle: bool = False
     fast_path: bool = True  # False: every allocate_slots call takes the validated path
+    # The class to build: a subclass of KVCacheManager drives your own manager (or one with a
+    # planted bug, to see the driver catch it).
+    manager_class: type[KVCacheManager] = KVCacheManager
 
     def build(self) -> KVCacheManager:
         groups = tuple(KVCacheGroup((f"layer{i}",), s) for i, s in enumerate(self.specs))
         hasher = CollidingHasher(self.collisions) if self.collisions else None
-        return KVCacheManager(KVCacheConfig(self.num_blocks, groups), self.max_model_len,
+        return self.manager_class(KVCacheConfig(self.num_blocks, groups), self.max_model_len,
                               enable_caching=self.enable_caching, verify_hits=self.verify_hits,
                               block_hasher=hasher, enable_events=True, use_eagle=self.use_eagle,
                               fast_path=self.fast_path)

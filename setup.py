@@ -1,0 +1,50 @@
+"""Extension modules of the optional compiled build (see build_backend/kvcore_build.py).
+
+Without ``KVCORE_COMPILE=1`` this adds nothing: pyproject.toml describes the package.  With it,
+``pip install .`` compiles kvcore's hot modules with mypyc (the same source; the ``.py`` files are
+installed too).  kvcore.testing, kvcore.sim, kvcore.bench and the CLI stay interpreted.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from setuptools import setup
+
+HERE = Path(__file__).resolve().parent
+
+# The hot path: free queue and pool, hashing, the single-type managers, the coordinators, the
+# manager, and the request and hit-verification types they read on every call.
+COMPILED_MODULES = [
+    "kvcore/blocks.py",
+    "kvcore/block_pool.py",
+    "kvcore/hashing.py",
+    "kvcore/request.py",
+    "kvcore/verify.py",
+    "kvcore/stats.py",
+    "kvcore/manager.py",
+    *sorted(str(p.relative_to(HERE)) for p in (HERE / "kvcore" / "managers").glob("*.py")),
+    *sorted(str(p.relative_to(HERE)) for p in (HERE / "kvcore" / "coordinator").glob("*.py")),
+]
+
+
+# The compiled build's modules are collected in a directory of their own, emptied first, so that
+# a wheel never carries an extension module left over from an earlier build.
+COMPILED_BUILD_LIB = HERE / "build" / "lib.mypyc"
+
+
+def compiled_build() -> dict[str, object]:
+    if os.environ.get("_KVCORE_MYPYC_BUILD") != "1":  # set by the backend's build_wheel
+        return {}
+    from mypyc.build import mypycify
+
+    shutil.rmtree(COMPILED_BUILD_LIB, ignore_errors=True)
+    config = str(HERE / "build_backend" / "mypyc.ini")
+    return {"ext_modules": mypycify(["--config-file", config, *COMPILED_MODULES], opt_level="3",
+                                    group_name="kvcore"),  # the shared library: kvcore__mypyc
+            "options": {"build": {"build_lib": str(COMPILED_BUILD_LIB)}}}
+
+
+setup(**compiled_build())
