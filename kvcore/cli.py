@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from kvcore.cmdline import OneLineParser
+from kvcore.cmdline import OneLineParser, positive_int
 from kvcore.errors import KVCoreError
 
 MAIN_EPILOG = """\
@@ -29,16 +29,6 @@ examples:
       --capacity-tokens 4000000 --policy lru,fifo,lfu,belady
   kvcore bench manager                            kvcore vs vLLM, same run
 """
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def _policies(text: str) -> list[str]:
@@ -84,16 +74,16 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--workload", default="shared-prefix",
                     help="built-in workload when no TRACE: shared-prefix, multi-turn, few-shot, "
                     "random (default: shared-prefix)")
-    rp.add_argument("--block-size", type=_positive, default=16, help="tokens per block (16)")
+    rp.add_argument("--block-size", type=positive_int, default=16, help="tokens per block (16)")
     cap = rp.add_mutually_exclusive_group()
-    cap.add_argument("--num-blocks", type=_positive, help="KV-cache blocks (null block included)")
-    cap.add_argument("--capacity-tokens", type=_positive,
+    cap.add_argument("--num-blocks", type=positive_int, help="KV-cache blocks (null block included)")
+    cap.add_argument("--capacity-tokens", type=positive_int,
                      help="KV-cache capacity in tokens (default: 16384 for a built-in "
                      "workload, 4194304 for a trace)")
-    rp.add_argument("--max-num-seqs", type=_positive, default=64, help="running requests (64)")
-    rp.add_argument("--max-num-batched-tokens", type=_positive, default=8192,
+    rp.add_argument("--max-num-seqs", type=positive_int, default=64, help="running requests (64)")
+    rp.add_argument("--max-num-batched-tokens", type=positive_int, default=8192,
                     help="tokens per step (8192)")
-    rp.add_argument("--limit", type=_positive, help="replay only the first N requests")
+    rp.add_argument("--limit", type=positive_int, help="replay only the first N requests")
     rp.add_argument("--policy", type=_policies,
                     help="also simulate these eviction policies (comma separated: "
                     "lru,fifo,lfu,belady) at the same capacity")

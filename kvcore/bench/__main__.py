@@ -13,17 +13,7 @@ from collections.abc import Sequence
 from kvcore.bench.commands import COMMANDS, MIN_REPEATS, list_scenarios
 from kvcore.bench.peer import COMPILED_ENV
 from kvcore.bench.workers import WorkerError
-from kvcore.cmdline import OneLineParser
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+from kvcore.cmdline import OneLineParser, positive_int
 
 
 def _common(p: argparse.ArgumentParser, top: bool) -> None:
@@ -52,19 +42,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("pool", help="BlockPool ns/block for alloc+free, touch, eviction")
     p.add_argument("--pool-sizes", default="1000,100000,1000000")
     p.add_argument("--batch-sizes", default="1,16,256")
-    p.add_argument("--repeats", type=_positive, default=7)
+    p.add_argument("--repeats", type=positive_int, default=7)
     _common(p, top=False)
     h = sub.add_parser("hash", help="request block hashing throughput per algorithm")
     h.add_argument("--block-sizes", default="16,256")
-    h.add_argument("--num-tokens", type=_positive, default=1 << 16)
-    h.add_argument("--repeats", type=_positive, default=7)
+    h.add_argument("--num-tokens", type=positive_int, default=1 << 16)
+    h.add_argument("--repeats", type=positive_int, default=7)
     _common(h, top=False)
     sub.add_parser("fuzz", help="hostile fuzzing of the manager (see --help of the command)",
                    add_help=False)
     m = sub.add_parser("manager", help="KVCacheManager CPU µs per request cycle, per scenario")
-    m.add_argument("--repeats", type=_positive, default=MIN_REPEATS,
+    m.add_argument("--repeats", type=positive_int, default=MIN_REPEATS,
                    help=f"interleaved repeats per scenario (at least {MIN_REPEATS})")
-    m.add_argument("--requests", type=_positive, default=2000,
+    m.add_argument("--requests", type=positive_int, default=2000,
                    help="requests per 128-token scenario (long-request scenarios run fewer)")
     m.add_argument("--scenarios", metavar="NAMES",
                    help="comma-separated scenario names or substrings (default: all)")
