@@ -155,7 +155,7 @@ class SingleTypeKVCacheManager:
         evictable (free but cached) hit blocks it is about to take out of the free queue.
         ``max_blocks`` caps the blocks the request can hold at once (admission checks of types
         that release blocks as they go)."""
-        num_required = cdiv(num_tokens, self.block_size)
+        num_required = -(-num_tokens // self.block_size)  # cdiv, inlined (hot)
         if max_blocks is not None and num_required > max_blocks:
             num_required = max_blocks
         blocks = self.req_to_blocks.get(request_id)
@@ -219,7 +219,7 @@ class SingleTypeKVCacheManager:
         blocks = self.req_to_blocks.get(request_id)
         if blocks is None:
             blocks = self.req_to_blocks[request_id] = []
-        num_new = cdiv(num_tokens, self.block_size) - len(blocks)
+        num_new = -(-num_tokens // self.block_size) - len(blocks)  # cdiv, inlined (hot)
         if num_new <= 0:
             return []
         new = self.pool.get_new_blocks(num_new)
