@@ -3,9 +3,10 @@ snapshots for "a failed call changes nothing" assertions."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypedDict
 
+import pytest
 import torch
 
 from kvcore import BlockHasher, BlockPool, KVCacheBlock, MultiModalItem, Request, RequestBlockHasher
@@ -26,7 +27,7 @@ if TYPE_CHECKING:  # annotations are not evaluated at run time, so Python 3.10 n
 
 __all__ = ["ManagerOptions", "PoolOptions", "RequestOptions", "admit", "decode", "full_spec",
            "ids", "make_config", "make_manager", "make_pool", "make_request", "manager_snapshot",
-           "pool_snapshot", "scheduler_snapshot", "swa_spec"]
+           "pool_snapshot", "run_main", "scheduler_snapshot", "swa_spec"]
 
 
 class PoolOptions(TypedDict, total=False):
@@ -131,3 +132,15 @@ def decode(manager: KVCacheManager, request: Request, token: int) -> KVCacheBloc
     if out is not None:
         request.num_computed_tokens += 1
     return out
+
+
+def run_main(main: Callable[[list[str]], int], capsys: pytest.CaptureFixture[str],
+             *argv: str) -> tuple[int, str, str]:
+    """Run a command-line ``main`` in-process: its exit status (argparse's ``SystemExit``
+    included), stdout and stderr."""
+    try:
+        rc = main(list(argv))
+    except SystemExit as exc:  # argparse
+        rc = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return rc, out, err

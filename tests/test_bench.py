@@ -34,17 +34,13 @@ from kvcore.bench.workers import (
 )
 from kvcore.bench.workloads import hash_ops, manager_cycle, pool_ops
 from kvcore.bench.workloads.worker import StartupError, serve, startup
+from tests.factories import run_main
 
 KVCORE_SPEC = WorkerSpec("kvcore", "kvcore", sys.executable, source=REPO_ROOT, expect="source")
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        rc = main(list(argv))
-    except SystemExit as exc:  # argparse
-        rc = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return rc, out, err
+    return run_main(main, capsys, *argv)
 
 
 def _executable(path: Path, text: str) -> Path:

@@ -13,15 +13,11 @@ import pytest
 
 from kvcore.cli import main
 from kvcore.sim.traces import default_trace_path
+from tests.factories import run_main
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        rc = main(list(argv))
-    except SystemExit as exc:  # argparse
-        rc = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return rc, out, err
+    return run_main(main, capsys, *argv)
 
 
 def test_replay_default_workload(capsys: pytest.CaptureFixture[str]) -> None:

@@ -36,7 +36,12 @@ from runner.models import build_model, load_config, load_model
 from runner.models.decoder import layer_type_names, rope_parameters
 from runner.models.weights import hf_state_items
 from runner.sampler import SamplingParams
-from tests.runner.test_models import Paged, reference
+from tests.runner.test_models import (
+    Paged,
+    assert_packed_prefill_matches,
+    assert_paged_decode_matches,
+    reference,
+)
 
 TOL = 1e-4
 WINDOW = 8
@@ -92,13 +97,7 @@ def test_packed_prefill_matches_transformers(kind: str, kw: dict[str, Any]) -> N
     ours = build_model(cfg, weights=hf_state_items(hf))
     windows = ours.layer_sliding_windows
     assert None in windows and WINDOW in windows  # hybrid
-    prompts = random_prompts((5, 17, 33), seed=1)  # 17 and 33 tokens overrun the window
-    logits = Paged(ours).step(list(enumerate(prompts)))
-    start = 0
-    for p in prompts:
-        diff = (logits[start:start + len(p)] - reference(hf, p)).abs().max().item()
-        assert diff <= TOL, f"{kind}: {diff}"
-        start += len(p)
+    assert_packed_prefill_matches(ours, hf, kind)  # 17 and 33 tokens overrun the window
 
 
 def test_gemma3_layer_types_and_rope_bases() -> None:
@@ -131,19 +130,8 @@ def test_legacy_gemma3_config_fields() -> None:
 def test_incremental_decode_through_paged_cache(kind: str) -> None:
     cfg = gemma_config(kind)
     hf = hf_gemma(cfg)
-    paged = Paged(build_model(cfg, weights=hf_state_items(hf)), seed=3)
-    rng = random.Random(2)
-    seqs = {0: [rng.randrange(300) for _ in range(6)], 1: [rng.randrange(300) for _ in range(11)]}
-    paged.step(list(seqs.items()))
-    for _ in range(7):  # both decode one token per step, past the sliding window
-        chunk = []
-        for sid in seqs:
-            seqs[sid].append(rng.randrange(300))
-            chunk.append((sid, seqs[sid][-1:]))
-        logits = paged.step(chunk)
-        for row, sid in enumerate(seqs):
-            want = reference(hf, seqs[sid])[-1]
-            assert (logits[row] - want).abs().max().item() <= TOL
+    # 7 steps: the 11-token sequence reaches 18 tokens, past the 8-token sliding window
+    assert_paged_decode_matches(build_model(cfg, weights=hf_state_items(hf)), hf, steps=7)
 
 
 def test_prefill_after_cached_prefix() -> None:

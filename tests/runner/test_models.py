@@ -103,30 +103,27 @@ def reference(hf: Any, tokens: list[int]) -> torch.Tensor:
         return hf(torch.tensor([tokens])).logits[0]
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral"])
-def test_packed_prefill_matches_transformers(kind: str) -> None:
-    cfg = hf_config(kind, attention_bias=kind == "llama")
-    hf = hf_model(cfg)
-    ours = build_model(cfg, weights=hf_state_items(hf))
+def assert_packed_prefill_matches(model: Any, hf: Any, label: str) -> None:
+    """Three prompts (5, 17, 33 tokens) prefilled in one packed step give transformers' logits."""
     rng = random.Random(1)
     prompts = [[rng.randrange(300) for _ in range(n)] for n in (5, 17, 33)]
-    logits = Paged(ours).step(list(enumerate(prompts)))
+    logits = Paged(model).step(list(enumerate(prompts)))
     start = 0
     for p in prompts:
         diff = (logits[start:start + len(p)] - reference(hf, p)).abs().max().item()
-        assert diff <= TOL, f"{kind}: {diff}"
+        assert diff <= TOL, f"{label}: {diff}"
         start += len(p)
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3", "mistral"])
-def test_incremental_decode_through_paged_cache(kind: str) -> None:
-    cfg = hf_config(kind)
-    hf = hf_model(cfg)
-    paged = Paged(build_model(cfg, weights=hf_state_items(hf)), seed=3)
+def assert_paged_decode_matches(model: Any, hf: Any, steps: int) -> None:
+    """Two sequences (6 and 11 prompt tokens) decode ``steps`` tokens each, sharing the batch,
+    through shuffled paged blocks; every step's logits equal transformers' for the whole
+    sequence so far."""
+    paged = Paged(model, seed=3)
     rng = random.Random(2)
     seqs = {0: [rng.randrange(300) for _ in range(6)], 1: [rng.randrange(300) for _ in range(11)]}
     paged.step(list(seqs.items()))
-    for _ in range(9):  # both sequences decode one token per step, sharing the batch
+    for _ in range(steps):
         chunk = []
         for sid in seqs:
             seqs[sid].append(rng.randrange(300))
@@ -135,6 +132,20 @@ def test_incremental_decode_through_paged_cache(kind: str) -> None:
         for row, sid in enumerate(seqs):
             want = reference(hf, seqs[sid])[-1]
             assert (logits[row] - want).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral"])
+def test_packed_prefill_matches_transformers(kind: str) -> None:
+    cfg = hf_config(kind, attention_bias=kind == "llama")
+    hf = hf_model(cfg)
+    assert_packed_prefill_matches(build_model(cfg, weights=hf_state_items(hf)), hf, kind)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "mistral"])
+def test_incremental_decode_through_paged_cache(kind: str) -> None:
+    cfg = hf_config(kind)
+    hf = hf_model(cfg)
+    assert_paged_decode_matches(build_model(cfg, weights=hf_state_items(hf)), hf, steps=9)
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
