@@ -1,14 +1,18 @@
-"""BlockPool: every KV-cache block, the LRU free queue, the null block and the prefix-cache maps.
+"""BlockPool: every KV-cache block, the free side (an eviction policy), the null block and the
+prefix-cache maps.
 
 One pool serves every KV-cache group of a model.  Blocks move between two states:
 
-* **free** (``ref_cnt == 0``, linked in the free queue).  A free block may still carry a hash and
-  sit in its group's map: it is a prefix-cache entry that a hit can *resurrect* with ``touch``.
-  It loses the hash only when ``get_new_blocks`` reuses it (lazy eviction).
+* **free** (``ref_cnt == 0``, held by the eviction policy ``free_queue``).  A free block may still
+  carry a hash and sit in its group's map: it is a prefix-cache entry that a hit can *resurrect*
+  with ``touch``.  It loses the hash only when ``get_new_blocks`` reuses it (lazy eviction).
 * **in use** (``ref_cnt > 0``, not linked).
 
-``free_blocks`` returns hashed blocks to the tail (evicted last, LRU) and unhashed blocks to the
-head (reused first), so a request freeing its blocks tail-first leaves its prefix to live longest.
+The policy (:mod:`kvcore.eviction`, ``lru`` by default) decides which free block is reused next;
+with ``lru``, ``free_blocks`` returns hashed blocks to the tail (evicted last) and unhashed blocks
+to the head (reused first), so a request freeing its blocks tail-first leaves its prefix to live
+longest.  A scheduler may declare upcoming prefixes (``set_hints``): free blocks caching them
+wait in a *reserve* that is reused only once the policy has no block left (a soft pin).
 Block 0 is the null block, taken at construction; the first allocation returns ids 1, 2, ...
 """
 
@@ -34,7 +38,9 @@ from kvcore.events import (
     KVCacheEvent,
     untag_extra_keys,
 )
+from kvcore.eviction import make_policy
 from kvcore.hashing import block_extra_keys
+from kvcore.policy import EvictionPolicy
 
 if TYPE_CHECKING:
     from kvcore.blocks import PrefixNode
@@ -45,6 +51,18 @@ def _check_count(name: str, value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise InvalidArgumentError(f"{name} must be a non-negative int, got {value!r}")
     return value
+
+
+def _check_hashes(hashes: object) -> list[BlockHash]:
+    """A collection of block hashes as a list, or :class:`InvalidArgumentError` naming the bad
+    value."""
+    if isinstance(hashes, (str, bytes)) or not isinstance(hashes, Iterable):
+        raise InvalidArgumentError(f"block hashes must be a collection of bytes, got {hashes!r:.80}")
+    out = list(hashes)
+    for h in out:
+        if type(h) is not bytes:
+            raise InvalidArgumentError(f"a block hash must be bytes, got {h!r:.80}")
+    return out
 
 
 def _check_flag(name: str, value: object) -> bool:
@@ -65,13 +83,15 @@ class BlockPool:
         verify_hits: every cached block keeps the exact prefix its KV belongs to (a
             :class:`~kvcore.verify.PrefixNode`, given to ``cache_full_blocks``), so lookups can
             prove a hit instead of trusting its hash.
+        eviction_policy: the free side's policy, by name (``"lru"``, ``"slru"``, ``"s3fifo"``,
+            options as ``"slru:protected_share=0.3"``; see :mod:`kvcore.eviction`).
     """
 
     # Arguments are annotated with types the compiled build does not check on entry (an int
     # parameter would take True as 1): the checks below raise kvcore's typed errors in both builds.
     def __init__(self, num_blocks: SupportsIndex, *, enable_caching: object = True,
                  num_groups: SupportsIndex = 1, enable_events: object = False,
-                 verify_hits: object = False) -> None:
+                 verify_hits: object = False, eviction_policy: object = "lru") -> None:
         if type(num_blocks) is not int or num_blocks < 2:
             raise InvalidArgumentError(
                 f"num_blocks must be an int >= 2 (block 0 is the null block), got {num_blocks!r}")
@@ -85,7 +105,13 @@ class BlockPool:
         self.null_block: KVCacheBlock = NullBlock(0)
         self.blocks: list[KVCacheBlock] = [self.null_block]
         self.blocks.extend(KVCacheBlock(i) for i in range(1, num_blocks))
-        self.free_queue = FreeBlockQueue(self.blocks[1:])
+        self.free_queue: EvictionPolicy = make_policy(eviction_policy, self.blocks[1:])
+        self._notify_evict = self.free_queue.remembers_evictions
+        # Scheduler hints (set_hints): per group, the hashes declared upcoming (in declaration
+        # order), and the free blocks caching them, held out of the policy until needed.
+        self._hints: list[dict[BlockHash, None]] | None = None
+        self._reserve = FreeBlockQueue()
+        self._reserved: set[int] = set()
         # Per group: hash -> first block cached under it; further blocks with the same hash (a
         # block table is append-only, so equal content may be cached twice) live in _dups, in
         # insertion order.  Lookups hit only the first dict.
@@ -106,12 +132,30 @@ class BlockPool:
     @property
     def num_free_blocks(self) -> int:
         """Blocks that ``get_new_blocks`` can hand out (cached-but-free blocks included)."""
-        return len(self.free_queue)
+        return len(self.free_queue) + len(self._reserve)
 
     @property
     def usage(self) -> float:
         """Fraction of usable blocks in use, in [0, 1] (the null block is not counted)."""
-        return 1.0 - len(self.free_queue) / (self.num_blocks - 1)
+        return 1.0 - self.num_free_blocks / (self.num_blocks - 1)
+
+    @property
+    def eviction_policy(self) -> str:
+        """The free side's policy name."""
+        return self.free_queue.name
+
+    @property
+    def reserve(self) -> FreeBlockQueue:
+        """Free cached blocks held for declared upcoming prefixes (see ``set_hints``), the first
+        released first."""
+        return self._reserve
+
+    @property
+    def hints(self) -> tuple[frozenset[BlockHash], ...]:
+        """Per group, the hashes currently declared upcoming (empty sets when none)."""
+        if self._hints is None:
+            return tuple(frozenset() for _ in range(self.num_groups))
+        return tuple(frozenset(h) for h in self._hints)
 
     def get_cached_block(self, block_hash: BlockHash,
                          group_ids: Sequence[int]) -> list[KVCacheBlock] | None:
@@ -158,16 +202,26 @@ class BlockPool:
         if type(num_blocks) is not int or num_blocks < 0:
             num_blocks = _check_count("num_blocks", num_blocks)
         if num_blocks > len(self.free_queue):
-            raise NoFreeBlocksError(
-                f"cannot allocate {num_blocks} blocks: only {len(self.free_queue)} are free")
+            self._release_reserve(num_blocks)  # raises if even the reserve is too small
         if not num_blocks:
             return []
-        blocks = self.free_queue.take_n(num_blocks, 1)
+        blocks = self.free_queue.pick_victims(num_blocks, 1)
         if self.enable_caching:
             for block in blocks:
                 if block.block_hash is not None:
                     self._evict(block)
         return blocks
+
+    def _release_reserve(self, num_blocks: int) -> None:
+        """Return reserved blocks to the policy until it holds ``num_blocks`` (soft pins yield
+        before an allocation fails); :class:`NoFreeBlocksError` if all free blocks are fewer."""
+        short = num_blocks - len(self.free_queue)
+        if short > len(self._reserve):
+            raise NoFreeBlocksError(
+                f"cannot allocate {num_blocks} blocks: only {self.num_free_blocks} are free")
+        released = self._reserve.popleft_n(short)
+        self._reserved.difference_update(b.block_id for b in released)
+        self.free_queue.on_free((), released)
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take one more reference on each block; a free (cached) block leaves the free queue.
@@ -184,26 +238,17 @@ class BlockPool:
                                       "not in the free queue")
         self._touch(batch)
 
-    def _touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+    def _touch(self, blocks: Sequence[KVCacheBlock]) -> None:
         """``touch`` for blocks known to be this pool's and consistent (the managers' hits,
         checked where they enter the manager)."""
-        # Unlinking is inlined (FreeBlockQueue.remove's logic): a prefix hit resurrects blocks one
-        # by one and this is the hot path.  The null block reads ref_cnt 0 and is skipped there.
-        resurrected = 0
-        for block in blocks:
-            ref_cnt = block.ref_cnt
-            if ref_cnt == 0:
-                if block.is_null:
-                    continue
-                prev: KVCacheBlock = block.prev_free  # type: ignore[assignment]  # linked: free
-                nxt: KVCacheBlock = block.next_free  # type: ignore[assignment]
-                prev.next_free = nxt
-                nxt.prev_free = prev
-                block.prev_free = block.next_free = None
-                resurrected += 1
-            block.ref_cnt = ref_cnt + 1
-        if resurrected:
-            self.free_queue.forget(resurrected)
+        if self._reserved:  # a reserved block leaves the reserve through the policy (a hit)
+            back = [b for b in blocks if b.block_id in self._reserved]
+            for block in back:
+                self._reserve.remove(block)
+                self._reserved.discard(block.block_id)
+            if back:
+                self.free_queue.on_free((), back)
+        self.free_queue.on_touch(blocks)
 
     def _check_owned(self, blocks: Sequence[object], op: str) -> None:
         """Raise :class:`BlockStateError` if any block is not one of this pool's."""
@@ -252,10 +297,70 @@ class BlockPool:
                     if not undo.is_null:
                         undo.ref_cnt += 1
                 raise DoubleFreeError(f"block {block.block_id} freed with ref_cnt {ref_cnt}")
-        if to_head:
-            self.free_queue.prepend_n(to_head)
-        if to_tail:
-            self.free_queue.append_n(to_tail)
+        if to_tail and self._hints is not None:
+            to_tail = self._divert_hinted(to_tail)
+        if to_head or to_tail:
+            self.free_queue.on_free(to_head, to_tail)
+
+    def _divert_hinted(self, blocks: list[KVCacheBlock]) -> list[KVCacheBlock]:
+        """Move the freed cached blocks that serve a declared prefix to the reserve; return the
+        others."""
+        hints = self._hints
+        assert hints is not None
+        cached = self._cached
+        rest: list[KVCacheBlock] = []
+        for block in blocks:
+            g = block.group_id
+            h = block.block_hash
+            if h in hints[g] and cached[g].get(h) is block:
+                self._reserve.append(block)
+                self._reserved.add(block.block_id)
+            else:
+                rest.append(block)
+        return rest
+
+    def set_hints(self, hashes: Sequence[Iterable[BlockHash]]) -> None:
+        """Declare the prefixes a scheduler is about to run: per group, the block hashes of its
+        upcoming requests, most urgent first (replacing the previous declaration; empty
+        iterables clear it).
+
+        Free blocks caching a declared hash (the block a lookup would hit) are moved to the
+        reserve, reused only after every block the policy holds: a soft pin that changes
+        eviction order, never correctness or whether an allocation succeeds.  Blocks no longer
+        declared return to the policy.  O(number of hashes) per call.
+        """
+        if isinstance(hashes, (str, bytes)) or len(hashes) != self.num_groups:
+            raise InvalidArgumentError(
+                f"set_hints needs one hash collection per group ({self.num_groups}), "
+                f"got {hashes!r:.80}")
+        new = [dict.fromkeys(_check_hashes(group)) for group in hashes]
+        self._hints = new if self.enable_caching and any(new) else None
+        if self._reserved:
+            keep = []
+            back = []
+            for block in self._reserve:
+                h = block.block_hash
+                if self._hints is not None and h in self._hints[block.group_id]:
+                    keep.append(block)
+                else:
+                    back.append(block)
+            if back:
+                for block in back:
+                    self._reserve.remove(block)
+                    self._reserved.discard(block.block_id)
+                self.free_queue.on_free((), back)
+        if self._hints is None:
+            return
+        # Least urgent first into the reserve, so that pressure releases it first.
+        for g, declared in enumerate(self._hints):
+            cached = self._cached[g]
+            for h in reversed(declared):
+                found = cached.get(h)
+                if found is not None and found.ref_cnt == 0 and found.block_id not in (
+                        self._reserved):
+                    self.free_queue.remove(found)
+                    self._reserve.append(found)
+                    self._reserved.add(found.block_id)
 
     # -- prefix cache ---------------------------------------------------------------------------
     def cache_full_blocks(
@@ -399,6 +504,8 @@ class BlockPool:
         """Remove every key of ``block`` from its group's map (the block itself stays where it
         is): its hash, and any partial entries it also carries."""
         g = block.group_id
+        if self._notify_evict:
+            self.free_queue.on_evict(block)
         if self._secondary or self._partial_primary:
             removed = self._drop_keys(block)
         else:  # the common case, inlined (lazy eviction runs for every reused cached block)
@@ -549,12 +656,20 @@ class BlockPool:
             block = self.blocks[block_id]
             if block.block_hash is not None:
                 self._evict(block)
+                if block_id in self._reserved:  # no longer serves a prefix: back to the policy
+                    self._reserve.remove(block)
+                    self._reserved.discard(block_id)
+                    self.free_queue.on_free((block,), ())
+                elif block.ref_cnt == 0:
+                    self.free_queue.on_uncache(block)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash.  Refuses (returns ``False``, changes nothing) while any
         non-null block is in use; emits ``AllBlocksCleared`` on success."""
-        if len(self.free_queue) != self.num_blocks - 1:
+        if self.num_free_blocks != self.num_blocks - 1:
             return False
+        self.set_hints([() for _ in range(self.num_groups)])
+        self.free_queue.reset()
         for g in range(self.num_groups):
             self._cached[g] = {}
             self._dups[g] = {}

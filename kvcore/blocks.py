@@ -3,7 +3,8 @@
 ``KVCacheBlock`` is the per-block record the pool hands out; ``FreeBlockQueue`` is a doubly linked
 list threaded *through* the blocks (``prev_free`` / ``next_free``), bracketed by two sentinel
 blocks so that no operation branches on "empty".  Every operation is O(1) per block and allocates
-nothing but the list it returns.
+nothing but the list it returns.  The queue is the ``lru`` eviction policy itself
+(:mod:`kvcore.eviction`), and the segment list the other policies are built from.
 
 Queue order is eviction order: the head is reused first.
 
@@ -12,10 +13,11 @@ Queue order is eviction order: the head is reused first.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any, NewType
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, ClassVar, NewType
 
 from kvcore.errors import BlockStateError, InvalidArgumentError, NoFreeBlocksError, NullBlockError
+from kvcore.policy import EvictionPolicy
 
 BlockHash = NewType("BlockHash", bytes)
 """A chained block hash (see ``kvcore.hashing``)."""
@@ -95,8 +97,11 @@ class NullBlock(KVCacheBlock):
                 f"the null block's reference count is not tracked (tried to set {value})")
 
 
-class FreeBlockQueue:
+class FreeBlockQueue(EvictionPolicy):
     """Intrusive doubly linked list of free blocks, in eviction order (head first).
+
+    As an :class:`~kvcore.eviction.EvictionPolicy` it is LRU (vLLM's free queue): uncached blocks
+    go to the head, cached ones to the tail, a hit unlinks the block and reuse pops the head.
 
     The constructor links ``blocks`` in the given order.  The length is a cached counter (the hot
     path needs it); ``kvcore.invariants`` checks it against a walk of the list.
@@ -107,6 +112,7 @@ class FreeBlockQueue:
     """
 
     __slots__ = ("_head", "_num_free", "_tail")
+    name: ClassVar[str] = "lru"
 
     def __init__(self, blocks: Sequence[KVCacheBlock] = ()) -> None:
         self._head = KVCacheBlock(_SENTINEL_ID)
@@ -143,6 +149,40 @@ class FreeBlockQueue:
         node = self._head.next_free
         return None if node is self._tail else node
 
+    def queues(self) -> Sequence[FreeBlockQueue]:
+        return (self,)
+
+    def check(self) -> list[str]:
+        return []  # the queue's links and length are checked by kvcore.invariants
+
+    # -- the lru policy ---------------------------------------------------------------------------
+    def on_free(self, uncached: Sequence[KVCacheBlock], cached: Sequence[KVCacheBlock]) -> None:
+        if uncached:
+            self.prepend_n(uncached)
+        if cached:
+            self.append_n(cached)
+
+    def on_touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        # Unlinking is inlined (``remove``'s logic): a prefix hit resurrects blocks one by one and
+        # this is the hot path.  The null block reads ref_cnt 0 and is skipped there.
+        resurrected = 0
+        for block in blocks:
+            ref_cnt = block.ref_cnt
+            if ref_cnt == 0:
+                if block.is_null:
+                    continue
+                prev: KVCacheBlock = block.prev_free  # type: ignore[assignment]  # linked: free
+                nxt: KVCacheBlock = block.next_free  # type: ignore[assignment]
+                prev.next_free = nxt
+                nxt.prev_free = prev
+                block.prev_free = block.next_free = None
+                resurrected += 1
+            block.ref_cnt = ref_cnt + 1
+        self._num_free -= resurrected
+
+    def pick_victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
+        return self._unlink_first(n, ref_cnt)
+
     # -- removal --------------------------------------------------------------------------------
     def popleft(self) -> KVCacheBlock:
         """Remove and return the head block; raises :class:`NoFreeBlocksError` when empty."""
@@ -156,15 +196,6 @@ class FreeBlockQueue:
         block.prev_free = block.next_free = None
         self._num_free -= 1
         return block
-
-    def forget(self, n: int) -> None:
-        """Account for ``n`` blocks the pool unlinked itself (see ``BlockPool.touch``)."""
-        self._num_free -= n
-
-    def take_n(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
-        """``popleft_n`` that also sets each block's ``ref_cnt`` in the same pass (the pool's
-        allocation hot path).  The caller has checked ``0 < n <= len(self)``."""
-        return self._unlink_first(n, ref_cnt)
 
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
         """Remove and return the first ``n`` blocks, in queue order."""

@@ -5,11 +5,15 @@ the first broken rule, the block and the observed values:
 
 ``block-id``        ``pool.blocks[i].block_id == i`` and block 0 is the null block
 ``null-block``      the null block is never queued, hashed, mapped or referenced
-``queue-links``     the free queue is a proper doubly linked list from head to tail sentinel
+``queue-links``     every free list (the policy's segments, the hint reserve) is a proper
+                    doubly linked list from head to tail sentinel
 ``queue-foreign``   every queued block is one of this pool's blocks
 ``queue-cycle``     walking the queue never revisits a block (a cycle normally trips
                     ``queue-links`` first: a revisited block cannot match both predecessors)
-``queue-length``    the queue's cached length equals the number of linked blocks
+``queue-length``    each list's cached length, and the policy's count, equal the linked blocks
+``policy``          the eviction policy's own invariants (``EvictionPolicy.check``: segment
+                    table, segment caps, uncached blocks only in the clean segment, ghost size)
+``hint-reserve``    every reserved block caches a declared hash, as the block a lookup would hit
 ``block-state``     every other block is either queued with ref_cnt 0 or unlinked with ref_cnt > 0
 ``ref-count``       with ``owners``: ref_cnt == number of references from all owners' block lists
 ``map-entry``       every map entry's block carries exactly that hash and group
@@ -27,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from kvcore.block_pool import BlockPool
-from kvcore.blocks import KVCacheBlock
+from kvcore.blocks import FreeBlockQueue, KVCacheBlock
 from kvcore.errors import InvariantError
 from kvcore.hashing import hashes_at
 from kvcore.verify import HitVerifier
@@ -61,13 +65,42 @@ def _count_references(pool: BlockPool, owners: Mapping[object, BlockLists]) -> C
     return refs
 
 
-def _check_queue(pool: BlockPool) -> set[int]:
-    queue = pool.free_queue
+def _check_free_side(pool: BlockPool) -> set[int]:
+    """Every list of the policy and the hint reserve; returns the ids of all linked blocks."""
+    seen: set[int] = set()
+    policy = pool.free_queue
+    for queue in policy.queues():
+        _check_queue(pool, queue, seen)
+    linked_in_policy = len(seen)
+    if len(policy) != linked_in_policy:
+        raise _fail("queue-length", f"the {policy.name} policy counts {len(policy)} free blocks "
+                    f"but {linked_in_policy} are linked in its lists",
+                    observed=(len(policy), linked_in_policy))
+    for problem in policy.check():
+        raise _fail("policy", f"{policy.name}: {problem}")
+    reserve = _check_queue(pool, pool.reserve, seen)
+    hints = pool.hints
+    for bid in reserve:
+        block = pool.blocks[bid]
+        g = block.group_id
+        if (block.block_hash is None or block.block_hash not in hints[g]
+                or pool.cached_blocks_map(g).get(block.block_hash) is not block):
+            raise _fail("hint-reserve", "a reserved block does not cache a declared hash "
+                        "(as the block a lookup would hit)", block)
+    if reserve != pool._reserved:
+        raise _fail("hint-reserve", "the reserve's id set differs from its list",
+                    observed=sorted(reserve ^ pool._reserved))
+    return seen
+
+
+def _check_queue(pool: BlockPool, queue: FreeBlockQueue, seen: set[int]) -> set[int]:
+    """One intrusive list: links, ownership, no block twice (across all lists: ``seen``) and its
+    cached length; returns the ids it links."""
+    mine: set[int] = set()
     head, tail = queue.head, queue.tail
     if head.prev_free is not None or tail.next_free is not None:
         raise _fail("queue-links", "a sentinel has an outer link")
     blocks = pool.blocks
-    seen: set[int] = set()
     prev = head
     node = head.next_free
     while node is not tail:
@@ -83,16 +116,17 @@ def _check_queue(pool: BlockPool) -> set[int]:
         if not (0 <= bid < len(blocks)) or blocks[bid] is not node:
             raise _fail("queue-foreign", "the queue holds a block that is not this pool's", node)
         if bid in seen:
-            raise _fail("queue-cycle", "the queue visits this block twice", node)
+            raise _fail("queue-cycle", "the free lists visit this block twice", node)
         seen.add(bid)
+        mine.add(bid)
         prev = node
         node = node.next_free
     if tail.prev_free is not prev:
         raise _fail("queue-links", "the tail sentinel's prev_free is not the last block", prev)
-    if len(queue) != len(seen):
-        raise _fail("queue-length", f"len(queue) is {len(queue)} but {len(seen)} blocks are "
-                    "linked", observed=(len(queue), len(seen)))
-    return seen
+    if len(queue) != len(mine):
+        raise _fail("queue-length", f"len(queue) is {len(queue)} but {len(mine)} blocks are "
+                    "linked", observed=(len(queue), len(mine)))
+    return mine
 
 
 def _check_maps(pool: BlockPool) -> None:
@@ -140,7 +174,7 @@ def check_invariants(pool: BlockPool, owners: Mapping[object, BlockLists] | None
     if null.ref_cnt != 0:
         raise _fail("null-block", f"the null block's ref_cnt is {null.ref_cnt}", null)
 
-    queued = _check_queue(pool)
+    queued = _check_free_side(pool)
     for block in blocks[1:]:
         if block.is_null:
             raise _fail("null-block", "a second block is marked null", block)

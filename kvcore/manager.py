@@ -28,7 +28,7 @@ from typing import Any, Final, NoReturn, SupportsIndex
 from msgspec.structs import replace
 
 from kvcore._mypyc import mypyc_attr
-from kvcore.blocks import KVCacheBlock
+from kvcore.blocks import BlockHash, KVCacheBlock
 from kvcore.coordinator import KVCacheCoordinator, make_coordinator
 from kvcore.errors import (
     InvalidArgumentError,
@@ -152,6 +152,10 @@ class KVCacheManager:
         fast_path: let ``allocate_slots`` calls that only add new tokens skip the validation they
             cannot fail (the default); ``False`` validates every call in full.  Both reach the
             same allocation code; the switch exists so tests can run both ways.
+        eviction_policy: which free cached block is reused first: ``"lru"`` (vLLM's order, the
+            default), ``"slru"``, ``"s3fifo"``, with options as ``"slru:protected_share=0.3"``
+            (see :mod:`kvcore.eviction`).  Scheduler hints (``declare_upcoming``) compose with
+            any of them.
 
     Arguments that the manager checks itself are annotated with types that the compiled build
     does not check on entry (``object``, ``SupportsIndex``: an ``int`` parameter would take
@@ -172,7 +176,7 @@ class KVCacheManager:
                  max_num_batched_tokens: SupportsIndex | None = None,
                  manager_classes: ManagerClasses | None = None,
                  block_hasher: object = None, use_eagle: object = False,
-                 fast_path: object = True) -> None:
+                 fast_path: object = True, eviction_policy: object = "lru") -> None:
         if not isinstance(config, KVCacheConfig):
             raise InvalidArgumentError(f"config must be a KVCacheConfig, got {config!r}")
         if type(max_model_len) is not int or max_model_len <= 0:
@@ -202,7 +206,8 @@ class KVCacheManager:
             block_hasher if block_hasher is not None else BlockHasher(hash_algo, hash_seed))
         self.coordinator: KVCacheCoordinator = make_coordinator(
             config, enable_caching=enable_caching, enable_events=enable_events,
-            verify_hits=verify_hits, use_eagle=use_eagle, manager_classes=manager_classes)
+            verify_hits=verify_hits, use_eagle=use_eagle, manager_classes=manager_classes,
+            eviction_policy=eviction_policy)
         self.pool = self.coordinator.pool
         self.hash_block_size = config.hash_block_size
         self.num_groups = config.num_groups
@@ -571,6 +576,30 @@ class KVCacheManager:
         if self.prefix_cache_stats is not None:
             self.prefix_cache_stats.reset = True
         return True
+
+    def declare_upcoming(self, requests: Iterable[KVRequest]) -> None:
+        """Declare the requests a scheduler is about to run, most urgent first (replacing the
+        previous declaration; an empty iterable clears it).
+
+        Free cached blocks that serve their prefixes are then reused only after every other
+        free block (a soft pin: still reused before an allocation would fail), whatever the
+        eviction policy.  Hints change eviction order only, never a result of
+        ``get_computed_blocks`` or whether ``allocate_slots`` succeeds.
+        """
+        if isinstance(requests, (str, bytes)) or not isinstance(requests, Iterable):
+            raise InvalidArgumentError(f"requests must be an iterable of requests, got "
+                                       f"{requests!r:.80}")
+        per_group: list[list[BlockHash]] = [[] for _ in range(self.num_groups)]
+        caching = [m for m in self.coordinator.managers if m.enable_caching]
+        for request in requests:
+            if not isinstance(getattr(request, "block_hashes", None), Sequence):
+                raise InvalidArgumentError(f"declare_upcoming takes requests, got {request!r:.80}")
+            if not self.enable_caching or request.skip_reading_prefix_cache:
+                continue
+            for m in caching:
+                per_group[m.group_id].extend(
+                    hashes_at(request.block_hashes, self.hash_block_size, m.block_size))
+        self.pool.set_hints(per_group)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop these blocks from the prefix cache (reference counts unchanged)."""

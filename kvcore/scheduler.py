@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 
 from kvcore.errors import InvalidArgumentError, KVCoreError, UnknownRequestError
 from kvcore.manager import KVCacheManager
@@ -42,12 +43,18 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     full_sequence_must_fit: bool = False
     """Admit a request only if its whole prompt fits (not just the first chunk)."""
+    queue_hints: int = 0
+    """Declare the first this many waiting requests to the KV-cache manager every step
+    (``declare_upcoming``), so free blocks caching their prefixes are evicted last; 0 = off."""
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise InvalidArgumentError(f"{name} must be a positive int, got {value!r}")
+        if type(self.queue_hints) is not int or self.queue_hints < 0:
+            raise InvalidArgumentError(
+                f"queue_hints must be an int >= 0, got {self.queue_hints!r}")
 
 
 class ScheduledRequest:
@@ -139,6 +146,7 @@ class Scheduler:
         self.stats = SchedulerStats()
         self._finished_ids: list[str] = []
         self._usable_blocks = kv_cache_manager.config.num_blocks - 1
+        self._declared: tuple[tuple[int, int], ...] = ()  # what the last hints covered
 
     # -- requests -------------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -229,6 +237,8 @@ class Scheduler:
         """Choose this step's requests and token counts, allocating their KV slots."""
         kv = self.kv
         kv.new_step()
+        if self.config.queue_hints:
+            self._declare_upcoming()
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[str] = []
@@ -242,6 +252,14 @@ class Scheduler:
         self.stats.scheduled_tokens += num_tokens
         finished, self._finished_ids = self._finished_ids, []
         return SchedulerOutput(scheduled, preempted, finished, num_tokens, self.stats.steps)
+
+    def _declare_upcoming(self) -> None:
+        """Hint the manager with the head of the waiting queue (only when it changed)."""
+        head = list(islice(self.waiting, self.config.queue_hints))
+        key = tuple((id(r), len(r.block_hashes)) for r in head)
+        if key != self._declared:
+            self.kv.declare_upcoming(head)
+            self._declared = key
 
     def _schedule_running(self, budget: int, scheduled: list[ScheduledRequest],
                           preempted: list[str]) -> int:

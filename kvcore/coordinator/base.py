@@ -33,14 +33,15 @@ class KVCacheCoordinator:
 
     def __init__(self, config: KVCacheConfig, *, enable_caching: bool, enable_events: bool,
                  verify_hits: bool, alignment_tokens: int, cache_alignment: int | None = None,
-                 use_eagle: bool = False, manager_classes: ManagerClasses | None = None) -> None:
+                 use_eagle: bool = False, manager_classes: ManagerClasses | None = None,
+                 eviction_policy: object = "lru") -> None:
         self.config = config
         self.enable_caching = enable_caching
         self.verify_hits = verify_hits and enable_caching
         self.use_eagle = use_eagle
         self.pool = BlockPool(config.num_blocks, enable_caching=enable_caching,
                               num_groups=config.num_groups, enable_events=enable_events,
-                              verify_hits=self.verify_hits)
+                              verify_hits=self.verify_hits, eviction_policy=eviction_policy)
         self.hash_block_size = config.hash_block_size
         self.alignment_tokens = alignment_tokens
         self.cache_alignment = cache_alignment

@@ -37,11 +37,12 @@ class _SpecGroup:
 class HybridCoordinator(KVCacheCoordinator):
     def __init__(self, config: KVCacheConfig, *, enable_events: bool = False,
                  verify_hits: bool = False, use_eagle: bool = False,
-                 manager_classes: ManagerClasses | None = None) -> None:
+                 manager_classes: ManagerClasses | None = None,
+                 eviction_policy: object = "lru") -> None:
         super().__init__(config, enable_caching=True, enable_events=enable_events,
                          verify_hits=verify_hits, alignment_tokens=config.alignment_tokens,
                          cache_alignment=config.alignment_tokens, use_eagle=use_eagle,
-                         manager_classes=manager_classes)
+                         manager_classes=manager_classes, eviction_policy=eviction_policy)
         spec_groups: list[_SpecGroup] = []
         for i, manager in enumerate(self.managers):
             if not manager.enable_caching:

@@ -16,13 +16,14 @@ from kvcore.verify import HitVerifier
 class UnitaryCoordinator(KVCacheCoordinator):
     def __init__(self, config: KVCacheConfig, *, enable_events: bool = False,
                  verify_hits: bool = False, use_eagle: bool = False,
-                 manager_classes: ManagerClasses | None = None) -> None:
+                 manager_classes: ManagerClasses | None = None,
+                 eviction_policy: object = "lru") -> None:
         if config.num_groups != 1:
             raise InvalidArgumentError(
                 f"UnitaryCoordinator needs exactly one group, got {config.num_groups}")
         super().__init__(config, enable_caching=True, enable_events=enable_events,
                          verify_hits=verify_hits, alignment_tokens=config.groups[0].spec.block_size,
-                         use_eagle=use_eagle, manager_classes=manager_classes)
+                         use_eagle=use_eagle, manager_classes=manager_classes, eviction_policy=eviction_policy)
         self._manager = m = self.managers[0]
         # One query reused by every lookup (lookups are not reentrant): building a fresh one
         # would cost more than a short hit itself.

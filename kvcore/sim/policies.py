@@ -1,40 +1,50 @@
 """Prefix-cache eviction policies over block-key sequences, without a scheduler.
 
-Requests run one at a time and follow the real manager's lifecycle, so that LRU here reproduces
-``KVCacheManager``'s eviction order (tested against a concurrency-1 replay):
+The simulator runs the same policy objects as the real pool (:mod:`kvcore.eviction`: ``lru``,
+``slru``, ``s3fifo``) over :class:`~kvcore.blocks.KVCacheBlock` records, plus three policies
+that exist only here: ``fifo`` (first caching order; hits do not refresh), ``lfu`` (fewest
+releases, then least recent) and ``belady``, the offline bound.  Requests run one at a time and
+follow the real manager's lifecycle, so a pool policy here reproduces ``KVCacheManager`` with
+that policy at concurrency 1 (tested for LRU):
 
 1. a request hits the leading run of its prompt's full blocks that are cached, capped at
    ``(num_prompt_tokens - 1) // block_size`` blocks (the last prompt token is never a hit);
-2. its hit blocks are pinned; it then takes one fresh block per remaining block of prompt and
-   output, each allocation evicting the policy's victim when the cache is full;
-3. when it finishes, its full blocks (prompt and output) become evictable cache entries, released
-   tail first, so its prefix is the most recent; a partial last block is not cached.
+   the hit blocks are touched (a prefix hit, as ``BlockPool.touch``);
+2. it then takes one fresh block per remaining block of prompt and output (``pick_victims``),
+   evicting the victims' keys;
+3. when it finishes, its blocks are freed tail first (``on_free``): full blocks (prompt and
+   output) become evictable cache entries, so its prefix is the most recent; a partial last
+   block is not cached.
 
 A block recomputed after its chain broke is cached again even if an older copy with the same key
 survives (as in the manager, whose block tables are append-only); hits use the oldest copy.
 
-Policies: ``lru``, ``fifo`` (insertion order; hits do not refresh), ``lfu`` (fewest uses, then
-least recent) and ``belady`` — the offline policy that evicts the entry whose key is needed again
-furthest in the future (it reads the whole trace).  Belady's MIN is the optimum when blocks are
-fetched independently; here a miss forces the rest of the request's chain to be recomputed, so
-it is a strong offline bound rather than a proven optimum: a random search finds tiny traces
-(8 requests, 7 blocks) where LFU beats it by a few blocks, while on the shipped Mooncake trace
-and every synthetic workload it is never below an online policy (tested).  Priority structures
-use ``sortedcontainers``.  Requests needing more blocks than the cache holds are skipped, as the
-scheduler rejects them.
+``belady`` evicts the entry whose key is needed again furthest in the future (it reads the whole
+trace).  Belady's MIN is the optimum when blocks are fetched independently; here a miss forces
+the rest of the request's chain to be recomputed, so it is a strong offline bound rather than a
+proven optimum: a random search finds tiny traces (8 requests, 7 blocks) where LFU beats it by a
+few blocks, while on the shipped Mooncake trace and every synthetic workload it is never below
+an online policy (tested).  The offline policies keep their order in a ``sortedcontainers``
+list (O(log n)); they are not pool policies.  Requests needing more blocks than the cache holds
+are skipped (counted in ``PolicyResult.skipped``), as the scheduler rejects them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 from sortedcontainers import SortedList
 
+from kvcore.blocks import BlockHash, FreeBlockQueue, KVCacheBlock
 from kvcore.errors import InvalidArgumentError
+from kvcore.eviction import POOL_POLICIES, make_policy
+from kvcore.policy import EvictionPolicy
 from kvcore.sim.traces import TraceRequest
 
-POLICIES = ("lru", "fifo", "lfu", "belady")
+OFFLINE_BOUND = "belady"
+POLICIES = (*POOL_POLICIES, "fifo", "lfu", OFFLINE_BOUND)
 INFINITE = float("inf")
 
 
@@ -66,45 +76,134 @@ class PolicyResult:
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
-@dataclass
-class _Entry:
-    key: object
-    slot: int
-    priority: tuple[float, ...] = field(default=())
+class PriorityPolicy(EvictionPolicy):
+    """An offline policy: cached free blocks ordered by a priority the subclass computes when a
+    block is freed (lowest evicted first); uncached blocks are reused first.  O(log n)."""
 
+    __slots__ = ("_clean", "_clock", "_entries", "_order")
 
-class _Cache:
-    """Evictable cached blocks, several per key allowed, ordered by policy priority."""
-
-    def __init__(self) -> None:
-        self.order = SortedList(key=lambda e: e.priority)
-        self.by_key: dict[object, list[_Entry]] = {}
+    def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
+        self._clean = FreeBlockQueue(blocks)
+        self._order: SortedList = SortedList()
+        self._entries: dict[int, tuple[tuple[float, ...], int, KVCacheBlock]] = {}
+        self._clock = 0
 
     def __len__(self) -> int:
-        return len(self.order)
+        return len(self._clean) + len(self._order)
 
-    def add(self, entry: _Entry) -> None:
-        self.order.add(entry)
-        self.by_key.setdefault(entry.key, []).append(entry)
+    def __iter__(self) -> Iterator[KVCacheBlock]:
+        yield from self._clean
+        for _, _, bid in self._order:
+            yield self._entries[bid][2]
 
-    def take(self, key: object) -> _Entry | None:
-        """Remove and return the oldest copy for ``key`` (a hit)."""
-        copies = self.by_key.get(key)
-        if not copies:
-            return None
-        entry = copies.pop(0)
-        if not copies:
-            del self.by_key[key]
-        self.order.remove(entry)
-        return entry
+    def first(self) -> KVCacheBlock | None:
+        block = self._clean.first()
+        if block is None and self._order:
+            block = self._entries[self._order[0][2]][2]
+        return block
 
-    def evict(self) -> _Entry:
-        entry = self.order.pop(0)
-        copies = self.by_key[entry.key]
-        copies.remove(entry)
-        if not copies:
-            del self.by_key[entry.key]
-        return entry
+    def queues(self) -> Sequence[FreeBlockQueue]:
+        return (self._clean,)
+
+    def check(self) -> list[str]:
+        return [] if len(self._order) == len(self._entries) else ["order and entries differ"]
+
+    def on_free(self, uncached: Sequence[KVCacheBlock], cached: Sequence[KVCacheBlock]) -> None:
+        self._clean.prepend_n(uncached)
+        for block in cached:
+            self._clock += 1
+            entry = (self._priority(block, self._clock), self._clock, block)
+            self._entries[block.block_id] = entry
+            self._order.add((entry[0], entry[1], block.block_id))
+
+    def on_touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        for block in blocks:
+            if block.ref_cnt == 0 and not block.is_null:
+                self.remove(block)
+            block.ref_cnt += 1
+
+    def remove(self, block: KVCacheBlock) -> None:
+        entry = self._entries.pop(block.block_id, None)
+        if entry is None:
+            self._clean.remove(block)
+        else:
+            self._order.remove((entry[0], entry[1], block.block_id))
+
+    def pick_victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
+        out = self._clean.popleft_n(min(n, len(self._clean)))
+        while len(out) < n:
+            _, _, bid = self._order.pop(0)
+            out.append(self._entries.pop(bid)[2])
+        for block in out:
+            block.ref_cnt = ref_cnt
+        return out
+
+    def _priority(self, block: KVCacheBlock, clock: int) -> tuple[float, ...]:
+        raise NotImplementedError
+
+
+class FIFOPolicy(PriorityPolicy):
+    """``fifo``: evict in the order blocks were first cached; hits do not refresh."""
+
+    __slots__ = ("_born",)
+    name: ClassVar[str] = "fifo"
+    remembers_evictions: ClassVar[bool] = True
+
+    def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
+        super().__init__(blocks)
+        self._born: dict[int, int] = {}
+
+    def _priority(self, block: KVCacheBlock, clock: int) -> tuple[float, ...]:
+        return (self._born.setdefault(block.block_id, clock),)
+
+    def on_evict(self, block: KVCacheBlock) -> None:
+        self._born.pop(block.block_id, None)
+
+
+class LFUPolicy(PriorityPolicy):
+    """``lfu``: evict the block released fewest times since it was cached, then the least
+    recent."""
+
+    __slots__ = ("_uses",)
+    name: ClassVar[str] = "lfu"
+    remembers_evictions: ClassVar[bool] = True
+
+    def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
+        super().__init__(blocks)
+        self._uses: dict[int, int] = {}
+
+    def _priority(self, block: KVCacheBlock, clock: int) -> tuple[float, ...]:
+        uses = self._uses[block.block_id] = self._uses.get(block.block_id, 0) + 1
+        return (uses, clock)
+
+    def on_evict(self, block: KVCacheBlock) -> None:
+        self._uses.pop(block.block_id, None)
+
+
+class BeladyPolicy(PriorityPolicy):
+    """``belady`` (offline bound): evict the block whose key is needed furthest in the future;
+    the simulator sets ``next_use`` before each release."""
+
+    __slots__ = ("next_use",)
+    name: ClassVar[str] = "belady"
+
+    def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
+        super().__init__(blocks)
+        self.next_use: dict[int, float] = {}
+
+    def _priority(self, block: KVCacheBlock, clock: int) -> tuple[float, ...]:
+        return (-self.next_use.pop(block.block_id, INFINITE), clock)
+
+
+_OFFLINE = {"fifo": FIFOPolicy, "lfu": LFUPolicy, "belady": BeladyPolicy}
+
+
+def make_sim_policy(name: str, blocks: Sequence[KVCacheBlock]) -> EvictionPolicy:
+    """A policy by name: a pool policy (options as ``"slru:protected_share=0.3"``) or one of
+    the simulator's offline policies."""
+    if name in _OFFLINE:
+        return _OFFLINE[name](blocks)
+    return make_policy(name, blocks)
 
 
 def _next_uses(requests: Sequence[BlockRequest], block_size: int) -> list[list[float]]:
@@ -120,18 +219,25 @@ def _next_uses(requests: Sequence[BlockRequest], block_size: int) -> list[list[f
     return out
 
 
+def _key_hash(key: object) -> BlockHash:
+    """A trace key as the bytes a block carries (distinct keys of one trace stay distinct)."""
+    return BlockHash(repr(key).encode())
+
+
 def simulate(requests: Sequence[BlockRequest], capacity_blocks: int, policy: str,
              block_size: int) -> PolicyResult:
     """Run ``requests`` through a cache of ``capacity_blocks`` blocks under ``policy``."""
-    if policy not in POLICIES:
+    base = policy.partition(":")[0]
+    if base not in POLICIES:
         raise InvalidArgumentError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     if capacity_blocks <= 0:
         raise InvalidArgumentError(f"capacity must be positive, got {capacity_blocks}")
-    next_uses = _next_uses(requests, block_size) if policy == "belady" else None
-    cache = _Cache()
-    clock = 0  # advances on every access, for recency
-    freq: dict[int, int] = {}  # slot -> uses (lfu)
-    slot_counter = 0
+    blocks = [KVCacheBlock(i) for i in range(1, capacity_blocks + 1)]
+    evictor = make_sim_policy(policy, blocks)
+    belady = evictor if isinstance(evictor, BeladyPolicy) else None
+    next_uses = _next_uses(requests, block_size) if belady is not None else None
+    notify = evictor.remembers_evictions
+    cached: dict[BlockHash, list[KVCacheBlock]] = {}  # key -> copies, oldest first
     hit_tokens = prompt_tokens = evictions = skipped = 0
 
     for i, r in enumerate(requests):
@@ -141,44 +247,52 @@ def simulate(requests: Sequence[BlockRequest], capacity_blocks: int, policy: str
             continue
         prompt_tokens += r.num_prompt_tokens
         limit = (r.num_prompt_tokens - 1) // block_size
-        pinned: list[_Entry] = []
+        table: list[KVCacheBlock] = []
         for j in range(limit):
-            entry = cache.take(r.keys[j])
-            if entry is None:
+            copies = cached.get(_key_hash(r.keys[j]))
+            if not copies:
                 break
-            pinned.append(entry)
-        num_hits = len(pinned)
+            table.append(copies[0])
+        num_hits = len(table)
         hit_tokens += num_hits * block_size
-        # Fresh blocks for the rest; each one must fit next to the pinned ones.
-        for _ in range(total_blocks - num_hits):
-            if len(cache) + len(pinned) >= capacity_blocks:
-                victim = cache.evict()
-                freq.pop(victim.slot, None)
-                evictions += 1
-            slot_counter += 1
-            pinned.append(_Entry(None, slot_counter))
-        # Release tail first: full blocks become cache entries, the prefix most recent.
+        evictor.on_touch(table)
+        if total_blocks > num_hits:
+            for victim in evictor.pick_victims(total_blocks - num_hits, 1):
+                h = victim.block_hash
+                if h is not None:
+                    if notify:
+                        evictor.on_evict(victim)
+                    copies = cached[h]
+                    copies.remove(victim)
+                    if not copies:
+                        del cached[h]
+                    victim.block_hash = None
+                    evictions += 1
+                table.append(victim)
+        # Freshly computed full blocks get the request's key (or a unique one for output).
         num_full = (r.num_prompt_tokens + r.num_output_tokens) // block_size
         uses = next_uses[i] if next_uses is not None else None
-        for j in range(len(pinned) - 1, -1, -1):
-            entry = pinned[j]
-            if j >= num_full:
-                continue  # partial last block: not cached
-            if j >= num_hits:  # freshly computed: gets the request's key (or a unique one)
-                entry.key = r.keys[j] if j < len(r.keys) else ("out", i, j)
-            clock += 1
-            if policy == "lru":
-                entry.priority = (clock,)
-            elif policy == "fifo":
-                if j >= num_hits:
-                    entry.priority = (clock,)
-            elif policy == "lfu":
-                freq[entry.slot] = freq.get(entry.slot, 0) + 1
-                entry.priority = (freq[entry.slot], clock)
+        for j in range(num_hits, num_full):
+            key = r.keys[j] if j < len(r.keys) else ("out", i, j)
+            h = _key_hash(key)
+            table[j].block_hash = h
+            cached.setdefault(h, []).append(table[j])
+        # Release tail first (the manager's order): the prefix ends up most recent.
+        uncached: list[KVCacheBlock] = []
+        freed: list[KVCacheBlock] = []
+        for j in range(len(table) - 1, -1, -1):
+            block = table[j]
+            block.ref_cnt -= 1
+            if block.ref_cnt:
+                continue  # the same cached block twice in one table
+            if block.block_hash is None:
+                uncached.append(block)
             else:
-                future = uses[j] if uses is not None and j < len(uses) else INFINITE
-                entry.priority = (-future, clock)
-            cache.add(entry)
+                if belady is not None:
+                    belady.next_use[block.block_id] = (
+                        uses[j] if uses is not None and j < len(uses) else INFINITE)
+                freed.append(block)
+        evictor.on_free(uncached, freed)
     return PolicyResult(policy, capacity_blocks, hit_tokens, prompt_tokens, evictions, skipped)
 
 

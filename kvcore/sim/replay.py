@@ -45,6 +45,8 @@ class ReplayConfig:
     max_num_batched_tokens: int = 8192
     enable_caching: bool = True
     hash_algo: str = "xxh3_128"
+    eviction_policy: str = "lru"  # the real pool's policy (kvcore.eviction)
+    queue_hints: int = 0  # waiting requests the scheduler declares upcoming each step
     step_base_ms: float = 5.0
     step_ms_per_token: float = 0.02
     time_scale: float = 1.0
@@ -109,7 +111,8 @@ def make_manager(cfg: ReplayConfig, requests: Sequence[TraceRequest]) -> KVCache
         kv_config = KVCacheConfig(cfg.resolve_num_blocks(), (KVCacheGroup(("model",), spec),))
     return KVCacheManager(kv_config, max_len, enable_caching=cfg.enable_caching,
                           hash_algo=cfg.hash_algo,
-                          max_num_batched_tokens=cfg.max_num_batched_tokens)
+                          max_num_batched_tokens=cfg.max_num_batched_tokens,
+                          eviction_policy=cfg.eviction_policy)
 
 
 def _finite_nonneg(x: object) -> bool:
@@ -149,7 +152,8 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None) ->
     _check_inputs(requests, cfg)
     manager = make_manager(cfg, requests)
     sched = Scheduler(manager, SchedulerConfig(max_num_seqs=cfg.max_num_seqs,
-                                               max_num_batched_tokens=cfg.max_num_batched_tokens))
+                                               max_num_batched_tokens=cfg.max_num_batched_tokens,
+                                               queue_hints=cfg.queue_hints))
     pending = deque(sorted(requests, key=lambda r: r.arrival_ms))
     arrived: deque[TraceRequest] = deque()
     window = 2 * cfg.max_num_seqs  # requests handed to the scheduler ahead of admission

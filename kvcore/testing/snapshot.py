@@ -16,16 +16,19 @@ from kvcore.scheduler import Scheduler
 
 
 def pool_snapshot(pool: BlockPool) -> tuple[object, ...]:
-    """Everything observable about a pool: queue order, every block's fields and links (prefix
-    nodes by identity), every map entry in order (duplicates included), pending events and
-    counters."""
+    """Everything observable about a pool: the policy's order and segments, every block's
+    fields and links (prefix nodes by identity), every map entry in order (duplicates
+    included), the hint reserve and declared hints, pending events and counters."""
     blocks = tuple((b.block_id, b.ref_cnt, b.block_hash, b.group_id, b.prefix_node,
                     None if b.prev_free is None else b.prev_free.block_id,
                     None if b.next_free is None else b.next_free.block_id) for b in pool.blocks)
     maps = tuple(tuple((h, b.block_id) for h, b in pool.iter_cached(g))
                  for g in range(pool.num_groups))
-    return (tuple(b.block_id for b in pool.free_queue), len(pool.free_queue), blocks, maps,
-            tuple(pool._events), pool.num_evicted_blocks, pool.num_rejected_hits)
+    policy = pool.free_queue
+    segments = tuple(tuple(b.block_id for b in q) for q in policy.queues())
+    return (tuple(b.block_id for b in policy), len(policy), segments, policy.check(), blocks,
+            maps, tuple(b.block_id for b in pool.reserve), pool.hints, tuple(pool._events),
+            pool.num_evicted_blocks, pool.num_rejected_hits)
 
 
 def manager_snapshot(manager: KVCacheManager) -> tuple[object, ...]:

@@ -1,0 +1,97 @@
+"""The eviction-policy interface: the free side of a :class:`~kvcore.block_pool.BlockPool`.
+
+A policy holds every free block (``ref_cnt == 0``) and decides which one is reused next.  Blocks in
+use are not in it; the pool tells it when a block enters (``on_free``), leaves because a prefix
+hit resurrects it (``on_touch``), leaves to be reused (``pick_victims``) and loses its hash
+(``on_evict``).  Every policy keeps two rules the pool relies on:
+
+* blocks without a hash (no cache value) are reused before any cached block;
+* ``pick_victims(n)`` succeeds whenever ``n <= len(policy)``: a policy orders blocks, it never
+  refuses one (so allocation never fails while free blocks exist).
+
+Policies are built from intrusive lists (:class:`~kvcore.blocks.FreeBlockQueue` threads its list
+through the blocks' ``prev_free`` / ``next_free``), so a block is in at most one list and every
+operation is O(1) per block (amortized where a policy re-queues blocks).  ``lru`` *is* the
+pool's historical free queue, with no extra layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, ClassVar
+
+from kvcore._mypyc import mypyc_attr
+
+if TYPE_CHECKING:
+    from kvcore.blocks import FreeBlockQueue, KVCacheBlock
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)  # the simulator's offline policies subclass it
+class EvictionPolicy:
+    """Base class of eviction policies (see the module docstring for the contract).
+
+    Subclasses set ``name`` and implement every method below that raises
+    ``NotImplementedError``.
+    """
+
+    __slots__ = ()
+    name: ClassVar[str] = "policy"
+    # Whether ``on_evict`` does anything: the pool skips the call for every evicted block when not.
+    remembers_evictions: ClassVar[bool] = False
+
+    # -- queries --------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Free blocks the policy holds."""
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[KVCacheBlock]:
+        """Free blocks in the order the policy would reuse them if nothing changed (in order of
+        the segments it takes victims from; a policy that re-queues blocks while picking may
+        deviate from it)."""
+        raise NotImplementedError
+
+    def first(self) -> KVCacheBlock | None:
+        """The free block ``pick_victims(1)`` would try first, or ``None`` if empty."""
+        raise NotImplementedError
+
+    def queues(self) -> Sequence[FreeBlockQueue]:
+        """The intrusive lists the policy's blocks are linked in (for ``check_invariants``)."""
+        raise NotImplementedError
+
+    def check(self) -> list[str]:
+        """Violations of the policy's own invariants (segment sizes, membership tables), one
+        message each; empty when consistent.  Called by ``check_invariants``."""
+        raise NotImplementedError
+
+    # -- transitions ----------------------------------------------------------------------------
+    def on_free(self, uncached: Sequence[KVCacheBlock], cached: Sequence[KVCacheBlock]) -> None:
+        """Blocks whose reference count reached 0, each list in eviction priority order (first
+        = evict first): ``uncached`` carry no hash, ``cached`` are prefix-cache entries."""
+        raise NotImplementedError
+
+    def on_touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """A prefix hit takes one more reference on each block (null blocks skipped): free ones
+        leave the policy, and the policy records the access.  The reference count is raised in
+        the same pass (this is the pool's hit path)."""
+        raise NotImplementedError
+
+    def pick_victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
+        """Remove ``n`` blocks (``0 < n <= len(self)``, checked by the caller) for reuse, setting
+        each one's ``ref_cnt``; uncached blocks first.  The pool evicts the hashed ones."""
+        raise NotImplementedError
+
+    def remove(self, block: KVCacheBlock) -> None:
+        """Take one free ``block`` out of the policy without an access (the pool reserves it for
+        a scheduler hint)."""
+        raise NotImplementedError
+
+    def on_evict(self, block: KVCacheBlock) -> None:
+        """``block`` is about to lose its hash (reuse or ``evict_blocks``); it may still be
+        linked.  Policies with a memory of evicted hashes record it here."""
+
+    def on_uncache(self, block: KVCacheBlock) -> None:
+        """A free ``block`` lost its hash while linked (``evict_blocks``): it now has no cache
+        value, and a policy that keeps uncached blocks apart moves it there."""
+
+    def reset(self) -> None:
+        """The prefix cache was cleared (every block is free and unhashed): forget history."""
