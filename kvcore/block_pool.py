@@ -106,7 +106,6 @@ class BlockPool:
         self.blocks: list[KVCacheBlock] = [self.null_block]
         self.blocks.extend(KVCacheBlock(i) for i in range(1, num_blocks))
         self.free_queue: EvictionPolicy = make_policy(eviction_policy, self.blocks[1:])
-        self._notify_evict = self.free_queue.remembers_evictions
         # Scheduler hints (set_hints): per group, the hashes declared upcoming (in declaration
         # order), and the free blocks caching them, held out of the policy until needed.
         self._hints: list[dict[BlockHash, None]] | None = None
@@ -504,8 +503,6 @@ class BlockPool:
         """Remove every key of ``block`` from its group's map (the block itself stays where it
         is): its hash, and any partial entries it also carries."""
         g = block.group_id
-        if self._notify_evict:
-            self.free_queue.on_evict(block)
         if self._secondary or self._partial_primary:
             removed = self._drop_keys(block)
         else:  # the common case, inlined (lazy eviction runs for every reused cached block)
@@ -655,6 +652,7 @@ class BlockPool:
         for block_id in ids:
             block = self.blocks[block_id]
             if block.block_hash is not None:
+                self.free_queue.on_evict((block,))
                 self._evict(block)
                 if block_id in self._reserved:  # no longer serves a prefix: back to the policy
                     self._reserve.remove(block)

@@ -197,6 +197,10 @@ class FreeBlockQueue(EvictionPolicy):
         self._num_free -= 1
         return block
 
+    def unlinked(self, n: int) -> None:
+        """Account for ``n`` blocks a policy unlinked itself (inlined ``remove`` on a hit)."""
+        self._num_free -= n
+
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
         """Remove and return the first ``n`` blocks, in queue order."""
         if n <= 0:

@@ -1,7 +1,8 @@
 """The ``kvcore`` command line.
 
     kvcore replay [TRACE] [--workload NAME] [--block-size N] [--num-blocks N | --capacity-tokens N]
-                  [--policy lru,fifo,lfu,belady] [--plot FILE] [--json]
+                  [--eviction-policy NAME] [--queue-hints DEPTH]
+                  [--policy lru,slru,s3fifo,fifo,lfu,belady] [--plot FILE] [--json]
     kvcore bench pool|hash|manager [...]
     kvcore generate [...]            (runner: a tiny model end to end)
     kvcore --version                 (and which build: compiled with mypyc, or pure Python)
@@ -16,10 +17,14 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from kvcore.cmdline import OneLineParser, positive_int
 from kvcore.errors import KVCoreError
+from kvcore.eviction import RECOMMENDED
+
+RECOMMENDED_NAME = "recommended"
 
 MAIN_EPILOG = """\
 examples:
@@ -27,6 +32,7 @@ examples:
   kvcore replay --workload multi-turn --policy lru,belady --plot curve.png
   kvcore replay ../shared/data/mooncake/synthetic_trace.jsonl --block-size 512 \\
       --capacity-tokens 4000000 --policy lru,fifo,lfu,belady
+  kvcore replay TRACE --block-size 512 --num-blocks 2049 --eviction-policy recommended --json
   kvcore bench manager                            kvcore vs vLLM, same run
 """
 
@@ -40,6 +46,30 @@ def _policies(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(
             f"unknown policy {', '.join(bad) or text!r}; choose from {', '.join(POLICIES)}")
     return names
+
+
+def _eviction_policy(text: str) -> str:
+    from kvcore.eviction import parse_policy
+    from kvcore.sim.policies import OFFLINE_BOUND
+
+    if text in (RECOMMENDED_NAME, OFFLINE_BOUND):
+        return text
+    try:
+        parse_policy(text)
+    except KVCoreError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}, {RECOMMENDED_NAME} or {OFFLINE_BOUND} "
+                                         "(offline bound)") from None
+    return text
+
+
+def _depth(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
 
 
 def version() -> str:
@@ -84,9 +114,17 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--max-num-batched-tokens", type=positive_int, default=8192,
                     help="tokens per step (8192)")
     rp.add_argument("--limit", type=positive_int, help="replay only the first N requests")
+    rp.add_argument("--eviction-policy", type=_eviction_policy, default="lru", metavar="NAME",
+                    help="the real pool's eviction policy for the replay: lru (default), slru, "
+                    "s3fifo (options as slru:protected_share=0.3), belady (offline bound), or "
+                    "recommended (the README's policy and queue-hint depth)")
+    rp.add_argument("--queue-hints", type=_depth, metavar="DEPTH",
+                    help="the scheduler declares its first DEPTH waiting requests to the cache "
+                    "every step, so their cached prefixes are evicted last (0 = off; default: "
+                    "0, or the recommended depth with --eviction-policy recommended)")
     rp.add_argument("--policy", type=_policies,
                     help="also simulate these eviction policies (comma separated: "
-                    "lru,fifo,lfu,belady) at the same capacity")
+                    "lru,slru,s3fifo,fifo,lfu,belady) at the same capacity, one request at a time")
     rp.add_argument("--plot", metavar="FILE", help="write a hit-rate-vs-capacity plot "
                     "(policies from --policy, default lru,belady)")
     rp.add_argument("--json", action="store_true", help="print results as JSON")
@@ -115,40 +153,51 @@ def _load(args: argparse.Namespace) -> tuple[str, list[Any]]:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from kvcore.sim.policies import hit_rate_curve, ideal_hit_rate, simulate, to_block_requests
+    from kvcore.sim.policies import hit_rate_curve, ideal_hit_rate, to_block_requests
     from kvcore.sim.replay import ReplayConfig, replay
 
     source, reqs = _load(args)
     capacity = args.capacity_tokens if args.num_blocks is None and args.capacity_tokens else None
     if args.num_blocks is None and capacity is None:
         capacity = 4_194_304 if args.trace is not None else 16_384
+    policy, hints = args.eviction_policy, args.queue_hints
+    if policy == RECOMMENDED_NAME:
+        policy = RECOMMENDED.policy
+        hints = RECOMMENDED.queue_hints if hints is None else hints
+    progress = not args.no_progress and len(reqs) > 200  # on stderr, also with --json
     cfg = ReplayConfig(block_size=args.block_size, num_blocks=args.num_blocks,
                        capacity_tokens=capacity, max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens,
-                       progress=not args.no_progress and not args.json and len(reqs) > 200)
+                       eviction_policy=policy, queue_hints=hints or 0, progress=progress)
     num_blocks = cfg.resolve_num_blocks()
     result = replay(reqs, cfg)
     out: dict[str, Any] = {"source": source, "requests": len(reqs), "block_size": args.block_size,
-                           "num_blocks": num_blocks, "replay": result.to_dict()}
+                           "num_blocks": num_blocks, "eviction_policy": policy,
+                           "queue_hints": cfg.queue_hints, "replay": result.to_dict()}
     out["replay"].pop("usage")
-    block_reqs = None
+    block_reqs = []
     if args.policy or args.plot:
         block_reqs = to_block_requests(reqs, args.block_size)
         out["ideal_hit_rate"] = ideal_hit_rate(block_reqs, args.block_size)
     if args.policy:
-        out["policies"] = {p: simulate(block_reqs, num_blocks - 1, p, args.block_size).hit_rate  # type: ignore[arg-type]
-                           for p in args.policy}
+        sims = hit_rate_curve(block_reqs, [num_blocks - 1], args.policy, args.block_size,
+                              progress=progress)
+        out["policies"] = {p: rs[0].hit_rate for p, rs in sims.items()}
+        out["policies_skipped"] = {p: rs[0].skipped for p, rs in sims.items()}
     if args.plot:
         from kvcore.sim.plots import plot_hit_rate_curves
 
         top = num_blocks - 1
         caps = sorted({max(1, top >> k) for k in range(7)} | {top * 2, top * 4})
-        curves = hit_rate_curve(block_reqs, caps, args.policy or ["lru", "belady"],  # type: ignore[arg-type]
-                                args.block_size)
+        curves = hit_rate_curve(block_reqs, caps, args.policy or ["lru", "belady"],
+                                args.block_size, progress=progress)
         plot_hit_rate_curves(curves, block_size=args.block_size, ideal=out["ideal_hit_rate"],
-                             title=f"Hit rate vs capacity — {source}", path=args.plot)
+                             title=Path(args.trace).name if args.trace else source,
+                             path=args.plot)
         out["plot"] = args.plot
-        out["curves"] = {p: [[r.capacity_blocks * args.block_size, r.hit_rate] for r in rs]
+        # [capacity in tokens, hit rate (None when every request was skipped), skipped]
+        out["curves"] = {p: [[r.capacity_blocks * args.block_size,
+                              r.hit_rate if r.prompt_tokens else None, r.skipped] for r in rs]
                          for p, rs in curves.items()}
     if args.json:
         print(json.dumps(out, indent=1))
@@ -157,7 +206,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     print(f"replayed {source}: {r.num_finished} of {len(reqs)} requests finished "
           f"({r.num_rejected} rejected) in {r.steps} steps, {r.wall_s:.2f}s wall")
     print(f"  KV cache:        {num_blocks - 1} blocks x {args.block_size} tokens "
-          f"= {(num_blocks - 1) * args.block_size:,} tokens")
+          f"= {(num_blocks - 1) * args.block_size:,} tokens; eviction {policy}, queue hints "
+          f"{cfg.queue_hints or 'off'}")
     print(f"  token hit rate:  {r.token_hit_rate:.2%} ({r.hit_tokens:,} of {r.prompt_tokens:,} "
           "prompt tokens)")
     print(f"  evicted blocks:  {r.evicted_blocks:,}   preemptions: {r.preemptions:,}")
@@ -166,13 +216,18 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if "ideal_hit_rate" in out:
         print(f"  infinite-capacity hit rate: {out['ideal_hit_rate']:.2%}")
     for p, rate in out.get("policies", {}).items():
-        print(f"  policy {p:7s} hit rate: {rate:.2%}  (same capacity, one request at a time)")
+        skipped = out["policies_skipped"][p]
+        print(f"  policy {p:7s} hit rate: {rate:.2%}  (same capacity, one request at a time"
+              + (f"; {skipped} requests larger than the cache skipped)" if skipped else ")"))
     if args.plot:
         policies = list(out["curves"])
-        print(f"\n  {'capacity (tokens)':>18} " + " ".join(f"{p:>7}" for p in policies))
-        for i, (cap_tokens, _) in enumerate(out["curves"][policies[0]]):
-            print(f"  {cap_tokens:>18,} " + " ".join(f"{out['curves'][p][i][1]:>7.1%}"
-                                                      for p in policies))
+        print(f"\n  {'capacity (tokens)':>18} " + " ".join(f"{p:>7}" for p in policies)
+              + "  skipped")
+        for i, (cap_tokens, _, skipped) in enumerate(out["curves"][policies[0]]):
+            rates = [out["curves"][p][i][1] for p in policies]
+            print(f"  {cap_tokens:>18,} " + " ".join(
+                f"{r:>7.1%}" if r is not None else f"{'-':>7}" for r in rates)
+                + f"  {skipped:>7,}")
         print(f"  plot written to {args.plot}")
     return 0
 

@@ -2,8 +2,8 @@
 
 A policy holds every free block (``ref_cnt == 0``) and decides which one is reused next.  Blocks in
 use are not in it; the pool tells it when a block enters (``on_free``), leaves because a prefix
-hit resurrects it (``on_touch``), leaves to be reused (``pick_victims``) and loses its hash
-(``on_evict``).  Every policy keeps two rules the pool relies on:
+hit resurrects it (``on_touch``), leaves to be reused (``pick_victims``: the pool then drops the
+victims' hashes) and loses its hash while it stays (``on_evict``, for ``evict_blocks``).  Every policy keeps two rules the pool relies on:
 
 * blocks without a hash (no cache value) are reused before any cached block;
 * ``pick_victims(n)`` succeeds whenever ``n <= len(policy)``: a policy orders blocks, it never
@@ -36,8 +36,6 @@ class EvictionPolicy:
 
     __slots__ = ()
     name: ClassVar[str] = "policy"
-    # Whether ``on_evict`` does anything: the pool skips the call for every evicted block when not.
-    remembers_evictions: ClassVar[bool] = False
 
     # -- queries --------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -77,7 +75,9 @@ class EvictionPolicy:
 
     def pick_victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
         """Remove ``n`` blocks (``0 < n <= len(self)``, checked by the caller) for reuse, setting
-        each one's ``ref_cnt``; uncached blocks first.  The pool evicts the hashed ones."""
+        each one's ``ref_cnt``; uncached blocks first.  The pool then evicts every returned
+        block that carries a hash: a policy that remembers evictions records them here, in the
+        same pass (no separate ``on_evict`` call on the allocation path)."""
         raise NotImplementedError
 
     def remove(self, block: KVCacheBlock) -> None:
@@ -85,9 +85,10 @@ class EvictionPolicy:
         a scheduler hint)."""
         raise NotImplementedError
 
-    def on_evict(self, block: KVCacheBlock) -> None:
-        """``block`` is about to lose its hash (reuse or ``evict_blocks``); it may still be
-        linked.  Policies with a memory of evicted hashes record it here."""
+    def on_evict(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """``blocks`` (each hashed, free or in use) are about to lose their hashes outside
+        ``pick_victims`` (``evict_blocks``).  Policies with a memory of evicted hashes record
+        them here."""
 
     def on_uncache(self, block: KVCacheBlock) -> None:
         """A free ``block`` lost its hash while linked (``evict_blocks``): it now has no cache

@@ -67,10 +67,11 @@ def _fake_compiled_python(tmp_path: Path) -> Path:
 # -- the driver's logic, with fake workers (no processes) ----------------------------------------
 class FakeWorker:
     def __init__(self, label: str, log: list[tuple[str, str, int, bool]],
-                 names: list[str] | None = None) -> None:
+                 names: list[str] | None = None, skips: tuple[str, ...] = ()) -> None:
         self.label = label
         self.log = log
         self.names = names or ["one", "two"]
+        self.skips = skips
 
     def cases(self, workload: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         return [{"name": n} for n in self.names]
@@ -78,6 +79,8 @@ class FakeWorker:
     def measure(self, workload: str, case: str, params: dict[str, Any], repeat: int,
                 warmup: bool = False) -> dict[str, Any]:
         self.log.append((self.label, case, repeat, warmup))
+        if case in self.skips:
+            return {"skipped": f"{self.label} cannot run {case}"}
         info = {"hits": 7 if self.label != "odd" else 8}
         return {"ns": 1000 * (repeat + 1), "units": 10, "clock": "thread_cpu", "wall_ns": 0,
                 "info": info}
@@ -108,6 +111,22 @@ def test_work_mismatch_is_reported() -> None:
                           [{"name": "one"}], {}, repeats=2)
     assert len(work_mismatches(res[0])) == 1 and "odd" in work_mismatches(res[0])[0]
     assert work_mismatches(CaseSamples({"name": "x"}, {"a": []})) == []
+
+
+def test_a_worker_that_skips_a_case_is_not_asked_again() -> None:
+    log: list[tuple[str, str, int, bool]] = []
+    workers = [FakeWorker("a", log), FakeWorker("old", log, skips=("two",)),
+               FakeWorker("odd", log)]
+    one, two = run_interleaved(workers, "manager", [{"name": "one"}, {"name": "two"}], {},
+                               repeats=3, warmup=True)
+    assert one.skipped == {} and all(len(v) == 3 for v in one.samples.values())
+    assert two.skipped == {"old": "old cannot run two"} and two.samples["old"] == []
+    assert [(r, w) for label, case, r, w in log if label == "old" and case == "two"] == [
+        (-1, True)]  # asked once (the warm-up), then left out
+    assert len(two.samples["a"]) == len(two.samples["odd"]) == 3
+    # the work check leaves out the skipped worker and any label it is told to ignore
+    assert len(work_mismatches(two)) == 1
+    assert work_mismatches(two, ignore=("odd",)) == []
 
 
 def test_case_lists_must_agree() -> None:
@@ -150,6 +169,27 @@ def test_manager_scenarios_cover_the_brief() -> None:
     assert all(s.decode == 0 for s in scenarios if s.hash_timed)  # hashes come from the loop
     verified = [s.groups for s in scenarios if s.verify]
     assert ("full",) in verified and ("full", 64) in verified
+
+
+
+def test_eviction_heavy_rows_per_policy_run_the_same_requests() -> None:
+    lru = manager_cycle.EVICTION_HEAVY
+    rows = [s for s in manager_cycle.SCENARIOS if s.name.startswith(lru.name)]
+    assert [s.eviction_policy for s in rows] == ["lru", "slru", "s3fifo"]
+    assert [s.name for s in rows[1:]] == [f"{lru.name}, kvcore slru", f"{lru.name}, kvcore s3fifo"]
+    assert all(s.seed == lru.name and s.num_blocks == lru.num_blocks for s in rows[1:])
+    cases = {c["name"]: c for c in manager_cycle.cases("kvcore", {})}
+    assert "lru_row" not in cases[lru.name] and "peer_note" not in cases[lru.name]
+    for s in rows[1:]:
+        assert cases[s.name]["lru_row"] == lru.name and "LRU" in cases[s.name]["peer_note"]
+    # every policy row selected by the LRU row's name; one alone by its policy
+    assert len(select_cases(list(cases.values()), "eviction-heavy")) == 3
+    assert [c["name"] for c in select_cases(list(cases.values()), "kvcore slru")] == [
+        rows[1].name]
+    # same requests: kvcore LRU and SLRU see the same prompts, so their figures compare
+    params = {"requests": 64}
+    samples = [manager_cycle.measure("kvcore", s.name, params, 0) for s in rows]
+    assert all(x["units"] == 64 and x["ns"] > 0 for x in samples)
 
 
 # -- the worker, in process ----------------------------------------------------------------------
@@ -288,6 +328,55 @@ def test_baseline_tree_adds_a_column_and_a_ratio(capsys: pytest.CaptureFixture[s
     assert re.search(r"\d+\.\d+ \(.*\)\s+\d+\.\d\dx$", row.rstrip()), row  # figure, ratio
 
 
+def _baseline_without_eviction_policies(tmp_path: Path) -> Path:
+    """A kvcore source tree as before eviction policies: the repository's kvcore, whose
+    ``KVCacheManager`` refuses an ``eviction_policy`` argument as an older signature would."""
+    stub = tmp_path / "old" / "kvcore"
+    stub.mkdir(parents=True)
+    real = REPO_ROOT / "kvcore"
+    (stub / "__init__.py").write_text(
+        f"__path__ = [{str(real)!r}]\n"
+        f"_src = {str(real / '__init__.py')!r}\n"
+        "exec(compile(open(_src).read(), _src, 'exec'))\n"
+        "import kvcore.manager as _m\n"
+        "class KVCacheManager(_m.KVCacheManager):\n"
+        "    __slots__ = ()\n"
+        "    def __init__(self, config, max_model_len, **kw):\n"
+        "        if 'eviction_policy' in kw:\n"
+        "            raise TypeError(\"__init__() got an unexpected keyword argument "
+        "'eviction_policy'\")\n"
+        "        super().__init__(config, max_model_len, **kw)\n"
+        "_m.KVCacheManager = KVCacheManager\n")
+    return stub.parent
+
+
+def test_baseline_without_eviction_policies_skips_their_rows(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = _baseline_without_eviction_policies(tmp_path)
+    out_json = tmp_path / "raw.json"
+    rc, out, err = _run(capsys, "--no-peer", "manager", "--baseline", str(old), "--quick",
+                        "--repeats", "2", "--requests", "8", "--scenarios", "eviction-heavy",
+                        "--json", str(out_json))
+    assert rc == 0, err
+    assert "different work" not in out
+    lines = out.splitlines()
+    lru = manager_cycle.EVICTION_HEAVY.name
+    rows = {name: next(line for line in lines if line.rstrip().startswith(name) and
+                       line[len(name):len(name) + 1] in (" ", ""))
+            for name in (lru, f"{lru}, kvcore slru", f"{lru}, kvcore s3fifo")}
+    assert re.search(r"\d+\.\d\dx$", rows[lru].rstrip()), rows[lru]  # baseline ran LRU
+    for policy in ("slru", "s3fifo"):
+        row = rows[f"{lru}, kvcore {policy}"].rstrip()
+        assert re.search(r"\d \(.*\)\s+n/a\s+n/a\s+n/a\s+n/a$", row), row  # kvcore ran
+        assert (f"note: baseline skipped '{lru}, kvcore {policy}': this kvcore has no eviction "
+                f"policy '{policy}'") in out
+    # the policy/LRU table: a column for kvcore, none for a baseline that ran no policy row
+    assert "kvcore policy/LRU" in out and "baseline policy/LRU" not in out
+    raw = json.loads(out_json.read_text())
+    counts = [len(c["samples"]["baseline"]) for c in raw["cases"]]
+    assert counts == [2, 0, 0]
+
+
 def test_baseline_must_be_a_kvcore_tree(tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = _run(capsys, "--no-peer", "hash", "--baseline", str(tmp_path))
@@ -315,3 +404,7 @@ def test_manager_with_peer_does_the_same_work(capsys: pytest.CaptureFixture[str]
     assert "different work" not in out, out
     rows = [line for line in out.splitlines() if line.startswith(("96 shared", "Gemma"))]
     assert len(rows) == 2 and all("n/a" not in r for r in rows)
+    # the eviction-policy rows: vLLM LRU on the same requests, said so in a note
+    assert "kvcore slru: vLLM has LRU only" in out and "kvcore s3fifo: vLLM has LRU only" in out
+    rows = [line for line in out.splitlines() if line.startswith("eviction-heavy")]
+    assert len(rows) == 3 + 2 and all("n/a" not in r for r in rows)  # main table + policy/LRU

@@ -4,6 +4,7 @@ and the tables they print.  The measuring itself is :mod:`kvcore.bench.workers`.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -106,8 +107,25 @@ def measure(args: argparse.Namespace, workload: str, params: dict[str, Any], rep
         for w in workers:
             w.close()
     for res in run.results:
-        run.notes += [f"different work done: {m}" for m in work_mismatches(res)]
+        # A case may say why the peer's work differs by design (another eviction policy): its
+        # column is then left out of the same-work check, and the note says what each did.
+        peer_note = res.case.get("peer_note")
+        ignore = (VLLM,) if peer_note else ()
+        run.notes += [f"different work done: {m}" for m in work_mismatches(res, ignore)]
+        run.notes += [f"{label} skipped {res.name!r}: {why}"
+                      for label, why in res.skipped.items()]
+        if peer_note and res.samples.get(VLLM):
+            did = ", ".join(f"{label} {_typical_info(samples)}"
+                            for label, samples in res.samples.items() if samples)
+            run.notes.append(f"{res.name}: {peer_note}; median per repeat: {did}")
     return run
+
+
+def _typical_info(samples: list[dict[str, Any]]) -> str:
+    """What a worker's runs of a case did: each ``info`` count's median over the repeats."""
+    keys = dict.fromkeys(k for s in samples for k in s.get("info", {}))
+    return " ".join(f"{k}={statistics.median_low([s['info'].get(k, 0) for s in samples]):,}"
+                    for k in keys) or "(nothing reported)"
 
 
 def _print_footer(run: Run) -> None:
@@ -244,8 +262,34 @@ def bench_manager(args: argparse.Namespace) -> Run:
     print(render(headers, rows, title=(
         f"KVCacheManager: µs of CPU time per request cycle, median (min–max) of {args.repeats} "
         f"interleaved repeats, --requests {args.requests}")))
+    _print_policy_table(run)
     _print_footer(run)
     return run
+
+
+def _print_policy_table(run: Run) -> None:
+    """Each kvcore column's cost under a non-default eviction policy relative to its own LRU
+    row (same requests), for the policy rows whose LRU row was measured too.  The two rows were
+    measured one after the other, not interleaved: read small differences with the ranges."""
+    measured = {res.name for res in run.results}
+    pairs = [(res, str(res.case["lru_row"])) for res in run.results
+             if res.case.get("lru_row") in measured]
+    if not pairs:
+        return
+    times = {label: run.spreads(label) for label in (KVCORE, COMPILED, BASELINE)
+             if label in run.workers}
+    # a column that skipped every policy row (a kvcore without eviction policies) is left out
+    labels = [label for label, t in times.items() if any(res.name in t for res, _ in pairs)]
+    rows = []
+    for res, lru in pairs:
+        row = [res.name, str(res.case["eviction_policy"])]
+        row += [_ratio(times[label].get(res.name), times[label].get(lru)) for label in labels]
+        rows.append(row)
+    headers = ["scenario", "policy"] + [f"{label} policy/LRU" for label in labels]
+    print()
+    print(render(headers, rows, title=(
+        "kvcore eviction policies: µs per cycle relative to the same requests under LRU (the "
+        "row without the policy suffix), per column; medians")))
 
 
 def list_scenarios() -> None:

@@ -219,6 +219,8 @@ class CaseSamples:
 
     case: dict[str, Any]
     samples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Worker label -> why it could not run the case (it has no samples of it)."""
 
     @property
     def name(self) -> str:
@@ -279,7 +281,9 @@ def run_interleaved(workers: Sequence[Worker], workload: str, cases: Iterable[di
     """Measure every case ``repeats`` times on every worker, in turns.
 
     Per case: an optional warm-up run on each worker (discarded), then repeat r runs the workers
-    starting from worker ``r mod len(workers)``, so no worker always goes first."""
+    starting from worker ``r mod len(workers)``, so no worker always goes first.  A worker that
+    answers a skipped sample (``{"skipped": reason}``: it cannot run the case, e.g. an older
+    kvcore) is recorded in ``skipped``, keeps no samples of the case and is not asked again."""
     cases = list(cases)
     out = []
     k = len(workers)
@@ -287,16 +291,28 @@ def run_interleaved(workers: Sequence[Worker], workload: str, cases: Iterable[di
         name = str(case["name"])
         if progress is not None:
             progress(f"[{ci + 1}/{len(cases)}] {name}")
+        result = CaseSamples(case, {w.label: [] for w in workers})
         if warmup:
             for w in workers:
-                w.measure(workload, name, params, -1, warmup=True)
-        result = CaseSamples(case, {w.label: [] for w in workers})
+                _take(w, workload, result, params, -1, warmup=True)
         for r in range(repeats):
             for j in range(k):
-                w = workers[(r + j) % k]
-                result.samples[w.label].append(w.measure(workload, name, params, r))
+                _take(workers[(r + j) % k], workload, result, params, r)
         out.append(result)
     return out
+
+
+def _take(w: Worker, workload: str, result: CaseSamples, params: dict[str, Any], repeat: int,
+          warmup: bool = False) -> None:
+    """One measurement of ``result``'s case on ``w`` (none if ``w`` skipped the case), kept in
+    ``result`` unless a warm-up."""
+    if w.label in result.skipped:
+        return
+    sample = w.measure(workload, result.name, params, repeat, warmup=warmup)
+    if "skipped" in sample:
+        result.skipped[w.label] = str(sample["skipped"])
+    elif not warmup:
+        result.samples[w.label].append(sample)
 
 
 @dataclass(frozen=True)
@@ -315,9 +331,12 @@ def spread(values: Sequence[float]) -> Spread:
     return Spread(statistics.median(values), min(values), max(values))
 
 
-def work_mismatches(result: CaseSamples) -> list[str]:
-    """Descriptions of repeats whose ``info`` (what the run did) differs between workers."""
-    labels = list(result.samples)
+def work_mismatches(result: CaseSamples, ignore: Iterable[str] = ()) -> list[str]:
+    """Descriptions of repeats whose ``info`` (what the run did) differs between workers (those
+    in ``ignore`` and those without samples left out)."""
+    left_out = set(ignore)
+    labels = [label for label, samples in result.samples.items()
+              if samples and label not in left_out]
     if len(labels) < 2:
         return []
     out = []

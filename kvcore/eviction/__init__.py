@@ -9,6 +9,7 @@ The simulator (:mod:`kvcore.sim.policies`) runs these same classes, plus offline
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from kvcore.blocks import FreeBlockQueue, KVCacheBlock
 from kvcore.errors import InvalidArgumentError
@@ -36,6 +37,16 @@ POOL_POLICIES: dict[str, Callable[..., EvictionPolicy]] = {
 LRUPolicy = FreeBlockQueue
 
 
+class Recommendation(NamedTuple):
+    policy: str
+    queue_hints: int
+
+
+RECOMMENDED = Recommendation("slru", 64)
+"""The configuration the README recommends (``kvcore replay --eviction-policy recommended``):
+measured on the shipped Mooncake trace with the scheduler replay, see BENCHMARKS.md."""
+
+
 def parse_policy(spec: object) -> tuple[str, dict[str, object]]:
     """``"name"`` or ``"name:key=value,..."`` → (name, options); values are numbers."""
     if not isinstance(spec, str) or not spec.strip():
@@ -57,9 +68,20 @@ def parse_policy(spec: object) -> tuple[str, dict[str, object]]:
     return name, options
 
 
+PolicyFactory = Callable[[Sequence[KVCacheBlock]], EvictionPolicy]
+
+
 def make_policy(spec: object, blocks: Sequence[KVCacheBlock]) -> EvictionPolicy:
     """Build the policy ``spec`` names (see :func:`parse_policy`) over ``blocks``, all free, in
-    their initial reuse order."""
+    their initial reuse order.  ``spec`` may also be a factory ``blocks -> EvictionPolicy`` (a
+    policy of your own, or the simulator's offline bound)."""
+    if callable(spec):
+        policy = spec(blocks)
+        if not isinstance(policy, EvictionPolicy) or len(policy) != len(blocks):
+            raise InvalidArgumentError(
+                f"eviction policy factory {spec!r} must return an EvictionPolicy holding the "
+                f"{len(blocks)} blocks it was given, got {policy!r}")
+        return policy
     name, options = parse_policy(spec)
     try:
         return POOL_POLICIES[name](blocks, **options)
@@ -68,5 +90,5 @@ def make_policy(spec: object, blocks: Sequence[KVCacheBlock]) -> EvictionPolicy:
             f"eviction policy {name!r} takes no option among {', '.join(options)}") from None
 
 
-__all__ = ["POOL_POLICIES", "EvictionPolicy", "LRUPolicy", "S3FIFOPolicy", "SLRUPolicy",
-           "make_policy", "parse_policy"]
+__all__ = ["POOL_POLICIES", "RECOMMENDED", "EvictionPolicy", "LRUPolicy", "PolicyFactory", "S3FIFOPolicy",
+           "SLRUPolicy", "make_policy", "parse_policy"]

@@ -26,69 +26,74 @@ MAX_FREQ = 3
 class S3FIFOPolicy(SegmentedPolicy):
     """``s3fifo``: small + main FIFOs with lazy promotion, ghost table of evicted hashes.
 
+    The access mark is the frequency.
+
     Args:
         blocks: the pool's usable blocks, in initial reuse order.
         small_share: the fraction of the pool the small FIFO may hold before it yields victims.
         ghost_factor: ghost-table size in multiples of the pool's capacity.
     """
 
-    __slots__ = ("_freq", "_home", "small_cap")
+    __slots__ = ("_home", "small_cap")
     name: ClassVar[str] = "s3fifo"
-    remembers_evictions: ClassVar[bool] = True
 
     def __init__(self, blocks: Sequence[KVCacheBlock], *, small_share: object = 0.1,
                  ghost_factor: object = 1.0) -> None:
-        super().__init__(blocks, 3, ghost_factor)
+        super().__init__(blocks, 3, ghost_factor, max_mark=MAX_FREQ)
         self.small_cap = int(check_share("small_share", small_share) * self.capacity)
-        self._freq = [0] * len(self._segment_of)
         self._home = [0] * len(self._segment_of)  # SMALL / MAIN once queued, 0 before
 
-    def _place(self, block: KVCacheBlock) -> int:
-        bid = block.block_id
-        home = self._home[bid]
-        if not home:
-            h = block.block_hash
-            home = MAIN if h is not None and self.ghost.take(h) else SMALL
-            self._home[bid] = home
-        return home
+    def on_free(self, uncached: Sequence[KVCacheBlock], cached: Sequence[KVCacheBlock]) -> None:
+        if uncached:
+            super().on_free(uncached, ())
+        homes = self._home
+        for block in cached:
+            bid = block.block_id
+            home = homes[bid]
+            if not home:
+                h = block.block_hash
+                home = MAIN if self._recall(h) else SMALL  # type: ignore[arg-type]  # cached
+                homes[bid] = home
+            self._link(home, (block,))
 
-    def _on_access(self, block: KVCacheBlock) -> None:
-        bid = block.block_id
-        if self._freq[bid] < MAX_FREQ:
-            self._freq[bid] += 1
-
-    def _victim(self) -> KVCacheBlock:
+    def _victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
+        out: list[KVCacheBlock] = []
         small = self._segments[SMALL]
         main = self._segments[MAIN]
-        freq = self._freq
-        while True:
+        freq = self._marks
+        while len(out) < n:
             if len(small) and (len(small) > self.small_cap or not len(main)):
-                block = small.first()
-                assert block is not None
+                block: KVCacheBlock = small.first()  # type: ignore[assignment]  # not empty
                 if freq[block.block_id]:
                     freq[block.block_id] = 0
                     self._home[block.block_id] = MAIN
                     self._move(block, MAIN)
                     continue
-                return self._pop(SMALL)
-            block = main.first()
-            assert block is not None
+                out.extend(small.pick_victims(1, ref_cnt))
+                continue
+            block = main.first()  # type: ignore[assignment]  # not empty
             if freq[block.block_id]:
                 freq[block.block_id] -= 1
                 self._move(block, MAIN)
                 continue
-            return self._pop(MAIN)
+            out.extend(main.pick_victims(1, ref_cnt))
+        return out
 
-    def on_evict(self, block: KVCacheBlock) -> None:
-        bid = block.block_id
-        self._freq[bid] = 0
-        self._home[bid] = 0
-        if block.block_hash is not None:
-            self.ghost.add(block.block_hash)
+    def pick_victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
+        out = super().pick_victims(n, ref_cnt)
+        homes = self._home
+        for block in out:
+            homes[block.block_id] = 0
+        return out
+
+    def on_evict(self, blocks: Sequence[KVCacheBlock]) -> None:
+        super().on_evict(blocks)
+        homes = self._home
+        for block in blocks:
+            homes[block.block_id] = 0
 
     def reset(self) -> None:
         super().reset()
-        self._freq = [0] * len(self._freq)
         self._home = [0] * len(self._home)
 
     def check(self) -> list[str]:
@@ -98,6 +103,4 @@ class S3FIFOPolicy(SegmentedPolicy):
                 if self._home[block.block_id] != index:
                     problems.append(f"block {block.block_id} is in segment {index} but its home "
                                     f"is {self._home[block.block_id]}")
-        if any(not 0 <= f <= MAX_FREQ for f in self._freq):
-            problems.append("a frequency is outside [0, 3]")
         return problems

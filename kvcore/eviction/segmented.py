@@ -9,7 +9,6 @@ remember evicted hashes in a bounded ghost table.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 
 from kvcore.blocks import BlockHash, FreeBlockQueue, KVCacheBlock
@@ -27,52 +26,36 @@ def check_share(name: str, value: object, low: float = 0.0, high: float = 1.0) -
     return float(value)
 
 
-class GhostTable:
-    """The most recent ``capacity`` evicted hashes, oldest dropped first (O(1) per operation)."""
-
-    __slots__ = ("_hashes", "capacity")
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._hashes: OrderedDict[BlockHash, None] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._hashes)
-
-    def __contains__(self, h: object) -> bool:
-        return h in self._hashes
-
-    def add(self, h: BlockHash) -> None:
-        hashes = self._hashes
-        if h in hashes:
-            hashes.move_to_end(h)
-            return
-        hashes[h] = None
-        if len(hashes) > self.capacity:
-            hashes.popitem(last=False)
-
-    def take(self, h: BlockHash) -> bool:
-        """Whether ``h`` was remembered (and forget it)."""
-        return self._hashes.pop(h, 0) is None
-
-    def clear(self) -> None:
-        self._hashes.clear()
-
-
 class SegmentedPolicy(EvictionPolicy):
-    """Base of ``slru`` and ``s3fifo``: segments, the segment table and the generic transitions."""
+    """Base of ``slru`` and ``s3fifo``: segments, the segment table, a per-block access mark
+    (raised by hits up to ``max_mark``, cleared on eviction), the ghost table and the generic
+    transitions.
 
-    __slots__ = ("_num_free", "_segment_of", "_segments", "capacity", "ghost")
+    The ghost table remembers the last ``ghost_capacity`` evicted hashes: each entry carries its
+    eviction sequence number, entries older than the last ``ghost_capacity`` evictions are dead,
+    and dead entries are pruned in one pass once the table holds twice its capacity (O(1)
+    amortized, plain dict operations on the hot path).
+
+    The hot transitions are inlined rather than built from per-block method calls: a hit unlinks
+    its block directly (``FreeBlockQueue.remove``'s logic) and victims leave in batches.
+    """
+
+    __slots__ = ("_ghost", "_ghost_seq", "_marks", "_max_mark", "_num_free", "_segment_of",
+                 "_segments", "capacity", "ghost_capacity")
 
     def __init__(self, blocks: Sequence[KVCacheBlock], num_segments: int,
-                 ghost_factor: object) -> None:
+                 ghost_factor: object, max_mark: int) -> None:
         factor = check_share("ghost_factor", ghost_factor, 0.0, 64.0)
         self.capacity = len(blocks)
         self._segments = [FreeBlockQueue() for _ in range(num_segments)]
         size = max((b.block_id for b in blocks), default=0) + 1
         self._segment_of = [NOT_FREE] * size
+        self._marks = [0] * size
+        self._max_mark = max_mark
         self._num_free = 0
-        self.ghost = GhostTable(int(factor * self.capacity))
+        self.ghost_capacity = int(factor * self.capacity)
+        self._ghost: dict[BlockHash, int] = {}  # evicted hash -> eviction sequence number
+        self._ghost_seq = 0
         self._link(CLEAN, blocks)
 
     # -- queries ----------------------------------------------------------------------------------
@@ -97,6 +80,15 @@ class SegmentedPolicy(EvictionPolicy):
         """The segment ``block`` is linked in, or -1 when it is not free."""
         return self._segment_of[block.block_id]
 
+    def in_ghost(self, h: BlockHash) -> bool:
+        """Whether ``h`` is among the last ``ghost_capacity`` evicted hashes."""
+        seq = self._ghost.get(h)
+        return seq is not None and seq >= self._ghost_seq - self.ghost_capacity
+
+    def mark(self, block: KVCacheBlock) -> int:
+        """``block``'s access mark (hits since it was cached, capped)."""
+        return self._marks[block.block_id]
+
     def check(self) -> list[str]:
         problems: list[str] = []
         linked = 0
@@ -113,45 +105,56 @@ class SegmentedPolicy(EvictionPolicy):
         if not linked == recorded == self._num_free:
             problems.append(f"{linked} blocks linked, {recorded} recorded free, count "
                             f"{self._num_free}")
-        if len(self.ghost) > self.ghost.capacity:
-            problems.append(f"ghost table holds {len(self.ghost)} > {self.ghost.capacity} hashes")
+        if any(not 0 <= m <= self._max_mark for m in self._marks):
+            problems.append(f"an access mark is outside [0, {self._max_mark}]")
+        if len(self._ghost) > 2 * self.ghost_capacity:
+            problems.append(f"ghost table holds {len(self._ghost)} > 2 x {self.ghost_capacity} "
+                            "entries")
         return problems
 
     # -- transitions ------------------------------------------------------------------------------
     def on_free(self, uncached: Sequence[KVCacheBlock], cached: Sequence[KVCacheBlock]) -> None:
+        """Uncached blocks go to the head of the clean segment; subclasses extend this for the
+        cached ones (``super().on_free(uncached, ())`` first)."""
         if uncached:
             segment_of = self._segment_of
             for block in uncached:
                 segment_of[block.block_id] = CLEAN
             self._segments[CLEAN].prepend_n(uncached)
             self._num_free += len(uncached)
-        for block in cached:
-            self._link(self._place(block), (block,))
 
     def on_touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         segment_of = self._segment_of
         segments = self._segments
+        marks = self._marks
+        top = self._max_mark
+        resurrected = 0
         for block in blocks:
             ref_cnt = block.ref_cnt
+            bid = block.block_id
             if ref_cnt == 0:
                 if block.is_null:
                     continue
-                bid = block.block_id
-                segments[segment_of[bid]].remove(block)
+                segments[segment_of[bid]].unlinked(1)
+                prev: KVCacheBlock = block.prev_free  # type: ignore[assignment]  # linked: free
+                nxt: KVCacheBlock = block.next_free  # type: ignore[assignment]
+                prev.next_free = nxt
+                nxt.prev_free = prev
+                block.prev_free = block.next_free = None
                 segment_of[bid] = NOT_FREE
-                self._num_free -= 1
-            self._on_access(block)
+                resurrected += 1
+            if marks[bid] < top:
+                marks[bid] += 1
             block.ref_cnt = ref_cnt + 1
+        self._num_free -= resurrected
 
     def pick_victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
         clean = self._segments[CLEAN]
-        out = clean.popleft_n(min(n, len(clean)))
-        while len(out) < n:
-            out.append(self._victim())
-        segment_of = self._segment_of
-        for block in out:
-            segment_of[block.block_id] = NOT_FREE
-            block.ref_cnt = ref_cnt
+        k = min(n, len(clean))
+        out = clean.pick_victims(k, ref_cnt) if k else []
+        if k < n:
+            out.extend(self._victims(n - k, ref_cnt))
+        self._release(out)
         self._num_free -= n
         return out
 
@@ -160,6 +163,31 @@ class SegmentedPolicy(EvictionPolicy):
         self._segments[self._segment_of[bid]].remove(block)
         self._segment_of[bid] = NOT_FREE
         self._num_free -= 1
+
+    def on_evict(self, blocks: Sequence[KVCacheBlock]) -> None:
+        self._release(blocks, linked=False)
+
+    def _release(self, blocks: Sequence[KVCacheBlock], linked: bool = True) -> None:
+        """Victims leave the policy (``linked``: they were free, now unlinked) and every hashed
+        one is about to be evicted: clear its mark and remember its hash in the ghost table."""
+        segment_of = self._segment_of
+        marks = self._marks
+        ghost = self._ghost
+        seq = self._ghost_seq
+        remember = self.ghost_capacity > 0
+        for block in blocks:
+            if linked:
+                segment_of[block.block_id] = NOT_FREE
+            h = block.block_hash
+            if h is not None:
+                marks[block.block_id] = 0
+                if remember:
+                    ghost[h] = seq
+                    seq += 1
+        self._ghost_seq = seq
+        if len(ghost) > 2 * self.ghost_capacity:
+            live = seq - self.ghost_capacity
+            self._ghost = {h: n for h, n in ghost.items() if n >= live}
 
     def on_uncache(self, block: KVCacheBlock) -> None:
         if self._segment_of[block.block_id] not in (NOT_FREE, CLEAN):
@@ -171,11 +199,12 @@ class SegmentedPolicy(EvictionPolicy):
         for block in moved:
             self.remove(block)
         self._link(CLEAN, moved)
-        self.ghost.clear()
+        self._ghost = {}
+        self._marks = [0] * len(self._marks)
 
     # -- for subclasses ---------------------------------------------------------------------------
     def _link(self, index: int, blocks: Sequence[KVCacheBlock]) -> None:
-        """Append ``blocks`` to segment ``index``."""
+        """Append ``blocks`` (not in the policy) to segment ``index``."""
         segment_of = self._segment_of
         for block in blocks:
             segment_of[block.block_id] = index
@@ -189,21 +218,12 @@ class SegmentedPolicy(EvictionPolicy):
         self._segment_of[bid] = index
         self._segments[index].append(block)
 
-    def _pop(self, index: int) -> KVCacheBlock:
-        """Unlink and return the head of segment ``index`` (not empty)."""
-        block = self._segments[index].popleft()
-        self._segment_of[block.block_id] = NOT_FREE
-        return block
+    def _recall(self, h: BlockHash) -> bool:
+        """Whether ``h`` is a remembered evicted hash (and forget it)."""
+        seq = self._ghost.pop(h, None)
+        return seq is not None and seq >= self._ghost_seq - self.ghost_capacity
 
-    def _place(self, block: KVCacheBlock) -> int:
-        """The segment a freed cached ``block`` joins (at its tail)."""
-        raise NotImplementedError
-
-    def _on_access(self, block: KVCacheBlock) -> None:
-        """A prefix hit on ``block`` (free or in use)."""
-        raise NotImplementedError
-
-    def _victim(self) -> KVCacheBlock:
-        """Unlink and return the next cached victim (the clean segment is empty, and some
-        cached block is free)."""
+    def _victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
+        """Unlink and return ``n`` cached victims with ``ref_cnt`` set (the clean segment is
+        empty and at least ``n`` cached blocks are free); the caller updates the table."""
         raise NotImplementedError

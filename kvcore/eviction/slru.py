@@ -33,48 +33,66 @@ class SLRUPolicy(SegmentedPolicy):
         ghost_factor: ghost-table size in multiples of the pool's capacity.
     """
 
-    __slots__ = ("_hot", "protected_cap")
+    __slots__ = ("protected_cap",)
     name: ClassVar[str] = "slru"
-    remembers_evictions: ClassVar[bool] = True
 
     def __init__(self, blocks: Sequence[KVCacheBlock], *, protected_share: object = 0.5,
                  ghost_factor: object = 1.0) -> None:
-        super().__init__(blocks, 3, ghost_factor)
+        super().__init__(blocks, 3, ghost_factor, max_mark=1)
         share = check_share("protected_share", protected_share)
         self.protected_cap = int(share * self.capacity)
-        self._hot = [False] * len(self._segment_of)
 
-    def _place(self, block: KVCacheBlock) -> int:
-        bid = block.block_id
-        h = block.block_hash
-        if self._hot[bid] or (h is not None and self.ghost.take(h)):
-            self._hot[bid] = True
-            protected = self._segments[PROTECTED]
-            if len(protected) >= self.protected_cap:
-                if not self.protected_cap:
-                    return PROBATION
-                demoted = protected.first()
-                assert demoted is not None
-                self._hot[demoted.block_id] = False
-                self._move(demoted, PROBATION)
-            return PROTECTED
-        return PROBATION
+    def on_free(self, uncached: Sequence[KVCacheBlock], cached: Sequence[KVCacheBlock]) -> None:
+        if uncached:
+            super().on_free(uncached, ())
+        if not cached:
+            return
+        marks = self._marks
+        segment_of = self._segment_of
+        ghost = self._ghost
+        live = max(self._ghost_seq - self.ghost_capacity, 0)  # live ghost entries: seq >= live
+        probation: list[KVCacheBlock] = []
+        protected: list[KVCacheBlock] = []
+        for block in cached:
+            bid = block.block_id
+            seq = ghost.pop(block.block_hash, -1) if ghost else -1  # type: ignore[arg-type]  # cached
+            if marks[bid] or seq >= live:
+                marks[bid] = 1
+                segment_of[bid] = PROTECTED
+                protected.append(block)
+            else:
+                segment_of[bid] = PROBATION
+                probation.append(block)
+        segments = self._segments
+        if probation:
+            segments[PROBATION].append_n(probation)
+        if protected:
+            top = segments[PROTECTED]
+            top.append_n(protected)
+            over = len(top) - self.protected_cap
+            if over > 0:  # demote the least recent: they must be hit again to return
+                demoted = top.popleft_n(over)
+                for block in demoted:
+                    marks[block.block_id] = 0
+                    segment_of[block.block_id] = PROBATION
+                segments[PROBATION].append_n(demoted)
+        self._num_free += len(cached)
 
-    def _on_access(self, block: KVCacheBlock) -> None:
-        self._hot[block.block_id] = True
-
-    def _victim(self) -> KVCacheBlock:
-        index = PROBATION if len(self._segments[PROBATION]) else PROTECTED
-        return self._pop(index)
-
-    def on_evict(self, block: KVCacheBlock) -> None:
-        self._hot[block.block_id] = False
-        if block.block_hash is not None:
-            self.ghost.add(block.block_hash)
-
-    def reset(self) -> None:
-        super().reset()
-        self._hot = [False] * len(self._hot)
+    def pick_victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
+        # Clean, then probation, then protected heads, each segment in one batch.
+        out: list[KVCacheBlock] = []
+        need = n
+        for segment in self._segments:
+            k = len(segment)
+            if k:
+                if k >= need:
+                    out += segment.pick_victims(need, ref_cnt)
+                    break
+                out += segment.pick_victims(k, ref_cnt)
+                need -= k
+        self._release(out)
+        self._num_free -= n
+        return out
 
     def check(self) -> list[str]:
         problems = super().check()
@@ -82,9 +100,9 @@ class SLRUPolicy(SegmentedPolicy):
         if len(protected) > self.protected_cap:
             problems.append(f"protected segment holds {len(protected)} > {self.protected_cap}")
         for block in protected:
-            if not self._hot[block.block_id]:
+            if not self._marks[block.block_id]:
                 problems.append(f"block {block.block_id} is protected but was never hit")
         for block in self._segments[CLEAN]:
-            if self._hot[block.block_id]:
+            if self._marks[block.block_id]:
                 problems.append(f"uncached block {block.block_id} is marked hit")
         return problems

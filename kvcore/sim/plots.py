@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvcore.sim.policies import PolicyResult
+from kvcore.sim.policies import OFFLINE_BOUND, PolicyResult
 
 
 def _pyplot() -> Any:
@@ -20,13 +20,23 @@ def _pyplot() -> Any:
 def plot_hit_rate_curves(curves: Mapping[str, Sequence[PolicyResult]], *, block_size: int,
                          ideal: float | None = None, title: str = "Prefix-cache hit rate",
                          path: str | Path | None = None, ax: Any = None) -> Any:
-    """One line per policy: token hit rate against cache capacity (tokens)."""
+    """One line per policy: token hit rate against cache capacity (tokens).
+
+    Belady is drawn dashed and labelled as the offline bound.  A capacity at which every request
+    was skipped (larger than the cache) has no hit rate and is left out, not drawn as 0%; the
+    legend says how many requests the smallest plotted capacity skipped.
+    """
     plt = _pyplot()
     if ax is None:
         _, ax = plt.subplots(figsize=(6.4, 4.2))
     for policy, results in curves.items():
-        xs = [r.capacity_blocks * block_size for r in results]
-        ax.plot(xs, [100 * r.hit_rate for r in results], marker="o", label=policy)
+        shown = [r for r in results if r.prompt_tokens]
+        xs = [r.capacity_blocks * block_size for r in shown]
+        label = f"{policy} (offline bound)" if policy == OFFLINE_BOUND else policy
+        if shown and shown[0].skipped:
+            label += f", {shown[0].skipped} skipped at {xs[0]:,}"
+        ax.plot(xs, [100 * r.hit_rate for r in shown], marker="o", label=label,
+                linestyle="--" if policy == OFFLINE_BOUND else "-")
     if ideal is not None:
         ax.axhline(100 * ideal, color="grey", linestyle="--", label="infinite capacity")
     ax.set_xscale("log")

@@ -31,9 +31,10 @@ are skipped (counted in ``PolicyResult.skipped``), as the scheduler rejects them
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from sortedcontainers import SortedList
 
@@ -46,6 +47,7 @@ from kvcore.sim.traces import TraceRequest
 OFFLINE_BOUND = "belady"
 POLICIES = (*POOL_POLICIES, "fifo", "lfu", OFFLINE_BOUND)
 INFINITE = float("inf")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,7 @@ class PriorityPolicy(EvictionPolicy):
             out.append(self._entries.pop(bid)[2])
         for block in out:
             block.ref_cnt = ref_cnt
+        self.on_evict([b for b in out if b.block_hash is not None])
         return out
 
     def _priority(self, block: KVCacheBlock, clock: int) -> tuple[float, ...]:
@@ -147,7 +150,6 @@ class FIFOPolicy(PriorityPolicy):
 
     __slots__ = ("_born",)
     name: ClassVar[str] = "fifo"
-    remembers_evictions: ClassVar[bool] = True
 
     def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
         super().__init__(blocks)
@@ -156,8 +158,9 @@ class FIFOPolicy(PriorityPolicy):
     def _priority(self, block: KVCacheBlock, clock: int) -> tuple[float, ...]:
         return (self._born.setdefault(block.block_id, clock),)
 
-    def on_evict(self, block: KVCacheBlock) -> None:
-        self._born.pop(block.block_id, None)
+    def on_evict(self, blocks: Sequence[KVCacheBlock]) -> None:
+        for block in blocks:
+            self._born.pop(block.block_id, None)
 
 
 class LFUPolicy(PriorityPolicy):
@@ -166,7 +169,6 @@ class LFUPolicy(PriorityPolicy):
 
     __slots__ = ("_uses",)
     name: ClassVar[str] = "lfu"
-    remembers_evictions: ClassVar[bool] = True
 
     def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
         super().__init__(blocks)
@@ -176,8 +178,9 @@ class LFUPolicy(PriorityPolicy):
         uses = self._uses[block.block_id] = self._uses.get(block.block_id, 0) + 1
         return (uses, clock)
 
-    def on_evict(self, block: KVCacheBlock) -> None:
-        self._uses.pop(block.block_id, None)
+    def on_evict(self, blocks: Sequence[KVCacheBlock]) -> None:
+        for block in blocks:
+            self._uses.pop(block.block_id, None)
 
 
 class BeladyPolicy(PriorityPolicy):
@@ -236,7 +239,6 @@ def simulate(requests: Sequence[BlockRequest], capacity_blocks: int, policy: str
     evictor = make_sim_policy(policy, blocks)
     belady = evictor if isinstance(evictor, BeladyPolicy) else None
     next_uses = _next_uses(requests, block_size) if belady is not None else None
-    notify = evictor.remembers_evictions
     cached: dict[BlockHash, list[KVCacheBlock]] = {}  # key -> copies, oldest first
     hit_tokens = prompt_tokens = evictions = skipped = 0
 
@@ -260,8 +262,6 @@ def simulate(requests: Sequence[BlockRequest], capacity_blocks: int, policy: str
             for victim in evictor.pick_victims(total_blocks - num_hits, 1):
                 h = victim.block_hash
                 if h is not None:
-                    if notify:
-                        evictor.on_evict(victim)
                     copies = cached[h]
                     copies.remove(victim)
                     if not copies:
@@ -296,11 +296,67 @@ def simulate(requests: Sequence[BlockRequest], capacity_blocks: int, policy: str
     return PolicyResult(policy, capacity_blocks, hit_tokens, prompt_tokens, evictions, skipped)
 
 
+def simulate_accesses(keys: Sequence[object], capacity_blocks: int, policy: str) -> list[bool]:
+    """A plain block-level cache simulation (every access one block, no chains, no pinning):
+    per access of ``keys``, whether it hit.  A hit touches the block and frees it again at once;
+    a miss takes a victim and caches the key there.  Used to check the policies against other
+    cache simulators (libCacheSim) on the traces they read."""
+    if policy.partition(":")[0] not in POLICIES:
+        raise InvalidArgumentError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    if capacity_blocks <= 0:
+        raise InvalidArgumentError(f"capacity must be positive, got {capacity_blocks}")
+    evictor = make_sim_policy(policy, [KVCacheBlock(i) for i in range(1, capacity_blocks + 1)])
+    belady = evictor if isinstance(evictor, BeladyPolicy) else None
+    next_access: list[float] = []
+    if belady is not None:
+        later: dict[object, int] = {}
+        next_access = [INFINITE] * len(keys)
+        for i in range(len(keys) - 1, -1, -1):
+            next_access[i] = later.get(keys[i], INFINITE)
+            later[keys[i]] = i
+    cached: dict[BlockHash, KVCacheBlock] = {}
+    hits: list[bool] = []
+    for i, key in enumerate(keys):
+        h = _key_hash(key)
+        block = cached.get(h)
+        hits.append(block is not None)
+        if block is not None:
+            evictor.on_touch((block,))
+        else:
+            block = evictor.pick_victims(1, 1)[0]
+            if block.block_hash is not None:
+                del cached[block.block_hash]
+            block.block_hash = h
+            cached[h] = block
+        block.ref_cnt = 0
+        if belady is not None:
+            belady.next_use[block.block_id] = next_access[i]
+        evictor.on_free((), (block,))
+    return hits
+
+
 def hit_rate_curve(requests: Sequence[BlockRequest], capacities: Iterable[int],
-                   policies: Iterable[str], block_size: int) -> dict[str, list[PolicyResult]]:
-    """Hit rate vs capacity, per policy."""
+                   policies: Iterable[str], block_size: int,
+                   progress: bool = False) -> dict[str, list[PolicyResult]]:
+    """Hit rate vs capacity, per policy (``progress``: a bar on stderr, one step per run)."""
     caps = list(capacities)
-    return {p: [simulate(requests, c, p, block_size) for c in caps] for p in policies}
+    names = list(policies)
+    runs = [(p, c) for p in names for c in caps]
+    out: dict[str, list[PolicyResult]] = {p: [] for p in names}
+    for p, c in progress_bar(runs, "policies", progress):
+        out[p].append(simulate(requests, c, p, block_size))
+    return out
+
+
+def progress_bar(items: Sequence[_T], desc: str, enabled: bool) -> Iterable[_T]:
+    """``items``, through a tqdm bar on stderr when ``enabled`` and tqdm is installed."""
+    if not enabled:
+        return items
+    try:
+        from tqdm import tqdm
+    except ImportError:  # progress is optional
+        return items
+    return tqdm(items, desc=desc, unit="run", file=sys.stderr)
 
 
 def ideal_hit_rate(requests: Sequence[BlockRequest], block_size: int) -> float:

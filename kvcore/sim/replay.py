@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import numbers
 import statistics
+import sys
 import time
 import zlib
 from collections import deque
@@ -23,9 +24,13 @@ from typing import Any
 
 import torch
 
+from kvcore.blocks import BlockHash
 from kvcore.errors import InvalidArgumentError
 from kvcore.manager import KVCacheManager
+from kvcore.request import Request
 from kvcore.scheduler import RequestRejectedError, Scheduler, SchedulerConfig
+from kvcore.sim.oracle import ReplayBelady
+from kvcore.sim.policies import OFFLINE_BOUND
 from kvcore.sim.traces import TraceRequest
 from kvcore.specs import FullAttentionSpec, KVCacheConfig, KVCacheGroup
 
@@ -45,7 +50,7 @@ class ReplayConfig:
     max_num_batched_tokens: int = 8192
     enable_caching: bool = True
     hash_algo: str = "xxh3_128"
-    eviction_policy: str = "lru"  # the real pool's policy (kvcore.eviction)
+    eviction_policy: str = "lru"  # the real pool's policy (kvcore.eviction), or "belady"
     queue_hints: int = 0  # waiting requests the scheduler declares upcoming each step
     step_base_ms: float = 5.0
     step_ms_per_token: float = 0.02
@@ -103,6 +108,11 @@ def _sampled_token(rid: str, n: int) -> int:
 
 def make_manager(cfg: ReplayConfig, requests: Sequence[TraceRequest]) -> KVCacheManager:
     max_len = cfg.max_model_len or max(r.num_prompt_tokens + r.output_len for r in requests) + 1
+    policy: object = cfg.eviction_policy
+    if policy == OFFLINE_BOUND:
+        if cfg.kv_config is not None:
+            raise InvalidArgumentError("the belady bound replays single-group caches only")
+        policy = ReplayBelady
     if cfg.kv_config is not None:
         kv_config = cfg.kv_config
     else:
@@ -112,7 +122,7 @@ def make_manager(cfg: ReplayConfig, requests: Sequence[TraceRequest]) -> KVCache
     return KVCacheManager(kv_config, max_len, enable_caching=cfg.enable_caching,
                           hash_algo=cfg.hash_algo,
                           max_num_batched_tokens=cfg.max_num_batched_tokens,
-                          eviction_policy=cfg.eviction_policy)
+                          eviction_policy=policy)
 
 
 def _finite_nonneg(x: object) -> bool:
@@ -151,12 +161,19 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None) ->
         raise InvalidArgumentError("the trace has no requests")
     _check_inputs(requests, cfg)
     manager = make_manager(cfg, requests)
+    order = sorted(requests, key=lambda r: r.arrival_ms)
+    oracle = manager.pool.free_queue if isinstance(manager.pool.free_queue, ReplayBelady) else None
+    made: dict[str, Request] = {}  # the oracle's requests, made (and hashed) up front
+    index: dict[str, int] = {}
+    if oracle is not None:
+        made, index = _teach_oracle(oracle, manager, order)
     sched = Scheduler(manager, SchedulerConfig(max_num_seqs=cfg.max_num_seqs,
                                                max_num_batched_tokens=cfg.max_num_batched_tokens,
                                                queue_hints=cfg.queue_hints))
-    pending = deque(sorted(requests, key=lambda r: r.arrival_ms))
+    pending = deque(order)
     arrived: deque[TraceRequest] = deque()
-    window = 2 * cfg.max_num_seqs  # requests handed to the scheduler ahead of admission
+    # Requests handed to the scheduler ahead of admission (at least as many as it may hint).
+    window = max(2 * cfg.max_num_seqs, cfg.queue_hints)
     bar = _progress(len(requests)) if cfg.progress else None
 
     clock = 0.0
@@ -170,8 +187,7 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None) ->
             arrived.append(pending.popleft())
         while arrived and sched.num_waiting < window:
             tr = arrived.popleft()
-            req = manager.make_request(tr.request_id, tr.prompt_token_ids(),
-                                       max_tokens=max(tr.output_len, 1), ignore_eos=True)
+            req = made.pop(tr.request_id, None) or _make_request(manager, tr)
             try:
                 sched.add_request(req)
                 prompt_tokens += tr.num_prompt_tokens
@@ -185,6 +201,10 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None) ->
             continue
         t0 = time.perf_counter()
         out = sched.schedule()
+        if oracle is not None:
+            for s in out.scheduled:
+                if s.is_new:
+                    oracle.advance(index[s.request_id], s.request.block_hashes)
         sampled = {s.request_id: _sampled_token(s.request_id, s.request.num_output_tokens)
                    for s in out.scheduled if s.samples}
         done = sched.update_from_output(out, sampled)
@@ -211,9 +231,31 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None) ->
         wall_s=time.perf_counter() - wall0, usage=usage)
 
 
+def _make_request(manager: KVCacheManager, tr: TraceRequest) -> Request:
+    return manager.make_request(tr.request_id, tr.prompt_token_ids(),
+                                max_tokens=max(tr.output_len, 1), ignore_eos=True)
+
+
+def _teach_oracle(oracle: ReplayBelady, manager: KVCacheManager,
+                  order: Sequence[TraceRequest]) -> tuple[dict[str, Request], dict[str, int]]:
+    """Make every request up front and tell the offline policy which arrival indices can hit
+    each hash (a prompt's full blocks, the last token excluded, as a lookup caps them)."""
+    made: dict[str, Request] = {}
+    index: dict[str, int] = {}
+    uses: dict[BlockHash, list[int]] = {}
+    for i, tr in enumerate(order):
+        req = _make_request(manager, tr)
+        made[tr.request_id] = req
+        index[tr.request_id] = i
+        for h in req.block_hashes[:(tr.num_prompt_tokens - 1) // manager.hash_block_size]:
+            uses.setdefault(h, []).append(i)
+    oracle.uses = uses
+    return made, index
+
+
 def _progress(total: int) -> Any:
     try:
         from tqdm import tqdm
     except ImportError:  # progress is optional
         return None
-    return tqdm(total=total, unit="req", desc="replay")
+    return tqdm(total=total, unit="req", desc="replay", file=sys.stderr)

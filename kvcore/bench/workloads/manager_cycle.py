@@ -15,6 +15,12 @@ sides.  Hashing of blocks completed by decode tokens is timed everywhere (it hap
 
 Each sample also reports what the run did (hit tokens, preemptions): the two implementations do
 the same work exactly when these agree, and the driver says so when they do not.
+
+The eviction-policy rows (``..., kvcore slru``, ``..., kvcore s3fifo``) run the eviction-heavy
+requests (the same ones: they are drawn from the LRU row's seed) with kvcore's pool under another
+policy.  vLLM has one policy, LRU, so its column in those rows is vLLM LRU on the same requests:
+the same calls, though hits (and so the work behind them) follow each side's policy.  A kvcore
+without eviction policies (an older ``--baseline`` tree) skips those rows.
 """
 
 from __future__ import annotations
@@ -22,11 +28,11 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from .manager_sides import Group, Side, make_side
-from .timing import Sample, cpu_timed
+from .manager_sides import Group, Side, Unsupported, make_side
+from .timing import Sample, cpu_timed, skipped_sample
 
 DEFAULT_REQUESTS = 2000
 MIN_REQUESTS = 4
@@ -57,12 +63,41 @@ class Scenario:
     max_running: int = 0
     """> 0: the preempting step loop with at most this many running requests."""
     max_model_len: int = 8192
+    eviction_policy: str = "lru"
+    """kvcore's pool eviction policy (vLLM runs LRU, its only one, whatever this says)."""
+    seed: str = ""
+    """What the requests are drawn from (default: the name): rows that differ only in the
+    eviction policy share their LRU row's seed, so they run the very same requests."""
 
     def num_requests(self, requests: int) -> int:
         return max(MIN_REQUESTS, requests // self.per_requests)
 
 
 SWA_PROMPT = "96 shared + 32 unique, 32 decode"
+EVICTION_HEAVY = Scenario(
+    "eviction-heavy: 2048 prefixes, 256-block pool",
+    "Prompts draw one of 2,048 distinct 96-token prefixes (+32 unique tokens): 12,288 blocks of "
+    "distinct cached prefixes against 255 usable blocks, so lookups mostly miss and nearly every "
+    "allocation evicts cached blocks.  kvcore's pool runs LRU (its default, vLLM's order).",
+    shared_len=96, num_prefixes=2048, num_blocks=256)
+POLICY_DOCS = {
+    "slru": "segmented LRU: probation and protected segments, a ghost table of evicted hashes",
+    "s3fifo": "S3-FIFO: small and main FIFO queues, a ghost table of evicted hashes",
+}
+"""The non-default pool policies with an eviction-heavy row each."""
+
+
+def policy_variant(base: Scenario, policy: str) -> Scenario:
+    """``base`` with kvcore's pool under ``policy``, on the same requests (vLLM: LRU)."""
+    return replace(
+        base, name=f"{base.name}, kvcore {policy}", eviction_policy=policy,
+        seed=base.seed or base.name,
+        doc=f"The eviction-heavy requests (the same ones) with kvcore's pool under {policy} "
+        f"({POLICY_DOCS[policy]}; default options).  vLLM has LRU only: its column is vLLM LRU "
+        "on the same requests, so the ratio is kvcore's policy against vLLM's; hits follow each "
+        "side's policy.")
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("caching off, 128-token prompts",
              "No prefix cache: the no-cache coordinator allocates and frees 8 blocks per "
@@ -114,11 +149,8 @@ SCENARIOS: tuple[Scenario, ...] = (
              "Hashing-bound, as the 8k row with 2,048 blocks per request.",
              prompt_len=32768, hash_timed=True, per_requests=128, num_blocks=8192,
              max_model_len=40960),
-    Scenario("eviction-heavy: 2048 prefixes, 256-block pool",
-             "Prompts draw one of 2,048 distinct 96-token prefixes (+32 unique tokens): 12,288 "
-             "blocks of distinct cached prefixes against 255 usable blocks, so lookups mostly "
-             "miss and nearly every allocation evicts cached blocks.",
-             shared_len=96, num_prefixes=2048, num_blocks=256),
+    EVICTION_HEAVY,
+    *(policy_variant(EVICTION_HEAVY, policy) for policy in POLICY_DOCS),
 )
 BY_NAME = {s.name: s for s in SCENARIOS}
 
@@ -231,23 +263,40 @@ def preempting_loop(side: Side, reqs: list[Any], sc: Scenario) -> Callable[[], d
 
 def cases(impl: str, params: dict[str, Any]) -> list[dict[str, Any]]:
     requests = int(params.get("requests", DEFAULT_REQUESTS))
-    return [{"name": s.name, "doc": s.doc, "verify_hits": s.verify, "hash_timed": s.hash_timed,
-             "requests": s.num_requests(requests), "decode_steps": s.decode}
-            for s in SCENARIOS]
+    out = []
+    for s in SCENARIOS:
+        case: dict[str, Any] = {
+            "name": s.name, "doc": s.doc, "verify_hits": s.verify, "hash_timed": s.hash_timed,
+            "requests": s.num_requests(requests), "decode_steps": s.decode,
+            "eviction_policy": s.eviction_policy}
+        if s.eviction_policy != "lru":
+            case["lru_row"] = next(o.name for o in SCENARIOS if o.eviction_policy == "lru"
+                                   and (o.seed or o.name) == s.seed)
+            case["peer_note"] = ("vLLM has LRU only: its column is vLLM LRU on the same "
+                                 f"requests (kvcore runs {s.eviction_policy}), so hits may "
+                                 "differ")
+        out.append(case)
+    return out
 
 
 def measure(impl: str, case: str, params: dict[str, Any], repeat: int,
             warmup: bool = False) -> Sample:
     """Build a fresh manager and the requests of ``case`` (untimed), then time the loop.
-    A warm-up runs an eighth of the requests (imports, first-call paths, adaptive bytecode)."""
+    A warm-up runs an eighth of the requests (imports, first-call paths, adaptive bytecode).
+    A kvcore that cannot build the scenario's manager (:class:`Unsupported`) answers a skipped
+    sample."""
     if case not in BY_NAME:
         raise KeyError(f"unknown scenario {case!r}")
     sc = BY_NAME[case]
     n = sc.num_requests(int(params.get("requests", DEFAULT_REQUESTS)))
     if warmup:
         n = max(2, n // 8)
-    side = make_side(impl, sc.groups, sc.num_blocks, sc.max_model_len, sc.caching, sc.verify)
-    rng = random.Random(f"{sc.name}/{repeat}/{warmup}")
+    try:
+        side = make_side(impl, sc.groups, sc.num_blocks, sc.max_model_len, sc.caching,
+                         sc.verify, sc.eviction_policy)
+    except Unsupported as exc:
+        return skipped_sample(str(exc))
+    rng = random.Random(f"{sc.seed or sc.name}/{repeat}/{warmup}")
     reqs = [side.make_request(f"r{i}", p, hashed=not sc.hash_timed)
             for i, p in enumerate(make_prompts(sc, n, rng))]
     loop = preempting_loop if sc.max_running else serial_loop

@@ -11,6 +11,10 @@ grouping makes them) and exposes exactly what the timed loops call:
 
 Both sides hash with xxh3-128 (kvcore ``xxh3_128``, vLLM ``xxhash``).  Only the side asked for is
 imported, so this module loads under either interpreter.
+
+``eviction_policy`` picks kvcore's pool policy; it is passed only when it is not ``"lru"`` (the
+default), so a kvcore without eviction policies (an older ``--baseline`` tree) still runs the LRU
+scenarios, and raises :class:`Unsupported` for the others.  vLLM has LRU only and ignores it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,11 @@ from typing import Any
 BLOCK_SIZE = 16
 Group = str | int
 """``"full"`` or a sliding window in tokens."""
+
+
+class Unsupported(Exception):
+    """The kvcore under test lacks what the scenario needs (e.g. an older tree without eviction
+    policies): the scenario is skipped for it, not failed."""
 
 
 class Side:
@@ -44,7 +53,7 @@ def _spec_args() -> dict[str, Any]:
 
 class KvcoreSide(Side):
     def __init__(self, groups: Sequence[Group], num_blocks: int, max_model_len: int,
-                 caching: bool, verify: bool) -> None:
+                 caching: bool, verify: bool, eviction_policy: str = "lru") -> None:
         from kvcore.manager import KVCacheManager
         from kvcore.request import Request
         from kvcore.specs import (
@@ -61,8 +70,17 @@ class KvcoreSide(Side):
             else SlidingWindowSpec(sliding_window=int(g), **common) for g in groups]
         config = KVCacheConfig(num_blocks, tuple(KVCacheGroup((f"l{i}",), s)
                                                  for i, s in enumerate(specs)))
-        self.manager = KVCacheManager(config, max_model_len, enable_caching=caching,
-                                      hash_algo="xxh3_128", verify_hits=verify)
+        extra: dict[str, Any] = {}
+        if eviction_policy != "lru":
+            extra["eviction_policy"] = eviction_policy
+        try:
+            self.manager = KVCacheManager(config, max_model_len, enable_caching=caching,
+                                          hash_algo="xxh3_128", verify_hits=verify, **extra)
+        except (TypeError, ValueError) as exc:
+            if extra and ("eviction_policy" in str(exc) or "eviction policy" in str(exc)):
+                raise Unsupported(f"this kvcore has no eviction policy {eviction_policy!r} "
+                                  f"({type(exc).__name__}: {exc})") from None
+            raise
         self.lookup = self.manager.get_computed_blocks
         self._hasher = self.manager.block_hasher
         self._request = Request
@@ -75,8 +93,9 @@ class KvcoreSide(Side):
 
 class VllmSide(Side):
     def __init__(self, groups: Sequence[Group], num_blocks: int, max_model_len: int,
-                 caching: bool, verify: bool) -> None:
-        # vLLM has no hit verification: with ``verify`` it runs the same cycles unverified.
+                 caching: bool, verify: bool, eviction_policy: str = "lru") -> None:
+        # vLLM has no hit verification: with ``verify`` it runs the same cycles unverified; and
+        # one eviction policy, LRU, whatever ``eviction_policy`` says.
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -111,6 +130,6 @@ class VllmSide(Side):
 
 
 def make_side(impl: str, groups: Sequence[Group], num_blocks: int, max_model_len: int,
-              caching: bool, verify: bool) -> Side:
+              caching: bool, verify: bool, eviction_policy: str = "lru") -> Side:
     cls: type[KvcoreSide] | type[VllmSide] = KvcoreSide if impl == "kvcore" else VllmSide
-    return cls(groups, num_blocks, max_model_len, caching, verify)
+    return cls(groups, num_blocks, max_model_len, caching, verify, eviction_policy)

@@ -17,7 +17,8 @@ from typing import Any
 Sample = dict[str, Any]
 """``{"ns", "clock", "wall_ns", "units", "info"}``: ``ns`` is the measured figure for ``units``
 units of work on ``clock`` ("thread_cpu" or "wall"); ``info`` is what the run did (counts that
-must agree between implementations doing the same work)."""
+must agree between implementations doing the same work).  A case the implementation cannot run
+is answered :func:`skipped_sample` instead: ``{"skipped": reason}``."""
 
 
 def cpu_timed(run: Callable[[], dict[str, Any] | None], units: float) -> Sample:
@@ -41,3 +42,8 @@ def cpu_timed(run: Callable[[], dict[str, Any] | None], units: float) -> Sample:
 def wall_sample(ns: int, units: float, info: dict[str, Any] | None = None) -> Sample:
     """A sample a workload timed itself in wall-clock sections (too short for the CPU clock)."""
     return {"ns": ns, "clock": "wall", "wall_ns": ns, "units": units, "info": info or {}}
+
+
+def skipped_sample(reason: str) -> Sample:
+    """The answer for a case this implementation cannot run (the driver stops asking it)."""
+    return {"skipped": reason}

@@ -1,0 +1,71 @@
+"""Belady's offline bound inside the real pool, for the scheduler replay.
+
+:class:`ReplayBelady` is a pool eviction policy that knows the whole trace: a free cached block's
+priority is the arrival index of the next request whose prompt holds its hash (furthest first
+evicted).  The replay tells it when a request is admitted (``advance``), so blocks whose next use
+just passed are re-ranked by the use after it.  It is an offline bound for the replay (the
+scheduler's concurrency, chunking and preemption included), not a policy a server could run.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterable, Sequence
+from typing import ClassVar
+
+from kvcore.blocks import BlockHash, KVCacheBlock
+from kvcore.sim.policies import INFINITE, PriorityPolicy
+
+
+class ReplayBelady(PriorityPolicy):
+    """Offline Belady over block hashes; ``uses`` maps a hash to the sorted arrival indices of
+    the requests that can hit it (set before the replay starts)."""
+
+    __slots__ = ("_free_by_hash", "now", "uses")
+    name: ClassVar[str] = "belady"
+
+    def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
+        super().__init__(blocks)
+        self.uses: dict[BlockHash, list[int]] = {}
+        self.now = 0  # requests with a lower arrival index have been admitted
+        self._free_by_hash: dict[BlockHash, set[int]] = {}
+
+    def next_use(self, h: BlockHash) -> float:
+        indices = self.uses.get(h)
+        if not indices:
+            return INFINITE
+        k = bisect_left(indices, self.now)
+        return indices[k] if k < len(indices) else INFINITE
+
+    def _priority(self, block: KVCacheBlock, clock: int) -> tuple[float, ...]:
+        h = block.block_hash
+        assert h is not None
+        self._free_by_hash.setdefault(h, set()).add(block.block_id)
+        return (-self.next_use(h), clock)
+
+    def remove(self, block: KVCacheBlock) -> None:
+        self._forget(block)
+        super().remove(block)
+
+    def pick_victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
+        out = super().pick_victims(n, ref_cnt)
+        for block in out:
+            self._forget(block)
+        return out
+
+    def _forget(self, block: KVCacheBlock) -> None:
+        h = block.block_hash
+        ids = self._free_by_hash.get(h) if h is not None else None
+        if ids is not None:
+            ids.discard(block.block_id)
+            if not ids:
+                del self._free_by_hash[h]  # type: ignore[arg-type]  # h is set when ids is
+
+    def advance(self, admitted_index: int, hashes: Iterable[BlockHash]) -> None:
+        """Request ``admitted_index`` was admitted: its hashes' next uses move on."""
+        self.now = max(self.now, admitted_index + 1)
+        for h in hashes:
+            for bid in list(self._free_by_hash.get(h, ())):
+                block = self._entries[bid][2]
+                self.remove(block)
+                self.on_free((), (block,))
