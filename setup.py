@@ -15,10 +15,12 @@ from setuptools import setup
 
 HERE = Path(__file__).resolve().parent
 
-# The hot path: free queue and pool, hashing, the single-type managers, the coordinators, the
+# The hot path: free queue, eviction policies and pool, hashing, the single-type managers, the coordinators, the
 # manager, and the request and hit-verification types they read on every call.
 COMPILED_MODULES = [
     "kvcore/blocks.py",
+    "kvcore/policy.py",
+    *sorted(str(p.relative_to(HERE)) for p in (HERE / "kvcore" / "eviction").glob("*.py")),
     "kvcore/block_pool.py",
     "kvcore/hashing.py",
     "kvcore/request.py",

@@ -47,6 +47,11 @@ if TYPE_CHECKING:
     from kvcore.request import KVRequest
 
 
+HINT_RESERVE_SHARE = 0.5
+"""The largest share of the pool that scheduler hints may hold back from the eviction policy:
+deeper hints would leave the policy nothing to choose from."""
+
+
 def _check_count(name: str, value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise InvalidArgumentError(f"{name} must be a non-negative int, got {value!r}")
@@ -111,6 +116,7 @@ class BlockPool:
         self._hints: list[dict[BlockHash, None]] | None = None
         self._reserve = FreeBlockQueue()
         self._reserved: set[int] = set()
+        self._reserve_cap = int(HINT_RESERVE_SHARE * (num_blocks - 1))
         # Per group: hash -> first block cached under it; further blocks with the same hash (a
         # block table is append-only, so equal content may be cached twice) live in _dups, in
         # insertion order.  Lookups hit only the first dict.
@@ -312,11 +318,20 @@ class BlockPool:
             g = block.group_id
             h = block.block_hash
             if h in hints[g] and cached[g].get(h) is block:
-                self._reserve.append(block)
-                self._reserved.add(block.block_id)
+                self._hold(block)
             else:
                 rest.append(block)
         return rest
+
+    def _hold(self, block: KVCacheBlock) -> None:
+        """Append a free cached block to the reserve; past the reserve's cap, its head (the
+        least urgent) returns to the policy."""
+        self._reserve.append(block)
+        self._reserved.add(block.block_id)
+        if len(self._reserve) > self._reserve_cap:
+            released = self._reserve.popleft()
+            self._reserved.discard(released.block_id)
+            self.free_queue.on_free((), (released,))
 
     def set_hints(self, hashes: Sequence[Iterable[BlockHash]]) -> None:
         """Declare the prefixes a scheduler is about to run: per group, the block hashes of its
@@ -358,8 +373,7 @@ class BlockPool:
                 if found is not None and found.ref_cnt == 0 and found.block_id not in (
                         self._reserved):
                     self.free_queue.remove(found)
-                    self._reserve.append(found)
-                    self._reserved.add(found.block_id)
+                    self._hold(found)
 
     # -- prefix cache ---------------------------------------------------------------------------
     def cache_full_blocks(

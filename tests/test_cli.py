@@ -37,6 +37,63 @@ def test_replay_json_with_policies(capsys: pytest.CaptureFixture[str]) -> None:
     assert 0 < data["replay"]["token_hit_rate"] <= data["ideal_hit_rate"] + 1e-9
 
 
+def test_replay_eviction_policy_contract(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--eviction-policy NAME [--queue-hints DEPTH] --json` prints replay.token_hit_rate;
+    `recommended` picks the README's policy and depth; `--queue-hints 0` turns hints off."""
+    from kvcore.eviction import RECOMMENDED
+
+    common = ("replay", "--workload", "multi-turn", "--num-blocks", "400", "--json")
+    results = {}
+    for extra in ((), ("--eviction-policy", "slru"), ("--eviction-policy", "s3fifo",
+                                                      "--queue-hints", "8"),
+                  ("--eviction-policy", "recommended"),
+                  ("--eviction-policy", "recommended", "--queue-hints", "0"),
+                  ("--eviction-policy", "belady")):
+        rc, out, err = run(capsys, *common, *extra)
+        assert rc == 0, err
+        data = json.loads(out)
+        assert data["replay"]["num_finished"] == 96
+        results[extra] = data
+    rate = {k: v["replay"]["token_hit_rate"] for k, v in results.items()}
+    assert results[()]["eviction_policy"] == "lru" and results[()]["queue_hints"] == 0
+    rec = results[("--eviction-policy", "recommended")]
+    assert (rec["eviction_policy"], rec["queue_hints"]) == tuple(RECOMMENDED)
+    off = results[("--eviction-policy", "recommended", "--queue-hints", "0")]
+    assert (off["eviction_policy"], off["queue_hints"]) == (RECOMMENDED.policy, 0)
+    assert results[("--eviction-policy", "s3fifo", "--queue-hints", "8")]["queue_hints"] == 8
+    # Under this much pressure the offline bound beats LRU, and SLRU's scan resistance helps.
+    assert rate[("--eviction-policy", "belady")] > rate[()]
+    assert rate[("--eviction-policy", "slru")] > rate[()]
+
+
+def test_replay_progress_goes_to_stderr_with_json(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.jsonl"  # more than 200 requests: the bar's threshold
+    trace.write_text("".join(
+        json.dumps({"timestamp": i, "input_length": 600, "output_length": 2,
+                    "hash_ids": [i % 7, i]}) + "\n" for i in range(250)))
+    rc, out, err = run(capsys, "replay", str(trace), "--block-size", "16", "--json",
+                       "--policy", "lru,slru", "--num-blocks", "64")
+    assert rc == 0, err
+    json.loads(out)  # stdout stays pure JSON
+    assert "replay" in err and "policies" in err  # the bars, on stderr
+
+
+def test_plot_marks_the_offline_bound_and_leaves_out_skipped_capacities() -> None:
+    from kvcore.sim.plots import plot_hit_rate_curves
+    from kvcore.sim.policies import PolicyResult
+
+    curves = {p: [PolicyResult(p, 4, 0, 0, 0, 10), PolicyResult(p, 64, 50, 100, 3, 2),
+                  PolicyResult(p, 128, 60, 100, 1, 0)] for p in ("lru", "belady")}
+    ax = plot_hit_rate_curves(curves, block_size=16, title="trace.jsonl")
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    bound = next(line for label, line in lines.items() if label.startswith("belady"))
+    assert "offline bound" in bound.get_label() and bound.get_linestyle() == "--"
+    lru = next(line for label, line in lines.items() if label.startswith("lru"))
+    assert lru.get_linestyle() == "-" and list(lru.get_xdata()) == [64 * 16, 128 * 16]
+    assert "2 skipped" in lru.get_label() and ax.get_title() == "trace.jsonl"
+
+
 def test_replay_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     png = tmp_path / "curve.png"
     rc, out, _ = run(capsys, "replay", "--workload", "multi-turn", "--plot", str(png))
@@ -57,6 +114,9 @@ def test_replay_trace_file(capsys: pytest.CaptureFixture[str]) -> None:
     (("replay", "--capacity-tokens", "-5"), "positive integer"),
     (("replay", "--num-blocks", "0"), "positive integer"),
     (("replay", "--policy", "mru"), "unknown policy"),
+    (("replay", "--eviction-policy", "mru"), "unknown eviction policy 'mru'"),
+    (("replay", "--eviction-policy", "slru:protected_share=7"), "protected_share"),
+    (("replay", "--queue-hints", "-1"), "must be an integer >= 0, got '-1'"),
     (("replay", "--workload", "nope"), "unknown workload"),
     (("replay", "--num-blocks", "10", "--capacity-tokens", "100"), "not allowed with"),
     (("frobnicate",), "invalid choice"),

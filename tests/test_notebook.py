@@ -28,5 +28,6 @@ def test_notebook_executes_within_a_minute() -> None:
     assert elapsed < 60, f"notebook took {elapsed:.0f}s"
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "hit rate" in text and "requests" in text
+    assert "LRU→Belady gap closed" in text and "queue_hints" in text  # the eviction-policy section
     assert any("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code"
                for o in c.outputs)
