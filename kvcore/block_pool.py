@@ -246,13 +246,19 @@ class BlockPool:
     def _touch(self, blocks: Sequence[KVCacheBlock]) -> None:
         """``touch`` for blocks known to be this pool's and consistent (the managers' hits,
         checked where they enter the manager)."""
-        if self._reserved:  # a reserved block leaves the reserve through the policy (a hit)
-            back = [b for b in blocks if b.block_id in self._reserved]
-            for block in back:
-                self._reserve.remove(block)
-                self._reserved.discard(block.block_id)
-            if back:
-                self.free_queue.on_free((), back)
+        if self._reserved:  # reserved blocks are handed out here; the policy records the hit
+            reserved = self._reserved
+            held: list[KVCacheBlock] = []
+            rest: list[KVCacheBlock] = []
+            for block in blocks:
+                (held if block.block_id in reserved else rest).append(block)
+            if held:
+                for block in held:
+                    self._reserve.remove(block)
+                    reserved.discard(block.block_id)
+                    block.ref_cnt = 1
+                self.free_queue.on_hit(held)
+                blocks = rest
         self.free_queue.on_touch(blocks)
 
     def _check_owned(self, blocks: Sequence[object], op: str) -> None:
@@ -343,7 +349,8 @@ class BlockPool:
         eviction order, never correctness or whether an allocation succeeds.  Blocks no longer
         declared return to the policy.  O(number of hashes) per call.
         """
-        if isinstance(hashes, (str, bytes)) or len(hashes) != self.num_groups:
+        if not isinstance(hashes, Sequence) or isinstance(hashes, (str, bytes)) or len(
+                hashes) != self.num_groups:
             raise InvalidArgumentError(
                 f"set_hints needs one hash collection per group ({self.num_groups}), "
                 f"got {hashes!r:.80}")

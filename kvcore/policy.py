@@ -73,6 +73,10 @@ class EvictionPolicy:
         the same pass (this is the pool's hit path)."""
         raise NotImplementedError
 
+    def on_hit(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """A prefix hit on blocks the policy does not hold (the pool's hint reserve hands them
+        out directly): record the access only.  The pool sets their reference counts."""
+
     def pick_victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
         """Remove ``n`` blocks (``0 < n <= len(self)``, checked by the caller) for reuse, setting
         each one's ``ref_cnt``; uncached blocks first.  The pool then evicts every returned

@@ -39,8 +39,9 @@ class S3FIFOPolicy(SegmentedPolicy):
 
     def __init__(self, blocks: Sequence[KVCacheBlock], *, small_share: object = 0.1,
                  ghost_factor: object = 1.0) -> None:
+        share = check_share("small_share", small_share)  # before any block is linked
         super().__init__(blocks, 3, ghost_factor, max_mark=MAX_FREQ)
-        self.small_cap = int(check_share("small_share", small_share) * self.capacity)
+        self.small_cap = int(share * self.capacity)
         self._home = [0] * len(self._segment_of)  # SMALL / MAIN once queued, 0 before
 
     def on_free(self, uncached: Sequence[KVCacheBlock], cached: Sequence[KVCacheBlock]) -> None:

@@ -148,6 +148,12 @@ class SegmentedPolicy(EvictionPolicy):
             block.ref_cnt = ref_cnt + 1
         self._num_free -= resurrected
 
+    def on_hit(self, blocks: Sequence[KVCacheBlock]) -> None:
+        marks = self._marks
+        for block in blocks:
+            if marks[block.block_id] < self._max_mark:
+                marks[block.block_id] += 1
+
     def pick_victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
         clean = self._segments[CLEAN]
         k = min(n, len(clean))

@@ -38,8 +38,8 @@ class SLRUPolicy(SegmentedPolicy):
 
     def __init__(self, blocks: Sequence[KVCacheBlock], *, protected_share: object = 0.5,
                  ghost_factor: object = 1.0) -> None:
+        share = check_share("protected_share", protected_share)  # before any block is linked
         super().__init__(blocks, 3, ghost_factor, max_mark=1)
-        share = check_share("protected_share", protected_share)
         self.protected_cap = int(share * self.capacity)
 
     def on_free(self, uncached: Sequence[KVCacheBlock], cached: Sequence[KVCacheBlock]) -> None:
@@ -55,8 +55,7 @@ class SLRUPolicy(SegmentedPolicy):
         protected: list[KVCacheBlock] = []
         for block in cached:
             bid = block.block_id
-            seq = ghost.pop(block.block_hash, -1) if ghost else -1  # type: ignore[arg-type]  # cached
-            if marks[bid] or seq >= live:
+            if marks[bid] or (ghost and ghost.pop(block.block_hash, -1) >= live):  # type: ignore[arg-type]  # cached
                 marks[bid] = 1
                 segment_of[bid] = PROTECTED
                 protected.append(block)

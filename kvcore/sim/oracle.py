@@ -47,11 +47,13 @@ class ReplayBelady(PriorityPolicy):
         self._forget(block)
         super().remove(block)
 
-    def pick_victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
-        out = super().pick_victims(n, ref_cnt)
-        for block in out:
+    def on_evict(self, blocks: Sequence[KVCacheBlock]) -> None:
+        for block in blocks:  # still hashed: drop it from the hash index
             self._forget(block)
-        return out
+
+    def reset(self) -> None:
+        super().reset()
+        self._free_by_hash.clear()
 
     def _forget(self, block: KVCacheBlock) -> None:
         h = block.block_hash

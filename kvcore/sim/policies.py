@@ -80,12 +80,18 @@ class PolicyResult:
 
 class PriorityPolicy(EvictionPolicy):
     """An offline policy: cached free blocks ordered by a priority the subclass computes when a
-    block is freed (lowest evicted first); uncached blocks are reused first.  O(log n)."""
+    block is freed (lowest evicted first); uncached blocks are reused first.  O(log n).
 
-    __slots__ = ("_clean", "_clock", "_entries", "_order")
+    The cached free blocks are also linked, in freeing order, in an intrusive list (``_held``),
+    so that ``check_invariants`` sees every free block in some list when the policy runs in a
+    real pool (the replay's offline bound).
+    """
+
+    __slots__ = ("_clean", "_clock", "_entries", "_held", "_order")
 
     def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
         self._clean = FreeBlockQueue(blocks)
+        self._held = FreeBlockQueue()
         self._order: SortedList = SortedList()
         self._entries: dict[int, tuple[tuple[float, ...], int, KVCacheBlock]] = {}
         self._clock = 0
@@ -105,10 +111,13 @@ class PriorityPolicy(EvictionPolicy):
         return block
 
     def queues(self) -> Sequence[FreeBlockQueue]:
-        return (self._clean,)
+        return (self._clean, self._held)
 
     def check(self) -> list[str]:
-        return [] if len(self._order) == len(self._entries) else ["order and entries differ"]
+        if not len(self._order) == len(self._entries) == len(self._held):
+            return [f"{len(self._order)} ordered, {len(self._entries)} entries, "
+                    f"{len(self._held)} linked cached free blocks"]
+        return []
 
     def on_free(self, uncached: Sequence[KVCacheBlock], cached: Sequence[KVCacheBlock]) -> None:
         self._clean.prepend_n(uncached)
@@ -117,6 +126,7 @@ class PriorityPolicy(EvictionPolicy):
             entry = (self._priority(block, self._clock), self._clock, block)
             self._entries[block.block_id] = entry
             self._order.add((entry[0], entry[1], block.block_id))
+            self._held.append(block)
 
     def on_touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         for block in blocks:
@@ -130,12 +140,26 @@ class PriorityPolicy(EvictionPolicy):
             self._clean.remove(block)
         else:
             self._order.remove((entry[0], entry[1], block.block_id))
+            self._held.remove(block)
+
+    def on_uncache(self, block: KVCacheBlock) -> None:
+        entry = self._entries.pop(block.block_id, None)
+        if entry is not None:  # it lost its hash while free: no cache value left
+            self._order.remove((entry[0], entry[1], block.block_id))
+            self._held.remove(block)
+            self._clean.append(block)
+
+    def reset(self) -> None:
+        for block in list(self._held):
+            self.on_uncache(block)
 
     def pick_victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
         out = self._clean.popleft_n(min(n, len(self._clean)))
         while len(out) < n:
             _, _, bid = self._order.pop(0)
-            out.append(self._entries.pop(bid)[2])
+            block = self._entries.pop(bid)[2]
+            self._held.remove(block)
+            out.append(block)
         for block in out:
             block.ref_cnt = ref_cnt
         self.on_evict([b for b in out if b.block_hash is not None])
