@@ -356,20 +356,19 @@ class BlockPool:
                 f"got {hashes!r:.80}")
         new = [dict.fromkeys(_check_hashes(group)) for group in hashes]
         self._hints = new if self.enable_caching and any(new) else None
-        if self._reserved:
-            keep = []
-            back = []
-            for block in self._reserve:
-                h = block.block_hash
-                if self._hints is not None and h in self._hints[block.group_id]:
-                    keep.append(block)
-                else:
-                    back.append(block)
-            if back:
-                for block in back:
-                    self._reserve.remove(block)
-                    self._reserved.discard(block.block_id)
-                self.free_queue.on_free((), back)
+        # Empty the reserve: blocks still declared are re-held below in the new urgency order,
+        # the others return to the policy.
+        kept: set[int] = set()
+        back: list[KVCacheBlock] = []
+        for block in list(self._reserve):
+            self._reserve.remove(block)
+            if self._hints is not None and block.block_hash in self._hints[block.group_id]:
+                kept.add(block.block_id)
+            else:
+                back.append(block)
+        self._reserved.clear()
+        if back:
+            self.free_queue.on_free((), back)
         if self._hints is None:
             return
         # Least urgent first into the reserve, so that pressure releases it first.
@@ -379,7 +378,10 @@ class BlockPool:
                 found = cached.get(h)
                 if found is not None and found.ref_cnt == 0 and found.block_id not in (
                         self._reserved):
-                    self.free_queue.remove(found)
+                    if found.block_id in kept:
+                        kept.discard(found.block_id)
+                    else:
+                        self.free_queue.remove(found)
                     self._hold(found)
 
     # -- prefix cache ---------------------------------------------------------------------------

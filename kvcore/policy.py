@@ -5,7 +5,9 @@ use are not in it; the pool tells it when a block enters (``on_free``), leaves b
 hit resurrects it (``on_touch``), leaves to be reused (``pick_victims``: the pool then drops the
 victims' hashes) and loses its hash while it stays (``on_evict``, for ``evict_blocks``).  Every policy keeps two rules the pool relies on:
 
-* blocks without a hash (no cache value) are reused before any cached block;
+* blocks freed without a hash (no cache value) are reused before any cached block (``lru``
+  leaves a free block whose hash ``evict_blocks`` dropped where it is, as vLLM does; the other
+  policies move it to their uncached list);
 * ``pick_victims(n)`` succeeds whenever ``n <= len(policy)``: a policy orders blocks, it never
   refuses one (so allocation never fails while free blocks exist).
 

@@ -146,7 +146,7 @@ class Scheduler:
         self.stats = SchedulerStats()
         self._finished_ids: list[str] = []
         self._usable_blocks = kv_cache_manager.config.num_blocks - 1
-        self._declared: tuple[tuple[int, int], ...] = ()  # what the last hints covered
+        self._declared: tuple[tuple[int, object], ...] = ()  # what the last hints covered
 
     # -- requests -------------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -256,7 +256,9 @@ class Scheduler:
     def _declare_upcoming(self) -> None:
         """Hint the manager with the head of the waiting queue (only when it changed)."""
         head = list(islice(self.waiting, self.config.queue_hints))
-        key = tuple((id(r), len(r.block_hashes)) for r in head)
+        # A chained hash names its whole prefix: the last one (and the count) identify what a
+        # request would declare, whatever object carries it.
+        key = tuple((len(h), h[-1] if h else None) for h in (r.block_hashes for r in head))
         if key != self._declared:
             self.kv.declare_upcoming(head)
             self._declared = key

@@ -1040,3 +1040,53 @@ def test_belady_bound_hits_at_least_as_much_as_lru_under_pressure() -> None:
     assert belady.num_finished == lru.num_finished == lru.num_requests
     assert belady.token_hit_rate >= lru.token_hit_rate
     assert belady.token_hit_rate > lru.token_hit_rate  # on this workload it is strictly better
+
+
+def test_redeclaring_reorders_the_reserve_by_urgency() -> None:
+    """A block kept from an earlier declaration is re-ranked by the new one: past the reserve's
+    cap, the least urgent declared block yields, not the one declared first."""
+    m = KVCacheManager(make_config(full_spec(2), num_blocks=12), 40)  # reserve cap: 5 blocks
+
+    def serve(rid: str, tokens: list[int]) -> Request:
+        r = m.make_request(rid, tokens)
+        assert m.allocate_slots(r, r.num_tokens) is not None
+        m.free(r)
+        return r
+
+    big = serve("big", [1, 2, 3, 4, 5, 6, 7, 8])  # 4 cached blocks
+    mid = serve("mid", [9, 9])
+    low = serve("low", [8, 8])
+    m.declare_upcoming([mid])
+    m.declare_upcoming([big, mid, low])  # most urgent first
+    held = {b.block_id for b in m.pool.reserve}
+
+    def block_of(r: Request) -> int:
+        found = m.pool.get_cached_block(r.block_hashes[0], [0])
+        assert found is not None
+        return found[0].block_id
+
+    assert block_of(mid) in held and block_of(low) not in held
+    m.check_invariants()
+
+
+def test_the_scheduler_redeclares_when_the_waiting_head_changes_content() -> None:
+    """A new request with as many hashes as an aborted one replaces its hints (the scheduler
+    names the waiting head by its last chained hashes, so even a recycled object address, which
+    this test cannot force, is not mistaken for an unchanged head)."""
+    from kvcore.scheduler import Scheduler, SchedulerConfig
+
+    m = KVCacheManager(make_config(full_spec(4), num_blocks=12), 64)
+    s = Scheduler(m, SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=64, queue_hints=1))
+    run = m.make_request("run", list(range(8)), max_tokens=20, ignore_eos=True)
+    s.add_request(run)
+    s.update_from_output(s.schedule(), {"run": 1})
+    a = m.make_request("a", [100 + i for i in range(8)], max_tokens=2, ignore_eos=True)
+    s.add_request(a)
+    s.update_from_output(s.schedule(), {"run": 1})
+    assert m.pool.hints[0] == frozenset(a.block_hashes)
+    s.abort_request("a")
+    b = m.make_request("b", [200 + i for i in range(8)], max_tokens=2, ignore_eos=True)
+    assert len(b.block_hashes) == len(a.block_hashes)
+    s.add_request(b)
+    s.update_from_output(s.schedule(), {"run": 1})
+    assert m.pool.hints[0] == frozenset(b.block_hashes)
