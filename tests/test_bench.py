@@ -49,17 +49,23 @@ def _executable(path: Path, text: str) -> Path:
     return path
 
 
-def _fake_compiled_python(tmp_path: Path) -> Path:
-    """This interpreter, with a ``kvcore`` package first on the path that is the repository's
-    kvcore plus ``__compiled__ = True``: what a compiled build looks like to the worker."""
-    stub = tmp_path / "stub" / "kvcore"
+def _kvcore_stub(root: Path, extra: str) -> Path:
+    """A ``kvcore`` package under ``root`` that is the repository's kvcore, then runs ``extra``
+    (source appended to its ``__init__``); returns the package directory."""
+    stub = root / "kvcore"
     stub.mkdir(parents=True)
     real = REPO_ROOT / "kvcore"
     (stub / "__init__.py").write_text(
         f"__path__ = [{str(real)!r}]\n"
         f"_src = {str(real / '__init__.py')!r}\n"
-        "exec(compile(open(_src).read(), _src, 'exec'))\n"
-        "__compiled__ = True\n")
+        "exec(compile(open(_src).read(), _src, 'exec'))\n" + extra)
+    return stub
+
+
+def _fake_compiled_python(tmp_path: Path) -> Path:
+    """This interpreter, with a ``kvcore`` package first on the path that is the repository's
+    kvcore plus ``__compiled__ = True``: what a compiled build looks like to the worker."""
+    stub = _kvcore_stub(tmp_path / "stub", "__compiled__ = True\n")
     return _executable(tmp_path / "python-compiled",
                        f'#!/bin/sh\nPYTHONPATH="{stub.parent}" exec "{sys.executable}" "$@"\n')
 
@@ -331,13 +337,8 @@ def test_baseline_tree_adds_a_column_and_a_ratio(capsys: pytest.CaptureFixture[s
 def _baseline_without_eviction_policies(tmp_path: Path) -> Path:
     """A kvcore source tree as before eviction policies: the repository's kvcore, whose
     ``KVCacheManager`` refuses an ``eviction_policy`` argument as an older signature would."""
-    stub = tmp_path / "old" / "kvcore"
-    stub.mkdir(parents=True)
-    real = REPO_ROOT / "kvcore"
-    (stub / "__init__.py").write_text(
-        f"__path__ = [{str(real)!r}]\n"
-        f"_src = {str(real / '__init__.py')!r}\n"
-        "exec(compile(open(_src).read(), _src, 'exec'))\n"
+    stub = _kvcore_stub(
+        tmp_path / "old",
         "import kvcore.manager as _m\n"
         "class KVCacheManager(_m.KVCacheManager):\n"
         "    __slots__ = ()\n"
