@@ -259,7 +259,10 @@ def simulate(requests: Sequence[BlockRequest], capacity_blocks: int, policy: str
         raise InvalidArgumentError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     if capacity_blocks <= 0:
         raise InvalidArgumentError(f"capacity must be positive, got {capacity_blocks}")
-    blocks = [KVCacheBlock(i) for i in range(1, capacity_blocks + 1)]
+    # More blocks than the whole trace ever allocates change nothing (no cached block would ever
+    # be a victim): build only those, so a huge capacity costs no memory.
+    demand = sum(-(-(r.num_prompt_tokens + r.num_output_tokens) // block_size) for r in requests)
+    blocks = [KVCacheBlock(i) for i in range(1, min(capacity_blocks, max(demand, 1)) + 1)]
     evictor = make_sim_policy(policy, blocks)
     belady = evictor if isinstance(evictor, BeladyPolicy) else None
     next_uses = _next_uses(requests, block_size) if belady is not None else None
@@ -329,7 +332,8 @@ def simulate_accesses(keys: Sequence[object], capacity_blocks: int, policy: str)
         raise InvalidArgumentError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     if capacity_blocks <= 0:
         raise InvalidArgumentError(f"capacity must be positive, got {capacity_blocks}")
-    evictor = make_sim_policy(policy, [KVCacheBlock(i) for i in range(1, capacity_blocks + 1)])
+    size = min(capacity_blocks, len(keys) + 1)  # more blocks than accesses change nothing
+    evictor = make_sim_policy(policy, [KVCacheBlock(i) for i in range(1, size + 1)])
     belady = evictor if isinstance(evictor, BeladyPolicy) else None
     next_access: list[float] = []
     if belady is not None:
