@@ -29,6 +29,7 @@ from kvcore.errors import (
     InvalidGroupError,
     NoFreeBlocksError,
     NullBlockError,
+    check_flag,
 )
 from kvcore.events import (
     MEDIUM_GPU,
@@ -70,12 +71,6 @@ def _check_hashes(hashes: object) -> list[BlockHash]:
     return out
 
 
-def _check_flag(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise InvalidArgumentError(f"{name} must be a bool, got {value!r}")
-    return value
-
-
 class BlockPool:
     """Owns ``num_blocks`` blocks (ids ``0..num_blocks-1``; 0 is the null block).
 
@@ -104,9 +99,9 @@ class BlockPool:
             raise InvalidArgumentError(f"num_groups must be a positive int, got {num_groups!r}")
         self.num_blocks = num_blocks
         self.num_groups = num_groups
-        self.enable_caching = _check_flag("enable_caching", enable_caching)
-        self.enable_events = _check_flag("enable_events", enable_events)
-        self.verify_hits = _check_flag("verify_hits", verify_hits) and self.enable_caching
+        self.enable_caching = check_flag("enable_caching", enable_caching)
+        self.enable_events = check_flag("enable_events", enable_events)
+        self.verify_hits = check_flag("verify_hits", verify_hits) and self.enable_caching
         self.null_block: KVCacheBlock = NullBlock(0)
         self.blocks: list[KVCacheBlock] = [self.null_block]
         self.blocks.extend(KVCacheBlock(i) for i in range(1, num_blocks))
@@ -254,8 +249,7 @@ class BlockPool:
                 (held if block.block_id in reserved else rest).append(block)
             if held:
                 for block in held:
-                    self._reserve.remove(block)
-                    reserved.discard(block.block_id)
+                    self._unhold(block)
                     block.ref_cnt = 1
                 self.free_queue.on_hit(held)
                 blocks = rest
@@ -335,9 +329,15 @@ class BlockPool:
         self._reserve.append(block)
         self._reserved.add(block.block_id)
         if len(self._reserve) > self._reserve_cap:
-            released = self._reserve.popleft()
-            self._reserved.discard(released.block_id)
+            released = self._reserve.first()
+            assert released is not None  # the reserve is over its cap
+            self._unhold(released)
             self.free_queue.on_free((), (released,))
+
+    def _unhold(self, block: KVCacheBlock) -> None:
+        """Take ``block`` out of the reserve (the caller decides where it goes)."""
+        self._reserve.remove(block)
+        self._reserved.discard(block.block_id)
 
     def set_hints(self, hashes: Sequence[Iterable[BlockHash]]) -> None:
         """Declare the prefixes a scheduler is about to run: per group, the block hashes of its
@@ -361,12 +361,11 @@ class BlockPool:
         kept: set[int] = set()
         back: list[KVCacheBlock] = []
         for block in list(self._reserve):
-            self._reserve.remove(block)
+            self._unhold(block)
             if self._hints is not None and block.block_hash in self._hints[block.group_id]:
                 kept.add(block.block_id)
             else:
                 back.append(block)
-        self._reserved.clear()
         if back:
             self.free_queue.on_free((), back)
         if self._hints is None:
@@ -678,8 +677,7 @@ class BlockPool:
                 self.free_queue.on_evict((block,))
                 self._evict(block)
                 if block_id in self._reserved:  # no longer serves a prefix: back to the policy
-                    self._reserve.remove(block)
-                    self._reserved.discard(block_id)
+                    self._unhold(block)
                     self.free_queue.on_free((block,), ())
                 elif block.ref_cnt == 0:
                     self.free_queue.on_uncache(block)

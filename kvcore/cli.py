@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvcore.cmdline import OneLineParser, positive_int
+from kvcore.cmdline import OneLineParser, non_negative_int, positive_int
 from kvcore.errors import KVCoreError
 from kvcore.eviction import RECOMMENDED
 
@@ -60,16 +60,6 @@ def _eviction_policy(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{exc}, {RECOMMENDED_NAME} or {OFFLINE_BOUND} "
                                          "(offline bound)") from None
     return text
-
-
-def _depth(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return value
 
 
 def version() -> str:
@@ -118,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the real pool's eviction policy for the replay: lru (default), slru, "
                     "s3fifo (options as slru:protected_share=0.3), belady (offline bound), or "
                     "recommended (the README's policy and queue-hint depth)")
-    rp.add_argument("--queue-hints", type=_depth, metavar="DEPTH",
+    rp.add_argument("--queue-hints", type=non_negative_int, metavar="DEPTH",
                     help="the scheduler declares its first DEPTH waiting requests to the cache "
                     "every step, so their cached prefixes are evicted last (0 = off; default: "
                     "0, or the recommended depth with --eviction-policy recommended)")

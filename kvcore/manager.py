@@ -35,6 +35,7 @@ from kvcore.errors import (
     InvalidHitError,
     RequestStateError,
     UnknownRequestError,
+    check_flag,
 )
 from kvcore.events import BlockStored, KVCacheEvent
 from kvcore.hashing import BlockHasher, RequestBlockHasher, hashes_at
@@ -80,12 +81,6 @@ def _count(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
         raise InvalidArgumentError(f"{name} must be a non-negative int, got {value!r}")
     return int(value)
-
-
-def _flag(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise InvalidArgumentError(f"{name} must be a bool, got {value!r}")
-    return value
 
 
 def _counts(num_new_tokens: object, num_new_computed_tokens: object, num_lookahead_tokens: object,
@@ -185,12 +180,12 @@ class KVCacheManager:
                 type(max_num_batched_tokens) is not int or max_num_batched_tokens <= 0):
             raise InvalidArgumentError("max_num_batched_tokens must be a positive int or None, "
                                        f"got {max_num_batched_tokens!r}")
-        enable_caching = _flag("enable_caching", enable_caching)
-        verify_hits = _flag("verify_hits", verify_hits)
-        enable_events = _flag("enable_events", enable_events)
-        log_stats = _flag("log_stats", log_stats)
-        use_eagle = _flag("use_eagle", use_eagle)
-        fast_path = _flag("fast_path", fast_path)
+        enable_caching = check_flag("enable_caching", enable_caching)
+        verify_hits = check_flag("verify_hits", verify_hits)
+        enable_events = check_flag("enable_events", enable_events)
+        log_stats = check_flag("log_stats", log_stats)
+        use_eagle = check_flag("use_eagle", use_eagle)
+        fast_path = check_flag("fast_path", fast_path)
         if not isinstance(hash_algo, str):
             raise InvalidArgumentError(f"hash_algo must be a str, got {hash_algo!r}")
         if block_hasher is not None and not isinstance(block_hasher, BlockHasher):
