@@ -83,7 +83,7 @@ class BlockPool:
         verify_hits: every cached block keeps the exact prefix its KV belongs to (a
             :class:`~kvcore.verify.PrefixNode`, given to ``cache_full_blocks``), so lookups can
             prove a hit instead of trusting its hash.
-        eviction_policy: the free side's policy, by name (``"lru"``, ``"slru"``, ``"s3fifo"``,
+        eviction_policy: the free side's policy, by name (``"lru"``, ``"slru"``, ``"s3fifo"``, ``"arc"``,
             options as ``"slru:protected_share=0.3"``; see :mod:`kvcore.eviction`).
     """
 
@@ -254,6 +254,18 @@ class BlockPool:
                 self.free_queue.on_hit(held)
                 blocks = rest
         self.free_queue.on_touch(blocks)
+
+    def retain(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """A retention hint: record one access on each cached block in use (as a prefix hit
+        would, through the policy's ``on_hit``) without taking a reference.  Free, uncached and
+        null blocks are skipped; a block of another pool raises :class:`BlockStateError` before
+        anything changes."""
+        batch = blocks if type(blocks) is list else list(blocks)
+        self._check_owned(batch, "retain")
+        if self.enable_caching:
+            cached = [b for b in batch if b.ref_cnt > 0 and b.block_hash is not None]
+            if cached:
+                self.free_queue.on_hit(cached)
 
     def _check_owned(self, blocks: Sequence[object], op: str) -> None:
         """Raise :class:`BlockStateError` if any block is not one of this pool's."""

@@ -201,6 +201,10 @@ class FreeBlockQueue(EvictionPolicy):
         """Account for ``n`` blocks a policy unlinked itself (inlined ``remove`` on a hit)."""
         self._num_free -= n
 
+    def linked(self, n: int) -> None:
+        """Account for ``n`` blocks a policy linked itself."""
+        self._num_free += n
+
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
         """Remove and return the first ``n`` blocks, in queue order."""
         if n <= 0:

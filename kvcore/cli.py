@@ -2,7 +2,7 @@
 
     kvcore replay [TRACE] [--workload NAME] [--block-size N] [--num-blocks N | --capacity-tokens N]
                   [--eviction-policy NAME] [--queue-hints DEPTH]
-                  [--policy lru,slru,s3fifo,fifo,lfu,belady] [--plot FILE] [--json]
+                  [--policy lru,slru,s3fifo,arc,fifo,lfu,belady] [--plot FILE] [--json]
     kvcore bench pool|hash|manager [...]
     kvcore generate [...]            (runner: a tiny model end to end)
     kvcore --version                 (and which build: compiled with mypyc, or pure Python)
@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--limit", type=positive_int, help="replay only the first N requests")
     rp.add_argument("--eviction-policy", type=_eviction_policy, default="lru", metavar="NAME",
                     help="the real pool's eviction policy for the replay: lru (default), slru, "
-                    "s3fifo (options as slru:protected_share=0.3), belady (offline bound), or "
+                    "s3fifo, arc (options as slru:protected_share=0.3), belady (offline bound), or "
                     "recommended (the README's policy and queue-hint depth)")
     rp.add_argument("--queue-hints", type=non_negative_int, metavar="DEPTH",
                     help="the scheduler declares its first DEPTH waiting requests to the cache "
@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "0, or the recommended depth with --eviction-policy recommended)")
     rp.add_argument("--policy", type=_policies,
                     help="also simulate these eviction policies (comma separated: "
-                    "lru,slru,s3fifo,fifo,lfu,belady) at the same capacity, one request at a time")
+                    "lru,slru,s3fifo,arc,fifo,lfu,belady) at the same capacity, one request at a time")
     rp.add_argument("--plot", metavar="FILE", help="write a hit-rate-vs-capacity plot "
                     "(policies from --policy, default lru,belady)")
     rp.add_argument("--json", action="store_true", help="print results as JSON")

@@ -148,7 +148,7 @@ class KVCacheManager:
             cannot fail (the default); ``False`` validates every call in full.  Both reach the
             same allocation code; the switch exists so tests can run both ways.
         eviction_policy: which free cached block is reused first: ``"lru"`` (vLLM's order, the
-            default), ``"slru"``, ``"s3fifo"``, with options as ``"slru:protected_share=0.3"``
+            default), ``"slru"``, ``"s3fifo"``, ``"arc"``, with options as ``"slru:protected_share=0.3"``
             (see :mod:`kvcore.eviction`).  Scheduler hints (``declare_upcoming``) compose with
             any of them.
 
@@ -478,12 +478,23 @@ class KVCacheManager:
             f"request {request.request_id!r}: {num_computed} computed + {num_new} new tokens "
             f"exceed max_model_len={self.max_model_len}")
 
-    def free(self, request: KVRequest) -> None:
-        """Release every block of the request, tail first, so its prefix is evicted last."""
+    def free(self, request: KVRequest, *, retain: bool = False) -> None:
+        """Release every block of the request, tail first, so its prefix is evicted last.
+
+        ``retain`` is a retention hint (the caller expects the prefix back, e.g. the next turn of
+        a conversation): the request's cached blocks are recorded as accessed once more before
+        they are freed (``BlockPool.retain``), so a policy that tells reused blocks from
+        one-time ones keeps them as reused (``slru``: protected, ``s3fifo``: main, ``arc``:
+        T2); ``lru`` orders by recency only and ignores it.
+        """
+        if retain is not False:
+            retain = check_flag("retain", retain)
         rid = request.request_id
         tracked = self._requests.get(rid)
         if tracked is None or tracked[0] is not request:
             self._tracked(request)  # raises, saying which
+        if retain and self.enable_caching:
+            self.pool.retain([b for blocks in self.coordinator.get_blocks(rid) for b in blocks])
         self.coordinator.free(rid)
         del self._requests[rid]
 

@@ -103,13 +103,15 @@ class Request(KVRequest):
     is in the cache (the scheduler advances it); ``block_hashes`` holds one hash per full block of
     ``all_token_ids`` when a block hasher was given.  ``max_tokens``, ``eos_token_id``,
     ``ignore_eos`` and ``stop_token_ids`` are the stop conditions ``kvcore.scheduler`` applies;
-    ``sampling_params`` is carried for the engine that samples.
+    ``sampling_params`` is carried for the engine that samples.  ``session_id`` names the
+    conversation a request belongs to (multi-turn chat): a retention hint, see
+    :class:`kvcore.scheduler.SchedulerConfig` ``retain_sessions``.
     """
 
     __slots__ = ("_block_hasher", "all_token_ids", "arrival_time", "block_hashes", "cache_salt",
                  "eos_token_id", "ignore_eos", "lora_name", "max_tokens", "mm_items",
                  "num_cached_tokens", "num_computed_tokens", "num_preemptions",
-                 "num_prompt_tokens", "request_id", "sampling_params",
+                 "num_prompt_tokens", "request_id", "sampling_params", "session_id",
                  "skip_reading_prefix_cache", "status", "stop_token_ids")
 
     num_prompt_tokens: int  # an attribute here (KVRequest only needs it readable)
@@ -130,6 +132,7 @@ class Request(KVRequest):
         stop_token_ids: Sequence[int] = (),
         arrival_time: float = 0.0,
         sampling_params: object = None,
+        session_id: object = None,
     ) -> None:
         if not isinstance(request_id, str) or not request_id:
             raise InvalidArgumentError(f"request_id must be a non-empty str, got {request_id!r}")
@@ -140,6 +143,7 @@ class Request(KVRequest):
             raise InvalidArgumentError(f"max_tokens must be a non-negative int, got {max_tokens!r}")
         cache_salt = _check_name("cache_salt", cache_salt)
         lora_name = _check_name("lora_name", lora_name)
+        session_id = _check_name("session_id", session_id)
         items = tuple(mm_items)
         for prev, item in pairwise(items):
             if item.offset < prev.offset:
@@ -160,6 +164,7 @@ class Request(KVRequest):
         self.stop_token_ids = frozenset(stop_token_ids)
         self.arrival_time = arrival_time
         self.sampling_params = sampling_params
+        self.session_id = session_id
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prefix-hit tokens at the latest admission

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 
-from kvcore.errors import InvalidArgumentError, KVCoreError, UnknownRequestError
+from kvcore.errors import InvalidArgumentError, KVCoreError, UnknownRequestError, check_flag
 from kvcore.manager import KVCacheManager
 from kvcore.request import Request, RequestStatus
 
@@ -46,12 +46,19 @@ class SchedulerConfig:
     queue_hints: int = 0
     """Declare the first this many waiting requests to the KV-cache manager every step
     (``declare_upcoming``), so free blocks caching their prefixes are evicted last; 0 = off."""
+    retain_sessions: bool = False
+    """Free a finished request that has a ``session_id`` with the retention hint
+    (``KVCacheManager.free(..., retain=True)``): its conversation is expected back.  Off by
+    default: the hint pays only when it tells traffic apart (sessions sharing the cache with
+    one-time prompts, at caches large enough to hold the sessions); when every request is in a
+    session, retaining all of them turns ``slru`` into LRU (measured in BENCHMARKS.md)."""
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise InvalidArgumentError(f"{name} must be a positive int, got {value!r}")
+        check_flag("retain_sessions", self.retain_sessions)
         if type(self.queue_hints) is not int or self.queue_hints < 0:
             raise InvalidArgumentError(
                 f"queue_hints must be an int >= 0, got {self.queue_hints!r}")
@@ -363,7 +370,10 @@ class Scheduler:
             reason = self._stop_reason(req, token)
             if reason is not None:
                 self.running.remove(req)
-                self.kv.free(req)
+                if self.config.retain_sessions and req.session_id is not None:
+                    self.kv.free(req, retain=True)
+                else:  # a manager subclass may override free(request) without the hint
+                    self.kv.free(req)
                 self._finish(req, reason)
                 finished.append(req)
         return finished

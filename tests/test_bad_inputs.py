@@ -198,6 +198,9 @@ CASES = [
          "'gone' holds no blocks", f"{M}.free"),
     Case("manager", "free a twin", lambda w: w.m.free(w.m.make_request("run", [1])),
          RequestStateError, "another request object"),
+    Case("manager", "free with a retention hint that is not a bool",
+         lambda w: w.m.free(w.running, retain="yes"), InvalidArgumentError,
+         "retain must be a bool, got 'yes'"),
     Case("manager", "cache beyond the slots", lambda w: w.m.cache_blocks(w.running, 11),
          RequestStateError, "slots for 10 tokens, not 11", f"{M}.cache_blocks"),
     Case("manager", "cache a negative count", lambda w: w.m.cache_blocks(w.running, -1),
@@ -245,6 +248,9 @@ CASES = [
     Case("pool", "free a free block", lambda w: w.m.pool.free_blocks(
         [w.m.pool.blocks[1], w.m.pool.free_queue.first()]), DoubleFreeError, "freed",
          f"{P}.free_blocks"),
+    Case("pool", "retain a foreign block", lambda w: w.m.pool.retain(
+        [w.m.pool.blocks[1], w.other.pool.blocks[1]]), BlockStateError,
+         "not a block of this pool", f"{P}.retain"),
     Case("pool", "free a foreign block", lambda w: w.m.pool.free_blocks(
         [w.other.pool.blocks[1]]), BlockStateError, "not a block of this pool"),
     Case("pool", "cache in a group that does not exist", lambda w: w.m.pool.cache_full_blocks(
@@ -263,8 +269,8 @@ CASES = [
          f"{P}.set_hints"),
     Case("pool", "a hint that is not a hash", lambda w: w.m.pool.set_hints(
         [[w.running.block_hashes[0], 7]]), InvalidArgumentError, "got 7"),
-    Case("pool", "an unknown eviction policy", lambda w: BlockPool(8, eviction_policy="arc"),
-         InvalidArgumentError, "unknown eviction policy 'arc'"),
+    Case("pool", "an unknown eviction policy", lambda w: BlockPool(8, eviction_policy="lirs"),
+         InvalidArgumentError, "unknown eviction policy 'lirs'"),
     Case("pool", "an eviction policy option out of range",
          lambda w: BlockPool(8, eviction_policy="slru:protected_share=2"),
          InvalidArgumentError, "protected_share"),

@@ -1,4 +1,4 @@
-"""Eviction policies of the pool's free side (``lru``, ``slru``, ``s3fifo``) and scheduler hints.
+"""Eviction policies of the pool's free side (``lru``, ``slru``, ``s3fifo``, ``arc``) and scheduler hints.
 
 1. Each policy's semantics through a real :class:`BlockPool`: SLRU promotion on a second touch,
    scan resistance, the protected cap and demotion, the ghost table; S3-FIFO's small/main FIFOs,
@@ -35,15 +35,16 @@ from kvcore import (
 )
 from kvcore.block_pool import HINT_RESERVE_SHARE
 from kvcore.blocks import BlockHash, FreeBlockQueue
-from kvcore.errors import UnknownRequestError
+from kvcore.errors import BlockStateError, UnknownRequestError
 from kvcore.eviction import POOL_POLICIES, make_policy, parse_policy
+from kvcore.eviction.arc import T1, T2, ARCPolicy
 from kvcore.eviction.s3fifo import MAIN, SMALL, S3FIFOPolicy
 from kvcore.eviction.segmented import CLEAN, NOT_FREE
 from kvcore.eviction.slru import PROBATION, PROTECTED, SLRUPolicy
 from kvcore.manager import KVCacheBlocks, KVCacheManager, add_construction_hook
 from kvcore.sim.replay import ReplayConfig, ReplayResult, replay
 from kvcore.sim.traces import TraceRequest
-from kvcore.sim.workloads import shared_prefix
+from kvcore.sim.workloads import multi_turn, random_prompts, shared_prefix
 from kvcore.testing import ContentOracle, checked
 from tests.factories import (
     full_spec,
@@ -54,7 +55,7 @@ from tests.factories import (
     pool_snapshot,
 )
 
-POLICIES = ("lru", "slru", "s3fifo")
+POLICIES = ("lru", "slru", "s3fifo", "arc")
 BS = 2  # block size of the pool-level tests
 
 
@@ -101,6 +102,12 @@ def slru(pool: BlockPool) -> SLRUPolicy:
 def s3fifo(pool: BlockPool) -> S3FIFOPolicy:
     policy = pool.free_queue
     assert isinstance(policy, S3FIFOPolicy)
+    return policy
+
+
+def arc(pool: BlockPool) -> ARCPolicy:
+    policy = pool.free_queue
+    assert isinstance(policy, ARCPolicy)
     return policy
 
 
@@ -152,9 +159,10 @@ def _hot_prefix_survives_a_scan(policy: str) -> bool:
     return all(h is not None and is_cached(pool, h) for h in hashes)
 
 
-def test_slru_and_s3fifo_are_scan_resistant_lru_is_not() -> None:
+def test_slru_s3fifo_and_arc_are_scan_resistant_lru_is_not() -> None:
     assert _hot_prefix_survives_a_scan("slru")
     assert _hot_prefix_survives_a_scan("s3fifo")
+    assert _hot_prefix_survives_a_scan("arc")
     assert not _hot_prefix_survives_a_scan("lru")  # the scan is long enough to matter
 
 
@@ -227,6 +235,95 @@ def test_slru_ghost_also_remembers_explicit_evictions_and_forgets_old_ones() -> 
         release(pool, again)
         assert policy.segment_of(again[0]) == (PROTECTED if tag == 3 else PROBATION)
     check_invariants(pool)
+
+
+# -- ARC -----------------------------------------------------------------------------------------
+
+def test_arc_first_free_is_t1_a_hit_moves_to_t2() -> None:
+    pool = BlockPool(9, eviction_policy="arc")
+    policy = arc(pool)
+    blocks = cached_free(pool, 1, 2)
+    assert [policy.home(b) for b in blocks] == [T1, T1]
+    assert [policy.segment_of(b) for b in blocks] == [T1, T1]
+    pool.touch([blocks[0]])
+    assert policy.segment_of(blocks[0]) == NOT_FREE and policy.home(blocks[0]) == T1
+    assert policy.sizes == (2, 0)  # T1 counts its blocks in use too
+    pool.free_blocks([blocks[0]])
+    assert policy.home(blocks[0]) == T2 and policy.segment_of(blocks[0]) == T2
+    assert policy.sizes == (1, 1)
+    _, shared = cache(pool, 2)
+    pool.touch(shared)  # shared by a running request before its first free
+    release(pool, shared)
+    release(pool, shared)
+    assert policy.home(shared[0]) == T2
+    check_invariants(pool)
+
+
+def test_arc_victims_come_from_t1_while_it_is_over_its_target() -> None:
+    pool = BlockPool(12, eviction_policy="arc")
+    policy = arc(pool)
+    hot = cached_free(pool, 1, 2)
+    pool.touch(hot)
+    release(pool, hot)
+    cold = [cached_free(pool, tag)[0] for tag in range(10, 13)]
+    assert policy.target == 0
+    clean = len(policy.queues()[CLEAN])
+    taken = pool.get_new_blocks(clean + 3)
+    assert ids(taken[clean:]) == ids(cold)  # T1 (LRU order) before T2
+    assert all(b.block_hash is not None and is_cached(pool, b.block_hash) for b in hot)
+    assert policy.ghosts == (3, 0)
+    check_invariants(pool)
+
+
+def test_arc_ghost_hits_adapt_the_target_and_enter_t2() -> None:
+    pool = BlockPool(12, eviction_policy="arc")
+    policy = arc(pool)
+    hot = cached_free(pool, 1)
+    pool.touch(hot)
+    release(pool, hot)  # T2
+    cold = cached_free(pool, 2)  # T1
+    pool.evict_blocks([cold[0].block_id, hot[0].block_id])  # cold -> B1, hot -> B2
+    assert policy.ghosts == (1, 1) and policy.sizes == (0, 0)
+    again = cached_free(pool, 2)  # T1 was too small: the target grows by max(|B2|/|B1|, 1)
+    assert policy.home(again[0]) == T2 and policy.target == 1.0
+    assert policy.ghosts == (0, 1)
+    back = cached_free(pool, 1)  # T2 was too small: the target shrinks (not below 0)
+    assert policy.home(back[0]) == T2 and policy.target == 0.0
+    assert policy.ghosts == (0, 0)
+    check_invariants(pool)
+
+
+def test_arc_a_grown_target_keeps_t1_and_takes_t2_victims() -> None:
+    pool = BlockPool(12, eviction_policy="arc")
+    policy = arc(pool)
+    recent = cached_free(pool, 1, 2)
+    frequent = cached_free(pool, 2)
+    pool.touch(frequent)
+    release(pool, frequent)
+    policy.target = 2.0  # as after ghost hits in B1
+    clean = len(policy.queues()[CLEAN])
+    taken = pool.get_new_blocks(clean + 1)
+    assert ids(taken[clean:]) == ids(frequent)  # |T1| == target: T2 yields
+    assert all(policy.home(b) == T1 for b in recent)
+    assert policy.ghosts == (0, 1)
+    check_invariants(pool)
+
+
+def test_arc_ghost_lists_stay_within_arcs_bounds() -> None:
+    pool = BlockPool(6, eviction_policy="arc")  # capacity 5
+    policy = arc(pool)
+    seen = [0, 0]
+    for tag in range(40):
+        blocks = cached_free(pool, tag, 2)
+        if tag % 3 == 0:  # some prefixes are hit once: T2, and B2 after their eviction
+            pool.touch(blocks)
+            release(pool, blocks)
+        t1, t2 = policy.sizes
+        b1, b2 = policy.ghosts
+        assert t1 + b1 <= 5 and t1 + t2 + b1 + b2 <= 10
+        seen = [max(seen[0], b1), max(seen[1], b2)]
+        check_invariants(pool)
+    assert seen[0] > 0 and seen[1] > 0  # both ghost lists were used
 
 
 # -- S3-FIFO -------------------------------------------------------------------------------------
@@ -382,6 +479,7 @@ def test_policy_options_are_parsed_and_applied() -> None:
     assert (defaults.protected_cap, defaults.ghost_capacity) == (5, 11)
     fifo = s3fifo(BlockPool(12, eviction_policy="s3fifo:small_share=0.5, ghost_factor=0"))
     assert (fifo.small_cap, fifo.ghost_capacity) == (5, 0)
+    assert s3fifo(BlockPool(12, eviction_policy="s3fifo")).ghost_capacity == 5  # half of 11
     manager = KVCacheManager(make_config(full_spec(), num_blocks=12), 64,
                              eviction_policy="s3fifo:small_share=0.2")
     assert manager.pool.eviction_policy == "s3fifo"
@@ -389,7 +487,7 @@ def test_policy_options_are_parsed_and_applied() -> None:
 
 
 BAD_SPECS: list[tuple[object, tuple[str, ...]]] = [
-    ("arc", ("'arc'",)),
+    ("lirs", ("'lirs'",)),
     ("", ("''",)),
     (None, ("None",)),
     (3, ("3",)),
@@ -404,6 +502,7 @@ BAD_SPECS: list[tuple[object, tuple[str, ...]]] = [
     ("slru:small_share=0.1", ("'slru'", "small_share")),
     ("s3fifo:protected_share=0.5", ("'s3fifo'", "protected_share")),
     ("lru:ghost_factor=2", ("'lru'", "ghost_factor")),
+    ("arc:ghost_factor=2", ("'arc'", "ghost_factor")),
 ]
 
 
@@ -555,6 +654,8 @@ def test_a_hit_on_a_reserved_block(policy: str) -> None:
         assert [slru(pool).segment_of(blk) for blk in a] == [PROTECTED, PROTECTED]
     elif policy == "s3fifo":
         assert [s3fifo(pool).mark(blk) for blk in a] == [1, 1]
+    elif policy == "arc":
+        assert [arc(pool).home(blk) for blk in a] == [T2, T2]
     check_invariants(pool)
 
 
@@ -664,6 +765,112 @@ def test_set_hints_refuses_a_non_sequence_with_a_typed_error(bad: object) -> Non
         pool.set_hints(bad)  # type: ignore[arg-type]
 
 
+# -- retention hint ------------------------------------------------------------------------------
+
+def _freed_with(policy: str, retain: bool) -> tuple[KVCacheManager, list[KVCacheBlock]]:
+    """A two-block request finished (freed) with or without the retention hint."""
+    m = KVCacheManager(make_config(full_spec(BS), num_blocks=12), 64, eviction_policy=policy)
+    req = m.make_request("chat-1", [*tokens(1, 2), 7])
+    assert m.allocate_slots(req, req.num_tokens) is not None
+    blocks = list(m.get_blocks("chat-1")[0])
+    m.free(req, retain=retain)
+    m.check_invariants()
+    return m, blocks[:2]
+
+
+def test_retention_hint_keeps_a_finished_prefix_as_reused() -> None:
+    for retain, segment in ((False, PROBATION), (True, PROTECTED)):
+        m, blocks = _freed_with("slru", retain)
+        assert [slru(m.pool).segment_of(b) for b in blocks] == [segment, segment]
+    m, blocks = _freed_with("arc", True)
+    assert [arc(m.pool).home(b) for b in blocks] == [T2, T2]
+    m, blocks = _freed_with("s3fifo", True)
+    assert [s3fifo(m.pool).mark(b) for b in blocks] == [1, 1]
+    # lru orders by recency only: the hint changes nothing.
+    orders = [[b.block_id for b in _freed_with("lru", r)[0].pool.free_queue]
+              for r in (False, True)]
+    assert orders[0] == orders[1]
+
+
+def test_retained_blocks_outlive_one_time_prefixes_under_slru() -> None:
+    m, kept = _freed_with("slru", True)
+    for tag in range(2, 12):  # one-time requests push the pool around
+        req = m.make_request(f"once-{tag}", [*tokens(tag, 2), 7])
+        assert m.allocate_slots(req, req.num_tokens) is not None
+        m.free(req)
+        m.check_invariants()
+    assert all(b.block_hash is not None and is_cached(m.pool, b.block_hash, b) for b in kept)
+
+
+def test_pool_retain_skips_free_uncached_and_null_blocks() -> None:
+    pool = BlockPool(12, eviction_policy="slru")
+    free = cached_free(pool, 1)
+    _, used = cache(pool, 2)
+    plain = pool.get_new_blocks(1)
+    pool.retain([*free, *used, *plain, pool.null_block])
+    policy = slru(pool)
+    assert [policy.mark(b) for b in (*free, *used, *plain)] == [0, 1, 0]
+    assert policy.segment_of(free[0]) == PROBATION
+    check_invariants(pool)
+    before = pool_snapshot(pool)
+    with pytest.raises(BlockStateError):
+        pool.retain([*used, BlockPool(4).blocks[1]])
+    assert pool_snapshot(pool) == before and policy.mark(used[0]) == 1
+
+
+def test_free_refuses_a_non_bool_retain_and_changes_nothing() -> None:
+    m = KVCacheManager(make_config(full_spec(BS), num_blocks=12), 64, eviction_policy="slru")
+    req = m.make_request("r", [*tokens(1, 2), 7])
+    assert m.allocate_slots(req, req.num_tokens) is not None
+    before = manager_snapshot(m)
+    for bad in ("yes", 1, None):
+        with pytest.raises(InvalidArgumentError, match="retain"):
+            m.free(req, retain=bad)  # type: ignore[arg-type]
+        assert manager_snapshot(m) == before
+    m.free(req, retain=True)
+    assert m.num_running_requests == 0
+
+
+def test_the_scheduler_retains_finished_requests_of_a_session() -> None:
+    from kvcore.scheduler import Scheduler, SchedulerConfig
+
+    for retain_sessions, session, segment in ((True, "chat", PROTECTED),
+                                              (True, None, PROBATION),
+                                              (False, "chat", PROBATION)):
+        m = KVCacheManager(make_config(full_spec(4), num_blocks=12), 64, eviction_policy="slru")
+        s = Scheduler(m, SchedulerConfig(retain_sessions=retain_sessions))
+        req = m.make_request("turn-1", list(range(9)), max_tokens=1, ignore_eos=True,
+                             session_id=session)
+        s.add_request(req)
+        s.update_from_output(s.schedule(), {"turn-1": 1})
+        assert req.status.name == "FINISHED_LENGTH"
+        first = m.pool.get_cached_block(req.block_hashes[0], [0])
+        assert first is not None
+        assert slru(m.pool).segment_of(first[0]) == segment, (retain_sessions, session)
+    with pytest.raises(InvalidArgumentError, match="retain_sessions"):
+        SchedulerConfig(retain_sessions="yes")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="session_id"):
+        Request("x", [1, 2], session_id="")
+
+
+def test_retention_helps_the_multi_turn_workload_under_pressure() -> None:
+    """Conversations interleaved with one-time prompts, a cache too small for LRU to keep any
+    turn until the next one: retaining each finished turn keeps some conversations (the hint
+    reaches the policy through the scheduler replay)."""
+    turns = multi_turn(num_conversations=8, turns=4, user_len=48, assistant_len=32,
+                       think_ms=1500.0, interval_ms=40.0)
+    noise = random_prompts(num_requests=60, min_len=128, max_len=384, output_len=8,
+                           interval_ms=80.0)
+    trace = sorted(turns + noise, key=lambda r: r.arrival_ms)
+    rates = {}
+    for retain in (False, True):
+        result = replay(trace, ReplayConfig(block_size=16, num_blocks=96, max_num_seqs=8,
+                                            eviction_policy="arc", retain_sessions=retain))
+        assert result.num_finished == len(trace)
+        rates[retain] = result.token_hit_rate
+    assert rates[True] > rates[False]
+
+
 # == 3. state machine ===========================================================================
 
 MBS = 2  # block size
@@ -676,7 +883,7 @@ PROMPT = st.tuples(st.integers(0, 2), st.integers(0, 16),
                    st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=6))
 RESERVE_CAP = int(HINT_RESERVE_SHARE * (MNB - 1))  # blocks hints may hold back from the policy
 HOSTILE = ("double free", "pool double free", "unknown ids", "bad declare", "bad evict",
-           "oversized")
+           "oversized", "bad retain")
 
 
 class _NotARequest:
@@ -777,9 +984,9 @@ class PolicyMachine(RuleBasedStateMachine):
         self.running[req.request_id] = req
         return True
 
-    def _free(self, req: Request, preempt: bool) -> None:
+    def _free(self, req: Request, preempt: bool, retain: bool = False) -> None:
         blocks = list(self.m.get_blocks(req.request_id)[0])
-        self.m.free(req)
+        self.m.free(req, retain=retain)
         del self.running[req.request_id]
         pool = self.m.pool
         if len(pool.reserve) < RESERVE_CAP:  # the cap returned none: every hinted block is held
@@ -831,9 +1038,10 @@ class PolicyMachine(RuleBasedStateMachine):
         self._allocate(req, n)
 
     @precondition(lambda self: bool(self.running))
-    @rule(i=INDEX, preempt=st.booleans())
-    def free(self, i: int, preempt: bool) -> None:
-        self._free(self.running[sorted(self.running)[i % len(self.running)]], preempt)
+    @rule(i=INDEX, preempt=st.booleans(), retain=st.booleans())
+    def free(self, i: int, preempt: bool, retain: bool) -> None:
+        """Finish or preempt a running request, with or without the retention hint."""
+        self._free(self.running[sorted(self.running)[i % len(self.running)]], preempt, retain)
 
     @rule(data=st.data(), fresh=st.booleans())
     def declare(self, data: st.DataObject, fresh: bool) -> None:
@@ -905,6 +1113,12 @@ class PolicyMachine(RuleBasedStateMachine):
             self._refused(NullBlockError, lambda: m.evict_blocks([0]))
             self._refused(InvalidArgumentError, lambda: m.evict_blocks([1, MNB + i]),
                           str(MNB + i))
+        elif how == "bad retain" and self.running:
+            req = self.running[sorted(self.running)[i % len(self.running)]]
+            self._refused(InvalidArgumentError, lambda: m.free(req, retain="yes"),  # type: ignore[arg-type]
+                          "retain", "'yes'")
+            stranger = BlockPool(4).blocks[1]
+            self._refused(BlockStateError, lambda: m.pool.retain([stranger]))
         elif how == "oversized":  # more blocks than the pool has: None, nothing changed
             req = self.m.make_request("big", [*self._new_request(prompt).all_token_ids,
                                               *[1] * (MNB * MBS)][:MML])
@@ -950,6 +1164,7 @@ def _policy_machine(policy: str) -> type[PolicyMachine]:
 TestLRUMachine = _policy_machine("lru").TestCase
 TestSLRUMachine = _policy_machine("slru").TestCase
 TestS3FIFOMachine = _policy_machine("s3fifo").TestCase
+TestARCMachine = _policy_machine("arc").TestCase
 
 
 # == 4. scheduler replay ========================================================================

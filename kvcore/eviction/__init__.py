@@ -1,8 +1,8 @@
 """Eviction policies for the block pool's free side, chosen by name.
 
-``lru`` (the default; vLLM's free queue), ``slru`` (segmented LRU with a ghost table) and
-``s3fifo`` (S3-FIFO).  ``make_policy("slru:protected_share=0.3,ghost_factor=2", blocks)``
-builds one with options; :data:`RECOMMENDED` names the configuration the README recommends.
+``lru`` (the default; vLLM's free queue), ``slru`` (segmented LRU with a ghost table),
+``s3fifo`` (S3-FIFO) and ``arc`` (Adaptive Replacement Cache).
+``make_policy("slru:protected_share=0.3,ghost_factor=2", blocks)`` builds one with options; :data:`RECOMMENDED` names the configuration the README recommends.
 The simulator (:mod:`kvcore.sim.policies`) runs these same classes, plus offline-only ones.
 """
 
@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from kvcore.blocks import FreeBlockQueue, KVCacheBlock
 from kvcore.errors import InvalidArgumentError
+from kvcore.eviction.arc import ARCPolicy
 from kvcore.eviction.s3fifo import S3FIFOPolicy
 from kvcore.eviction.slru import SLRUPolicy
 from kvcore.policy import EvictionPolicy
@@ -30,8 +31,12 @@ def _s3fifo(blocks: Sequence[KVCacheBlock], **options: object) -> EvictionPolicy
     return S3FIFOPolicy(blocks, **options)
 
 
+def _arc(blocks: Sequence[KVCacheBlock], **options: object) -> EvictionPolicy:
+    return ARCPolicy(blocks, **options)
+
+
 POOL_POLICIES: dict[str, Callable[..., EvictionPolicy]] = {
-    "lru": _lru, "slru": _slru, "s3fifo": _s3fifo}
+    "lru": _lru, "slru": _slru, "s3fifo": _s3fifo, "arc": _arc}
 """Policies the real pool runs, by name."""
 
 LRUPolicy = FreeBlockQueue
@@ -42,7 +47,7 @@ class Recommendation(NamedTuple):
     queue_hints: int
 
 
-RECOMMENDED = Recommendation("slru", 64)
+RECOMMENDED = Recommendation("slru:protected_share=0.7", 128)
 """The configuration the README recommends (``kvcore replay --eviction-policy recommended``):
 measured on the shipped Mooncake trace with the scheduler replay, see BENCHMARKS.md."""
 
@@ -90,5 +95,15 @@ def make_policy(spec: object, blocks: Sequence[KVCacheBlock]) -> EvictionPolicy:
             f"eviction policy {name!r} takes no option among {', '.join(options)}") from None
 
 
-__all__ = ["POOL_POLICIES", "RECOMMENDED", "EvictionPolicy", "LRUPolicy", "PolicyFactory", "S3FIFOPolicy",
-           "SLRUPolicy", "make_policy", "parse_policy"]
+__all__ = [
+    "POOL_POLICIES",
+    "RECOMMENDED",
+    "ARCPolicy",
+    "EvictionPolicy",
+    "LRUPolicy",
+    "PolicyFactory",
+    "S3FIFOPolicy",
+    "SLRUPolicy",
+    "make_policy",
+    "parse_policy",
+]

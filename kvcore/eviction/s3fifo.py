@@ -31,14 +31,18 @@ class S3FIFOPolicy(SegmentedPolicy):
     Args:
         blocks: the pool's usable blocks, in initial reuse order.
         small_share: the fraction of the pool the small FIFO may hold before it yields victims.
-        ghost_factor: ghost-table size in multiples of the pool's capacity.
+        ghost_factor: ghost-table generation size in multiples of the pool's capacity (the
+            table remembers between one and two generations of evicted hashes).  The default
+            0.5 remembers half to one capacity's worth, near the paper's ghost sized like main
+            (90%); a full capacity per generation lets too many one-time blocks skip small
+            (shared-prefix workload, 512 blocks: 59.7% hits instead of 63.7%, LRU 64.4%).
     """
 
     __slots__ = ("_home", "small_cap")
     name: ClassVar[str] = "s3fifo"
 
     def __init__(self, blocks: Sequence[KVCacheBlock], *, small_share: object = 0.1,
-                 ghost_factor: object = 1.0) -> None:
+                 ghost_factor: object = 0.5) -> None:
         share = check_share("small_share", small_share)  # before any block is linked
         super().__init__(blocks, 3, ghost_factor, max_mark=MAX_FREQ)
         self.small_cap = int(share * self.capacity)

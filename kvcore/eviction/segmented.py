@@ -27,20 +27,21 @@ def check_share(name: str, value: object, low: float = 0.0, high: float = 1.0) -
 
 
 class SegmentedPolicy(EvictionPolicy):
-    """Base of ``slru`` and ``s3fifo``: segments, the segment table, a per-block access mark
+    """Base of ``slru``, ``s3fifo`` and ``arc``: segments, the segment table, a per-block access mark
     (raised by hits up to ``max_mark``, cleared on eviction), the ghost table and the generic
     transitions.
 
-    The ghost table remembers the last ``ghost_capacity`` evicted hashes: each entry carries its
-    eviction sequence number, entries older than the last ``ghost_capacity`` evictions are dead,
-    and dead entries are pruned in one pass once the table holds twice its capacity (O(1)
-    amortized, plain dict operations on the hot path).
+    The ghost table keeps evicted hashes in two generations (sets): evictions enter the young
+    one; once it holds ``ghost_capacity`` hashes it becomes the old one and the previous old
+    generation is dropped whole.  So the table remembers at least the last ``ghost_capacity``
+    evicted hashes and at most twice as many (plus one batch of victims), at the cost of one
+    set insert per eviction and two lookups per freed block, with no pruning pass.
 
     The hot transitions are inlined rather than built from per-block method calls: a hit unlinks
     its block directly (``FreeBlockQueue.remove``'s logic) and victims leave in batches.
     """
 
-    __slots__ = ("_ghost", "_ghost_seq", "_marks", "_max_mark", "_num_free", "_segment_of",
+    __slots__ = ("_ghost", "_ghost_old", "_marks", "_max_mark", "_num_free", "_segment_of",
                  "_segments", "capacity", "ghost_capacity")
 
     def __init__(self, blocks: Sequence[KVCacheBlock], num_segments: int,
@@ -54,8 +55,8 @@ class SegmentedPolicy(EvictionPolicy):
         self._max_mark = max_mark
         self._num_free = 0
         self.ghost_capacity = int(factor * self.capacity)
-        self._ghost: dict[BlockHash, int] = {}  # evicted hash -> eviction sequence number
-        self._ghost_seq = 0
+        self._ghost: set[BlockHash] = set()  # the young generation of evicted hashes
+        self._ghost_old: set[BlockHash] = set()
         self._link(CLEAN, blocks)
 
     # -- queries ----------------------------------------------------------------------------------
@@ -81,9 +82,8 @@ class SegmentedPolicy(EvictionPolicy):
         return self._segment_of[block.block_id]
 
     def in_ghost(self, h: BlockHash) -> bool:
-        """Whether ``h`` is among the last ``ghost_capacity`` evicted hashes."""
-        seq = self._ghost.get(h)
-        return seq is not None and seq >= self._ghost_seq - self.ghost_capacity
+        """Whether ``h`` is a remembered evicted hash (see the class docstring)."""
+        return h in self._ghost or h in self._ghost_old
 
     def mark(self, block: KVCacheBlock) -> int:
         """``block``'s access mark (hits since it was cached, capped)."""
@@ -107,9 +107,11 @@ class SegmentedPolicy(EvictionPolicy):
                             f"{self._num_free}")
         if any(not 0 <= m <= self._max_mark for m in self._marks):
             problems.append(f"an access mark is outside [0, {self._max_mark}]")
-        if len(self._ghost) > 2 * self.ghost_capacity:
-            problems.append(f"ghost table holds {len(self._ghost)} > 2 x {self.ghost_capacity} "
-                            "entries")
+        if len(self._ghost) >= self.ghost_capacity + self.capacity or len(
+                self._ghost_old) >= self.ghost_capacity + self.capacity:
+            problems.append(f"a ghost generation holds {len(self._ghost)} / "
+                            f"{len(self._ghost_old)} hashes, more than {self.ghost_capacity} "
+                            "plus a batch of victims")
         return problems
 
     # -- transitions ------------------------------------------------------------------------------
@@ -179,7 +181,6 @@ class SegmentedPolicy(EvictionPolicy):
         segment_of = self._segment_of
         marks = self._marks
         ghost = self._ghost
-        seq = self._ghost_seq
         remember = self.ghost_capacity > 0
         for block in blocks:
             if linked:
@@ -188,12 +189,14 @@ class SegmentedPolicy(EvictionPolicy):
             if h is not None:
                 marks[block.block_id] = 0
                 if remember:
-                    ghost[h] = seq
-                    seq += 1
-        self._ghost_seq = seq
-        if len(ghost) > 2 * self.ghost_capacity:
-            live = seq - self.ghost_capacity
-            self._ghost = {h: n for h, n in ghost.items() if n >= live}
+                    ghost.add(h)
+        if remember and len(ghost) >= self.ghost_capacity:
+            self._age_ghost()
+
+    def _age_ghost(self) -> None:
+        """The young ghost generation is full: it becomes the old one, the old one is dropped."""
+        self._ghost_old = self._ghost
+        self._ghost = set()
 
     def on_uncache(self, block: KVCacheBlock) -> None:
         if self._segment_of[block.block_id] not in (NOT_FREE, CLEAN):
@@ -205,7 +208,8 @@ class SegmentedPolicy(EvictionPolicy):
         for block in moved:
             self.remove(block)
         self._link(CLEAN, moved)
-        self._ghost = {}
+        self._ghost = set()
+        self._ghost_old = set()
         self._marks = [0] * len(self._marks)
 
     # -- for subclasses ---------------------------------------------------------------------------
@@ -226,8 +230,14 @@ class SegmentedPolicy(EvictionPolicy):
 
     def _recall(self, h: BlockHash) -> bool:
         """Whether ``h`` is a remembered evicted hash (and forget it)."""
-        seq = self._ghost.pop(h, None)
-        return seq is not None and seq >= self._ghost_seq - self.ghost_capacity
+        if h in self._ghost:
+            self._ghost.discard(h)
+            self._ghost_old.discard(h)
+            return True
+        if h in self._ghost_old:
+            self._ghost_old.discard(h)
+            return True
+        return False
 
     def _victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
         """Unlink and return ``n`` cached victims with ``ref_cnt`` set (the clean segment is

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from kvcore.blocks import KVCacheBlock
-from kvcore.eviction.segmented import CLEAN, SegmentedPolicy, check_share
+from kvcore.eviction.segmented import CLEAN, NOT_FREE, SegmentedPolicy, check_share
 
 PROBATION = 1
 PROTECTED = 2
@@ -30,7 +30,8 @@ class SLRUPolicy(SegmentedPolicy):
     Args:
         blocks: the pool's usable blocks, in initial reuse order.
         protected_share: the largest fraction of the pool the protected segment may hold.
-        ghost_factor: ghost-table size in multiples of the pool's capacity.
+        ghost_factor: ghost-table generation size in multiples of the pool's capacity (the
+            table remembers between one and two generations of evicted hashes).
     """
 
     __slots__ = ("protected_cap",)
@@ -50,21 +51,32 @@ class SLRUPolicy(SegmentedPolicy):
         marks = self._marks
         segment_of = self._segment_of
         ghost = self._ghost
-        live = max(self._ghost_seq - self.ghost_capacity, 0)  # live ghost entries: seq >= live
-        probation: list[KVCacheBlock] = []
+        old = self._ghost_old
+        segments = self._segments
+        # Probation blocks are linked in this pass (``FreeBlockQueue.append_n``'s logic, inlined:
+        # the pool frees only blocks that are in no list).
+        probation_q = segments[PROBATION]
+        tail = probation_q.tail
+        last: KVCacheBlock = tail.prev_free  # type: ignore[assignment]  # linked
+        linked = 0
         protected: list[KVCacheBlock] = []
         for block in cached:
             bid = block.block_id
-            if marks[bid] or (ghost and ghost.pop(block.block_hash, -1) >= live):  # type: ignore[arg-type]  # cached
+            if marks[bid] or block.block_hash in ghost or block.block_hash in old:
+                if not marks[bid]:
+                    self._recall(block.block_hash)  # type: ignore[arg-type]  # cached
                 marks[bid] = 1
                 segment_of[bid] = PROTECTED
                 protected.append(block)
             else:
                 segment_of[bid] = PROBATION
-                probation.append(block)
-        segments = self._segments
-        if probation:
-            segments[PROBATION].append_n(probation)
+                block.prev_free = last
+                last.next_free = block
+                last = block
+                linked += 1
+        last.next_free = tail
+        tail.prev_free = last
+        probation_q.linked(linked)
         if protected:
             top = segments[PROTECTED]
             top.append_n(protected)
@@ -78,18 +90,45 @@ class SLRUPolicy(SegmentedPolicy):
         self._num_free += len(cached)
 
     def pick_victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
-        # Clean, then probation, then protected heads, each segment in one batch.
+        # Clean, then probation, then protected heads.  Unlinking (``FreeBlockQueue``'s) and the
+        # release (``_release``: segment table, ghost table) are fused into one pass per
+        # segment; only protected victims carry a mark to clear.
+        segments = self._segments
+        segment_of = self._segment_of
+        remember = self.ghost_capacity > 0
+        ghost = self._ghost
         out: list[KVCacheBlock] = []
         need = n
-        for segment in self._segments:
+        for index in (CLEAN, PROBATION, PROTECTED):
+            segment = segments[index]
             k = len(segment)
-            if k:
-                if k >= need:
-                    out += segment.pick_victims(need, ref_cnt)
-                    break
-                out += segment.pick_victims(k, ref_cnt)
-                need -= k
-        self._release(out)
+            if not k:
+                continue
+            take = need if k >= need else k
+            head = segment.head
+            node: KVCacheBlock = head.next_free  # type: ignore[assignment]  # linked
+            for _ in range(take):
+                nxt: KVCacheBlock = node.next_free  # type: ignore[assignment]  # linked
+                node.prev_free = node.next_free = None
+                node.ref_cnt = ref_cnt
+                segment_of[node.block_id] = NOT_FREE
+                h = node.block_hash
+                if h is not None and remember:
+                    ghost.add(h)
+                out.append(node)
+                node = nxt
+            head.next_free = node
+            node.prev_free = head
+            segment.unlinked(take)
+            if index == PROTECTED:
+                marks = self._marks
+                for block in out[-take:]:
+                    marks[block.block_id] = 0
+            need -= take
+            if not need:
+                break
+        if remember and len(ghost) >= self.ghost_capacity:
+            self._age_ghost()
         self._num_free -= n
         return out
 

@@ -1,7 +1,7 @@
 """Prefix-cache eviction policies over block-key sequences, without a scheduler.
 
 The simulator runs the same policy objects as the real pool (:mod:`kvcore.eviction`: ``lru``,
-``slru``, ``s3fifo``) over :class:`~kvcore.blocks.KVCacheBlock` records, plus three policies
+``slru``, ``s3fifo``, ``arc``) over :class:`~kvcore.blocks.KVCacheBlock` records, plus three policies
 that exist only here: ``fifo`` (first caching order; hits do not refresh), ``lfu`` (fewest
 releases, then least recent) and ``belady``, the offline bound.  Requests run one at a time and
 follow the real manager's lifecycle, so a pool policy here reproduces ``KVCacheManager`` with

@@ -52,6 +52,7 @@ class ReplayConfig:
     hash_algo: str = "xxh3_128"
     eviction_policy: str = "lru"  # the real pool's policy (kvcore.eviction), or "belady"
     queue_hints: int = 0  # waiting requests the scheduler declares upcoming each step
+    retain_sessions: bool = False  # SchedulerConfig.retain_sessions (the retention hint)
     step_base_ms: float = 5.0
     step_ms_per_token: float = 0.02
     time_scale: float = 1.0
@@ -169,7 +170,8 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None) ->
         made, index = _teach_oracle(oracle, manager, order)
     sched = Scheduler(manager, SchedulerConfig(max_num_seqs=cfg.max_num_seqs,
                                                max_num_batched_tokens=cfg.max_num_batched_tokens,
-                                               queue_hints=cfg.queue_hints))
+                                               queue_hints=cfg.queue_hints,
+                                               retain_sessions=cfg.retain_sessions))
     pending = deque(order)
     arrived: deque[TraceRequest] = deque()
     # Requests handed to the scheduler ahead of admission (at least as many as it may hint).
@@ -233,7 +235,8 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None) ->
 
 def _make_request(manager: KVCacheManager, tr: TraceRequest) -> Request:
     return manager.make_request(tr.request_id, tr.prompt_token_ids(),
-                                max_tokens=max(tr.output_len, 1), ignore_eos=True)
+                                max_tokens=max(tr.output_len, 1), ignore_eos=True,
+                                session_id=tr.session_id)
 
 
 def _teach_oracle(oracle: ReplayBelady, manager: KVCacheManager,

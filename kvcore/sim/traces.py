@@ -81,6 +81,7 @@ class TraceRequest:
     prompt: tuple[int, ...] | None = None
     hash_ids: tuple[int, ...] | None = None
     source: HashIdTokens | None = field(default=None, compare=False, repr=False)
+    session_id: str | None = None  # the conversation it continues (a retention hint)
 
     def prompt_token_ids(self) -> list[int]:
         if self.prompt is not None:

@@ -53,7 +53,7 @@ def multi_turn(num_conversations: int = 16, turns: int = 6, user_len: int = 96,
         for t in range(turns):
             history = history + _tokens(rng, user_len)
             out.append(TraceRequest(f"mt{c}-{t}", start + t * think_ms, len(history),
-                                    assistant_len, prompt=tuple(history)))
+                                    assistant_len, prompt=tuple(history), session_id=f"mt{c}"))
             history = history + _tokens(rng, assistant_len)
     out.sort(key=lambda r: r.arrival_ms)
     return out

@@ -160,14 +160,17 @@ class CheckedKVCacheManager(_Layer):
             self._after_call(
                 lambda: _describe("uncache_blocks", (request, num_computed_tokens), {}))
 
-    def free(self, request: KVRequest) -> None:
+    def free(self, request: KVRequest, *, retain: bool = False) -> None:
         state = self._kvcore_check
         try:
-            super().free(request)
+            if retain:  # only then: a subclass may override free(request) without the hint
+                super().free(request, retain=True)
+            else:
+                super().free(request)
             state.pending_loads.pop(request.request_id, None)
             state.written_upto.pop(request.request_id, None)
         finally:
-            self._after_call(lambda: _describe("free", (request,), {}))
+            self._after_call(lambda: _describe("free", (request,), {"retain": retain} if retain else {}))
 
     def new_step(self) -> None:
         try:

@@ -16,8 +16,8 @@ sides.  Hashing of blocks completed by decode tokens is timed everywhere (it hap
 Each sample also reports what the run did (hit tokens, preemptions): the two implementations do
 the same work exactly when these agree, and the driver says so when they do not.
 
-The eviction-policy rows (``..., kvcore slru``, ``..., kvcore s3fifo``) run the eviction-heavy
-requests (the same ones: they are drawn from the LRU row's seed) with kvcore's pool under another
+The eviction-policy rows (``..., kvcore slru``, ``..., kvcore s3fifo``, ``..., kvcore arc``) run
+the eviction-heavy requests (the same ones: they are drawn from the LRU row's seed) with kvcore's pool under another
 policy.  vLLM has one policy, LRU, so its column in those rows is vLLM LRU on the same requests:
 the same calls, though hits (and so the work behind them) follow each side's policy.  A kvcore
 without eviction policies (an older ``--baseline`` tree) skips those rows.
@@ -83,6 +83,7 @@ EVICTION_HEAVY = Scenario(
 POLICY_DOCS = {
     "slru": "segmented LRU: probation and protected segments, a ghost table of evicted hashes",
     "s3fifo": "S3-FIFO: small and main FIFO queues, a ghost table of evicted hashes",
+    "arc": "ARC: recency and frequency LRU segments balanced by two ghost lists",
 }
 """The non-default pool policies with an eviction-heavy row each."""
 

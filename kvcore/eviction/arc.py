@@ -1,0 +1,209 @@
+"""Adaptive Replacement Cache (``arc``).
+
+After Megiddo and Modha, "ARC: A Self-Tuning, Low Overhead Replacement Cache" (FAST '03), adapted
+to a pool whose blocks leave the free side while in use.  Every cached block belongs to *T1*
+(cached once, never hit since) or *T2* (hit at least once, or cached again soon after its hash
+was evicted); the free ones of each are kept in LRU order in their own segment.  Two ghost lists
+remember evicted hashes: *B1* those evicted from T1, *B2* those from T2.  A hash cached again
+while remembered in B1 says T1 was too small, so the target size ``p`` of T1 grows (by
+``max(|B2| / |B1|, 1)``); one remembered in B2 shrinks it; either way the block enters T2.
+Victims come from T1's free blocks while T1 (free and in use) holds more than ``p`` blocks, else
+from T2's.
+
+Where ARC reacts on a miss, the pool learns a block's hash when it is first freed, so ghost hits
+and the T1 -> T2 move happen in ``on_free``; ``p`` steers victim choice only.  The ghost lists
+are bounded as in ARC: ``|T1| + |B1| <= c`` and ``|T1| + |T2| + |B1| + |B2| <= 2c`` for a pool
+of ``c`` blocks, each entry dropped at most once (O(1) amortized).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import ClassVar
+
+from kvcore.blocks import BlockHash, KVCacheBlock
+from kvcore.eviction.segmented import CLEAN, SegmentedPolicy
+
+T1 = 1
+T2 = 2
+
+
+class ARCPolicy(SegmentedPolicy):
+    """``arc``: recency (T1) and frequency (T2) LRU segments balanced by ghost hits.
+
+    Args:
+        blocks: the pool's usable blocks, in initial reuse order.
+    """
+
+    __slots__ = ("_b1", "_b2", "_home", "_sizes", "target")
+    name: ClassVar[str] = "arc"
+
+    def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
+        super().__init__(blocks, 3, 0.0, max_mark=1)
+        self._home = [0] * len(self._segment_of)  # T1 / T2 while cached and homed, else 0
+        self._sizes = [0, 0, 0]  # homed blocks (free or in use) in T1, T2 (index 0 unused)
+        self._b1: OrderedDict[BlockHash, None] = OrderedDict()
+        self._b2: OrderedDict[BlockHash, None] = OrderedDict()
+        self.target = 0.0  # ARC's p: the size T1 should have
+
+    @property
+    def ghosts(self) -> tuple[int, int]:
+        """Sizes of the ghost lists B1 and B2."""
+        return len(self._b1), len(self._b2)
+
+    @property
+    def sizes(self) -> tuple[int, int]:
+        """Blocks (free or in use) in T1 and in T2."""
+        return self._sizes[T1], self._sizes[T2]
+
+    def home(self, block: KVCacheBlock) -> int:
+        """``T1`` (1) or ``T2`` (2) while ``block`` is cached and was freed since, else 0."""
+        return self._home[block.block_id]
+
+    # -- transitions ------------------------------------------------------------------------------
+    def on_free(self, uncached: Sequence[KVCacheBlock], cached: Sequence[KVCacheBlock]) -> None:
+        if uncached:
+            homes = self._home
+            for block in uncached:
+                if homes[block.block_id]:  # lost its hash without on_evict: no longer homed
+                    self._sizes[homes[block.block_id]] -= 1
+                    homes[block.block_id] = 0
+            super().on_free(uncached, ())
+        if not cached:
+            return
+        homes = self._home
+        marks = self._marks
+        sizes = self._sizes
+        b1 = self._b1
+        b2 = self._b2
+        recent: list[KVCacheBlock] = []
+        frequent: list[KVCacheBlock] = []
+        for block in cached:
+            bid = block.block_id
+            home = homes[bid]
+            if home == T2 or marks[bid]:
+                to = T2
+            elif home:
+                to = T1
+            else:  # first free since it was cached: did its hash come back from a ghost list?
+                h = block.block_hash
+                if b1 and h in b1:
+                    self.target = min(self.target + max(len(b2) / len(b1), 1.0), self.capacity)
+                    del b1[h]  # type: ignore[arg-type]  # a cached block has a hash
+                    to = T2
+                elif b2 and h in b2:
+                    self.target = max(self.target - max(len(b1) / len(b2), 1.0), 0.0)
+                    del b2[h]  # type: ignore[arg-type]  # a cached block has a hash
+                    to = T2
+                else:
+                    to = T1
+            if home != to:
+                if home:
+                    sizes[home] -= 1
+                sizes[to] += 1
+                homes[bid] = to
+            marks[bid] = 0
+            (frequent if to == T2 else recent).append(block)
+        if recent:
+            self._link(T1, recent)
+        if frequent:
+            self._link(T2, frequent)
+        self._trim()
+
+    def _victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
+        t1 = self._segments[T1]
+        t2 = self._segments[T2]
+        # Take from T1 while it holds more than the target, then from T2, then T1 again.
+        over = self._sizes[T1] - self.target
+        k1 = min(n, len(t1), max(int(over) + (over > int(over)), 0))
+        k2 = min(n - k1, len(t2))
+        k1 += n - k1 - k2
+        out = t1.pick_victims(k1, ref_cnt) if k1 else []
+        if k2:
+            out += t2.pick_victims(k2, ref_cnt)
+        return out
+
+    def pick_victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
+        out = super().pick_victims(n, ref_cnt)
+        self._forget(out)
+        return out
+
+    def on_evict(self, blocks: Sequence[KVCacheBlock]) -> None:
+        super().on_evict(blocks)
+        self._forget(blocks)
+
+    def _forget(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Hashed ``blocks`` are being evicted: they leave T1/T2 and their hashes enter the
+        ghost list of the list they leave (a block never freed since caching counts as T1)."""
+        homes = self._home
+        sizes = self._sizes
+        b1 = self._b1
+        b2 = self._b2
+        for block in blocks:
+            h = block.block_hash
+            if h is None:
+                continue
+            home = homes[block.block_id]
+            if home:
+                sizes[home] -= 1
+                homes[block.block_id] = 0
+            if home == T2:
+                b1.pop(h, None)
+                b2[h] = None
+                b2.move_to_end(h)
+            else:
+                b2.pop(h, None)
+                b1[h] = None
+                b1.move_to_end(h)
+        self._trim()
+
+    def _trim(self) -> None:
+        """Drop the oldest ghost entries beyond ARC's bounds."""
+        c = self.capacity
+        b1 = self._b1
+        b2 = self._b2
+        t1, t2 = self._sizes[T1], self._sizes[T2]
+        while b1 and t1 + len(b1) > c:
+            b1.popitem(last=False)
+        while b2 and t1 + t2 + len(b1) + len(b2) > 2 * c:
+            b2.popitem(last=False)
+
+    def reset(self) -> None:
+        super().reset()
+        self._home = [0] * len(self._home)
+        self._sizes = [0, 0, 0]
+        self._b1.clear()
+        self._b2.clear()
+        self.target = 0.0
+
+    def check(self) -> list[str]:
+        problems = super().check()
+        counted = [0, 0, 0]
+        for bid, home in enumerate(self._home):
+            counted[home] += 1
+            if home and self._segment_of[bid] not in (-1, home):
+                problems.append(f"block {bid} is homed in T{home} but linked in segment "
+                                f"{self._segment_of[bid]}")
+        for index in (T1, T2):
+            if counted[index] != self._sizes[index]:
+                problems.append(f"T{index} counts {self._sizes[index]} blocks, {counted[index]} "
+                                "are homed there")
+            for block in self._segments[index]:
+                if self._home[block.block_id] != index:
+                    problems.append(f"block {block.block_id} is in segment {index} but its home "
+                                    f"is {self._home[block.block_id]}")
+        for block in self._segments[CLEAN]:
+            if self._home[block.block_id]:
+                problems.append(f"uncached block {block.block_id} is homed in "
+                                f"T{self._home[block.block_id]}")
+        c = self.capacity
+        t1, t2 = self._sizes[T1], self._sizes[T2]
+        if t1 + len(self._b1) > c or t1 + t2 + len(self._b1) + len(self._b2) > 2 * c:
+            problems.append(f"ghost lists exceed ARC's bounds: T1 {t1}, T2 {t2}, B1 "
+                            f"{len(self._b1)}, B2 {len(self._b2)}, capacity {c}")
+        if not 0.0 <= self.target <= c:
+            problems.append(f"target {self.target} outside [0, {c}]")
+        if self._b1.keys() & self._b2.keys():
+            problems.append("a hash is in both ghost lists")
+        return problems
