@@ -478,7 +478,9 @@ class KVCacheManager:
             f"request {request.request_id!r}: {num_computed} computed + {num_new} new tokens "
             f"exceed max_model_len={self.max_model_len}")
 
-    def free(self, request: KVRequest, *, retain: bool = False) -> None:
+    # retain: object, not bool: the compiled build would raise TypeError on entry for a non-bool
+    # instead of the InvalidArgumentError below.
+    def free(self, request: KVRequest, *, retain: object = False) -> None:
         """Release every block of the request, tail first, so its prefix is evicted last.
 
         ``retain`` is a retention hint (the caller expects the prefix back, e.g. the next turn of

@@ -18,7 +18,7 @@ of ``c`` blocks, each entry dropped at most once (O(1) amortized).
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -27,6 +27,68 @@ from kvcore.eviction.segmented import CLEAN, SegmentedPolicy
 
 T1 = 1
 T2 = 2
+
+
+class GhostList:
+    """An LRU list of evicted hashes: insert at the young end, drop from the old end, remove any
+    one in O(1).  A dict maps each member to its insertion stamp and a deque keeps the stamps in
+    order; a removed member leaves a stale deque entry, skipped when the old end is dropped and
+    compacted away once stale entries outnumber live ones (O(1) amortized).  (Not an
+    ``OrderedDict``: the compiled build would use plain-dict operations on it and break it.)"""
+
+    __slots__ = ("_members", "_order", "_stamp")
+
+    def __init__(self) -> None:
+        self._members: dict[BlockHash, int] = {}
+        self._order: deque[tuple[int, BlockHash]] = deque()
+        self._stamp = 0
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def __contains__(self, h: BlockHash) -> bool:
+        return h in self._members
+
+    def extend(self, hashes: Sequence[BlockHash]) -> None:
+        """Insert ``hashes`` at the young end, in order (moving any present there)."""
+        members = self._members
+        order = self._order
+        stamp = self._stamp
+        for h in hashes:
+            stamp += 1
+            members[h] = stamp
+            order.append((stamp, h))
+        self._stamp = stamp
+        if len(order) > 2 * len(members) + 64:
+            self._order = deque((n, g) for n, g in order if members.get(g) == n)
+
+    def discard(self, h: BlockHash) -> bool:
+        """Remove ``h``; whether it was a member."""
+        return self._members.pop(h, None) is not None
+
+    def discard_all(self, hashes: Sequence[BlockHash]) -> None:
+        """Remove every one of ``hashes`` that is a member."""
+        members = self._members
+        if members:
+            for h in hashes:
+                members.pop(h, None)
+
+    def drop_oldest(self, n: int) -> None:
+        """Remove the ``n`` oldest members (``n <= len(self)``)."""
+        members = self._members
+        order = self._order
+        while n:
+            stamp, h = order.popleft()
+            if members.get(h) == stamp:
+                del members[h]
+                n -= 1
+
+    def clear(self) -> None:
+        self._members.clear()
+        self._order.clear()
+
+    def hashes(self) -> set[BlockHash]:
+        return set(self._members)
 
 
 class ARCPolicy(SegmentedPolicy):
@@ -43,8 +105,8 @@ class ARCPolicy(SegmentedPolicy):
         super().__init__(blocks, 3, 0.0, max_mark=1)
         self._home = [0] * len(self._segment_of)  # T1 / T2 while cached and homed, else 0
         self._sizes = [0, 0, 0]  # homed blocks (free or in use) in T1, T2 (index 0 unused)
-        self._b1: OrderedDict[BlockHash, None] = OrderedDict()
-        self._b2: OrderedDict[BlockHash, None] = OrderedDict()
+        self._b1 = GhostList()
+        self._b2 = GhostList()
         self.target = 0.0  # ARC's p: the size T1 should have
 
     @property
@@ -75,8 +137,8 @@ class ARCPolicy(SegmentedPolicy):
         homes = self._home
         marks = self._marks
         sizes = self._sizes
-        b1 = self._b1
-        b2 = self._b2
+        b1 = self._b1._members  # the ghost lists' member tables, read directly on this path
+        b2 = self._b2._members
         recent: list[KVCacheBlock] = []
         frequent: list[KVCacheBlock] = []
         for block in cached:
@@ -87,14 +149,14 @@ class ARCPolicy(SegmentedPolicy):
             elif home:
                 to = T1
             else:  # first free since it was cached: did its hash come back from a ghost list?
-                h = block.block_hash
+                h: BlockHash = block.block_hash  # type: ignore[assignment]  # cached: hashed
                 if b1 and h in b1:
                     self.target = min(self.target + max(len(b2) / len(b1), 1.0), self.capacity)
-                    del b1[h]  # type: ignore[arg-type]  # a cached block has a hash
+                    del b1[h]
                     to = T2
                 elif b2 and h in b2:
                     self.target = max(self.target - max(len(b1) / len(b2), 1.0), 0.0)
-                    del b2[h]  # type: ignore[arg-type]  # a cached block has a hash
+                    del b2[h]
                     to = T2
                 else:
                     to = T1
@@ -138,8 +200,8 @@ class ARCPolicy(SegmentedPolicy):
         ghost list of the list they leave (a block never freed since caching counts as T1)."""
         homes = self._home
         sizes = self._sizes
-        b1 = self._b1
-        b2 = self._b2
+        recent: list[BlockHash] = []
+        frequent: list[BlockHash] = []
         for block in blocks:
             h = block.block_hash
             if h is None:
@@ -148,26 +210,28 @@ class ARCPolicy(SegmentedPolicy):
             if home:
                 sizes[home] -= 1
                 homes[block.block_id] = 0
-            if home == T2:
-                b1.pop(h, None)
-                b2[h] = None
-                b2.move_to_end(h)
-            else:
-                b2.pop(h, None)
-                b1[h] = None
-                b1.move_to_end(h)
+            (frequent if home == T2 else recent).append(h)
+        if recent:
+            self._b2.discard_all(recent)
+            self._b1.extend(recent)
+        if frequent:
+            self._b1.discard_all(frequent)
+            self._b2.extend(frequent)
         self._trim()
 
     def _trim(self) -> None:
         """Drop the oldest ghost entries beyond ARC's bounds."""
         c = self.capacity
-        b1 = self._b1
-        b2 = self._b2
         t1, t2 = self._sizes[T1], self._sizes[T2]
-        while b1 and t1 + len(b1) > c:
-            b1.popitem(last=False)
-        while b2 and t1 + t2 + len(b1) + len(b2) > 2 * c:
-            b2.popitem(last=False)
+        b1 = self._b1
+        n1 = len(b1._members)
+        if n1 and t1 + n1 > c:
+            b1.drop_oldest(min(n1, t1 + n1 - c))
+            n1 = len(b1._members)
+        b2 = self._b2
+        n2 = len(b2._members)
+        if n2 and t1 + t2 + n1 + n2 > 2 * c:
+            b2.drop_oldest(min(n2, t1 + t2 + n1 + n2 - 2 * c))
 
     def reset(self) -> None:
         super().reset()
@@ -204,6 +268,6 @@ class ARCPolicy(SegmentedPolicy):
                             f"{len(self._b1)}, B2 {len(self._b2)}, capacity {c}")
         if not 0.0 <= self.target <= c:
             problems.append(f"target {self.target} outside [0, {c}]")
-        if self._b1.keys() & self._b2.keys():
+        if self._b1.hashes() & self._b2.hashes():
             problems.append("a hash is in both ghost lists")
         return problems

@@ -160,7 +160,7 @@ class CheckedKVCacheManager(_Layer):
             self._after_call(
                 lambda: _describe("uncache_blocks", (request, num_computed_tokens), {}))
 
-    def free(self, request: KVRequest, *, retain: bool = False) -> None:
+    def free(self, request: KVRequest, *, retain: object = False) -> None:
         state = self._kvcore_check
         try:
             if retain:  # only then: a subclass may override free(request) without the hint
