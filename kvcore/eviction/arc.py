@@ -33,8 +33,8 @@ class GhostList:
     """An LRU list of evicted hashes: insert at the young end, drop from the old end, remove any
     one in O(1).  A dict maps each member to its insertion stamp and a deque keeps the stamps in
     order; a removed member leaves a stale deque entry, skipped when the old end is dropped and
-    compacted away once stale entries outnumber live ones (O(1) amortized).  (Not an
-    ``OrderedDict``: the compiled build would use plain-dict operations on it and break it.)"""
+    compacted away once stale entries outnumber live ones (O(1) amortized).  ARC's hot paths
+    read the member table directly and update in batches."""
 
     __slots__ = ("_members", "_order", "_stamp")
 
