@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcore.cmdline import OneLineParser, non_negative_int, positive_int
-from kvcore.errors import KVCoreError
+from kvcore.errors import InvalidArgumentError, KVCoreError
 from kvcore.eviction import RECOMMENDED
 
 RECOMMENDED_NAME = "recommended"
@@ -117,6 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "lru,slru,s3fifo,arc,fifo,lfu,belady) at the same capacity, one request at a time")
     rp.add_argument("--plot", metavar="FILE", help="write a hit-rate-vs-capacity plot "
                     "(policies from --policy, default lru,belady)")
+    rp.add_argument("--publish", metavar="ENDPOINT",
+                    help="stream the replay's KV events over ZeroMQ as vLLM publishes them "
+                    "(PUB socket, e.g. tcp://*:5557; batches are kept for replay requests on "
+                    "--publish-replay)")
+    rp.add_argument("--publish-replay", metavar="ENDPOINT",
+                    help="ROUTER socket answering replay requests for --publish (e.g. "
+                    "tcp://*:5558)")
     rp.add_argument("--json", action="store_true", help="print results as JSON")
     rp.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -160,10 +167,22 @@ def cmd_replay(args: argparse.Namespace) -> int:
                        max_num_batched_tokens=args.max_num_batched_tokens,
                        eviction_policy=policy, queue_hints=hints or 0, progress=progress)
     num_blocks = cfg.resolve_num_blocks()
-    result = replay(reqs, cfg)
+    if args.publish_replay and not args.publish:
+        raise InvalidArgumentError("--publish-replay needs --publish")
+    if args.publish:
+        from kvcore.publisher import ZmqEventPublisher
+
+        with ZmqEventPublisher(args.publish, args.publish_replay) as publisher:
+            result = replay(reqs, cfg, event_sink=publisher.publish)
+        published = {"endpoint": publisher.endpoint, "batches": publisher.num_published,
+                     "dropped": publisher.num_dropped}
+    else:
+        result = replay(reqs, cfg)
     out: dict[str, Any] = {"source": source, "requests": len(reqs), "block_size": args.block_size,
                            "num_blocks": num_blocks, "eviction_policy": policy,
                            "queue_hints": cfg.queue_hints, "replay": result.to_dict()}
+    if args.publish:
+        out["published"] = published
     out["replay"].pop("usage")
     block_reqs = []
     if args.policy or args.plot:
@@ -203,6 +222,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     print(f"  evicted blocks:  {r.evicted_blocks:,}   preemptions: {r.preemptions:,}")
     print(f"  scheduler+manager CPU: {r.cpu_us_per_step_median:.1f} µs/step median, "
           f"{r.cpu_us_per_step_p99:.1f} µs p99, {r.cpu_s:.2f}s total")
+    if "published" in out:
+        pub = out["published"]
+        print(f"  KV events:       {pub['batches']:,} batches published on {pub['endpoint']}"
+              + (f" ({pub['dropped']:,} dropped: the send queue was full)" if pub["dropped"]
+                 else ""))
     if "ideal_hit_rate" in out:
         print(f"  infinite-capacity hit rate: {out['ideal_hit_rate']:.2%}")
     for p, rate in out.get("policies", {}).items():

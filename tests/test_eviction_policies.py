@@ -293,6 +293,21 @@ def test_arc_ghost_hits_adapt_the_target_and_enter_t2() -> None:
     check_invariants(pool)
 
 
+def test_arc_a_returning_hash_hit_while_in_use_is_still_a_ghost_hit() -> None:
+    pool = BlockPool(12, eviction_policy="arc")
+    policy = arc(pool)
+    cold = cached_free(pool, 2)
+    pool.evict_blocks([cold[0].block_id])  # -> B1
+    assert policy.ghosts == (1, 0)
+    _, again = cache(pool, 2)
+    pool.touch(again)  # shared by a second request before its first free
+    release(pool, again)
+    release(pool, again)
+    assert policy.home(again[0]) == T2
+    assert policy.ghosts == (0, 0) and policy.target == 1.0  # the ghost hit adapted the target
+    check_invariants(pool)
+
+
 def test_arc_a_grown_target_keeps_t1_and_takes_t2_victims() -> None:
     pool = BlockPool(12, eviction_policy="arc")
     policy = arc(pool)
@@ -818,8 +833,11 @@ def test_pool_retain_skips_free_uncached_and_null_blocks() -> None:
     assert pool_snapshot(pool) == before and policy.mark(used[0]) == 1
 
 
-def test_free_refuses_a_non_bool_retain_and_changes_nothing() -> None:
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_free_refuses_a_non_bool_retain_and_changes_nothing(wrapped: bool) -> None:
     m = KVCacheManager(make_config(full_spec(BS), num_blocks=12), 64, eviction_policy="slru")
+    if wrapped:
+        m = checked(m)
     req = m.make_request("r", [*tokens(1, 2), 7])
     assert m.allocate_slots(req, req.num_tokens) is not None
     before = manager_snapshot(m)

@@ -144,12 +144,11 @@ class ARCPolicy(SegmentedPolicy):
         for block in cached:
             bid = block.block_id
             home = homes[bid]
-            if home == T2 or marks[bid]:
-                to = T2
-            elif home:
-                to = T1
+            if home:
+                to = T2 if home == T2 or marks[bid] else T1
             else:  # first free since it was cached: did its hash come back from a ghost list?
                 h: BlockHash = block.block_hash  # type: ignore[assignment]  # cached: hashed
+                to = T2 if marks[bid] else T1  # hit while in use: a second access
                 if b1 and h in b1:
                     self.target = min(self.target + max(len(b2) / len(b1), 1.0), self.capacity)
                     del b1[h]
@@ -158,8 +157,6 @@ class ARCPolicy(SegmentedPolicy):
                     self.target = max(self.target - max(len(b1) / len(b2), 1.0), 0.0)
                     del b2[h]
                     to = T2
-                else:
-                    to = T1
             if home != to:
                 if home:
                     sizes[home] -= 1

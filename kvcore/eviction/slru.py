@@ -53,8 +53,9 @@ class SLRUPolicy(SegmentedPolicy):
         ghost = self._ghost
         old = self._ghost_old
         segments = self._segments
-        # Probation blocks are linked in this pass (``FreeBlockQueue.append_n``'s logic, inlined:
-        # the pool frees only blocks that are in no list).
+        # Probation blocks are linked in this pass (``FreeBlockQueue.append_n``'s logic, inlined).
+        # Unlike ``append_n`` it does not re-check that each block is unlinked and not the null
+        # block: the pool passes only blocks whose reference count just reached 0.
         probation_q = segments[PROBATION]
         tail = probation_q.tail
         last: KVCacheBlock = tail.prev_free  # type: ignore[assignment]  # linked

@@ -18,7 +18,7 @@ import sys
 import time
 import zlib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ import torch
 
 from kvcore.blocks import BlockHash
 from kvcore.errors import InvalidArgumentError
+from kvcore.events import KVCacheEvent
 from kvcore.manager import KVCacheManager
 from kvcore.request import Request
 from kvcore.scheduler import RequestRejectedError, Scheduler, SchedulerConfig
@@ -107,7 +108,8 @@ def _sampled_token(rid: str, n: int) -> int:
     return (x >> 33) % VOCAB
 
 
-def make_manager(cfg: ReplayConfig, requests: Sequence[TraceRequest]) -> KVCacheManager:
+def make_manager(cfg: ReplayConfig, requests: Sequence[TraceRequest],
+                 enable_events: bool = False) -> KVCacheManager:
     max_len = cfg.max_model_len or max(r.num_prompt_tokens + r.output_len for r in requests) + 1
     policy: object = cfg.eviction_policy
     if policy == OFFLINE_BOUND:
@@ -123,7 +125,7 @@ def make_manager(cfg: ReplayConfig, requests: Sequence[TraceRequest]) -> KVCache
     return KVCacheManager(kv_config, max_len, enable_caching=cfg.enable_caching,
                           hash_algo=cfg.hash_algo,
                           max_num_batched_tokens=cfg.max_num_batched_tokens,
-                          eviction_policy=policy)
+                          eviction_policy=policy, enable_events=enable_events)
 
 
 def _finite_nonneg(x: object) -> bool:
@@ -153,15 +155,17 @@ def _check_inputs(requests: Sequence[TraceRequest], cfg: ReplayConfig) -> None:
                     f"request {r.request_id}: {name} must be an integer >= 0, got {value!r}")
 
 
-def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None) -> ReplayResult:
+def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None, *,
+           event_sink: Callable[[list[KVCacheEvent]], object] | None = None) -> ReplayResult:
     """Run ``requests`` (in any order: they are sorted by arrival) to completion; see the module
-    docstring.  Raises :class:`InvalidArgumentError` before running if an arrival time is NaN,
-    infinite or negative, or a length is negative."""
+    docstring.  ``event_sink`` (e.g. ``ZmqEventPublisher.publish``) receives the manager's KV
+    events after every step.  Raises :class:`InvalidArgumentError` before running if an arrival
+    time is NaN, infinite or negative, or a length is negative."""
     cfg = cfg or ReplayConfig()
     if not requests:
         raise InvalidArgumentError("the trace has no requests")
     _check_inputs(requests, cfg)
-    manager = make_manager(cfg, requests)
+    manager = make_manager(cfg, requests, enable_events=event_sink is not None)
     order = sorted(requests, key=lambda r: r.arrival_ms)
     oracle = manager.pool.free_queue if isinstance(manager.pool.free_queue, ReplayBelady) else None
     made: dict[str, Request] = {}  # the oracle's requests, made (and hashed) up front
@@ -211,6 +215,8 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None) ->
                    for s in out.scheduled if s.samples}
         done = sched.update_from_output(out, sampled)
         cpu.append(time.perf_counter() - t0)
+        if event_sink is not None:
+            event_sink(manager.take_events())
         clock += cfg.step_base_ms + cfg.step_ms_per_token * out.num_batched_tokens
         usage.append((clock, manager.usage))
         finished += len(done)

@@ -163,8 +163,8 @@ class CheckedKVCacheManager(_Layer):
     def free(self, request: KVRequest, *, retain: object = False) -> None:
         state = self._kvcore_check
         try:
-            if retain:  # only then: a subclass may override free(request) without the hint
-                super().free(request, retain=True)
+            if retain is not False:  # only then: a subclass may override free(request)
+                super().free(request, retain=retain)
             else:
                 super().free(request)
             state.pending_loads.pop(request.request_id, None)

@@ -96,3 +96,48 @@ def test_event_bytes_are_vllm_wire_format_both_ways() -> None:
     batch = decode_event_batch(theirs)
     assert encode_event_batch(batch.events, ts=batch.ts,
                               data_parallel_rank=batch.data_parallel_rank) == theirs
+
+
+_PEER_INT_HASHES = textwrap.dedent("""
+    import json, os, sys
+    os.environ["VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"] = "1"
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+    print(json.dumps([maybe_convert_block_hash(bytes.fromhex(h)) for h in json.load(sys.stdin)]))
+""")
+
+
+def test_published_batches_are_what_vllm_publishes() -> None:
+    """Through the real publisher (PUB framing, replay socket): vLLM decodes each payload and
+    re-encodes the same bytes, and the int hashes are vLLM's own ``maybe_convert_block_hash``."""
+    import zmq
+
+    from kvcore.events import BlockRemoved, BlockStored
+    from kvcore.publisher import ZmqEventPublisher, to_external
+
+    events = _event_stream()
+    with ZmqEventPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*") as pub:
+        assert pub.replay_endpoint is not None
+        pub.publish(events, ts=1.5)
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.connect(pub.replay_endpoint)
+        sock.send_multipart((b"", (0).to_bytes(8, "big")))
+        assert sock.poll(5000)
+        _, topic, seq, payload = sock.recv_multipart()
+        ctx.destroy(linger=0)
+    assert (topic, int.from_bytes(seq, "big")) == (b"", 0)
+    peer = _run_peer(payload)
+    assert peer["same_bytes"] and peer["rank"] == 0
+    assert peer["types"] == [type(e).__name__ for e in events]
+    raw = [h for e in events if isinstance(e, (BlockStored, BlockRemoved))
+           for h in e.block_hashes if isinstance(h, bytes)]
+    env = {**os.environ, "PYTHONPATH": "", "VLLM_LOGGING_LEVEL": "ERROR"}
+    proc = subprocess.run([str(_peer()), "-c", _PEER_INT_HASHES],
+                          input=json.dumps([h.hex() for h in raw]), capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    theirs = json.loads(proc.stdout.strip().splitlines()[-1])
+    ours = [h for e in decode_event_batch(payload).events
+            if isinstance(e, (BlockStored, BlockRemoved)) for h in e.block_hashes]
+    assert ours == theirs and all(isinstance(h, int) for h in ours)
+    assert decode_event_batch(payload).events == [to_external(e, True) for e in events]

@@ -1,0 +1,266 @@
+"""Publish KV-cache events over ZeroMQ with vLLM's wire behaviour.
+
+A :class:`ZmqEventPublisher` sends each batch of events (what ``KVCacheManager.take_events``
+returns after a step) on a PUB socket as the three frames vLLM's ``ZmqEventPublisher`` sends:
+``(topic, sequence number as 8 bytes big-endian, msgpack KVEventBatch)``.  KV-aware routers that
+subscribe to vLLM (llm-d's indexer, Dynamo's router, SGLang's gateway) read kvcore's stream
+unchanged.
+
+* A background thread encodes and sends, so ``publish`` never waits on the network: it only
+  queues the batch.  When ``max_queue_size`` batches are already waiting the batch is dropped and
+  counted (``num_dropped``) rather than blocking the caller.
+* The last ``buffer_steps`` sent batches are kept for replay.  With ``replay_endpoint`` a ROUTER
+  socket answers a client that sends a start sequence number (8 bytes big-endian, after the empty
+  delimiter frame a REQ or DEALER socket adds) with every buffered batch from there on, each as
+  ``(topic, seq, payload)``, then the end marker ``(b"", -1 as 8 signed bytes, b"")``.  A
+  subscriber that joins late, or notices a gap in the sequence numbers, recovers that way.
+* Block hashes are published as vLLM does by default: the low 64 bits of kvcore's hash bytes
+  (big-endian) as an int (``int_block_hashes=False`` keeps the bytes).
+* ``encoding="array"`` sends events as positional arrays (``[tag, field, ...]``), the encoding
+  vLLM used before tagged maps; the default ``"map"`` is vLLM 0.32's.
+* ``shutdown`` sends what is queued (up to ``timeout``), then closes the sockets.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import zmq
+
+from kvcore.errors import InvalidArgumentError, KVCoreError
+from kvcore.events import BlockRemoved, BlockStored, KVCacheEvent, KVEventBatch
+
+logger = logging.getLogger(__name__)
+
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+"""The replay socket's end-of-replay sequence frame."""
+
+ENCODINGS = ("map", "array")
+
+
+class PublisherClosedError(KVCoreError, RuntimeError):
+    """``publish`` after ``shutdown``."""
+
+
+def external_hash(h: bytes, int_block_hashes: bool) -> bytes | int:
+    """A block hash as published: the low 64 bits of its big-endian value (vLLM's default,
+    ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``) or the bytes unchanged."""
+    return int.from_bytes(h, "big") & 0xFFFF_FFFF_FFFF_FFFF if int_block_hashes else h
+
+
+def to_external(event: KVCacheEvent, int_block_hashes: bool) -> KVCacheEvent:
+    """``event`` with its block hashes (and parent hash) as :func:`external_hash` gives them."""
+    if not int_block_hashes:
+        return event
+    if isinstance(event, BlockStored):
+        parent = event.parent_block_hash
+        return msgspec.structs.replace(
+            event, block_hashes=tuple(external_hash(h, True) if isinstance(h, bytes) else h
+                                      for h in event.block_hashes),
+            parent_block_hash=external_hash(parent, True) if isinstance(parent, bytes)
+            else parent)
+    if isinstance(event, BlockRemoved):
+        return msgspec.structs.replace(event, block_hashes=tuple(
+            external_hash(h, True) if isinstance(h, bytes) else h for h in event.block_hashes))
+    return event
+
+
+def as_array(event: KVCacheEvent) -> list[Any]:
+    """``event`` in the positional encoding: ``[tag, field, ...]`` in declaration order, trailing
+    fields that the map encoding omits (defaults) left out, as msgspec's ``array_like`` does."""
+    info = msgspec.inspect.type_info(type(event))
+    assert isinstance(info, msgspec.inspect.StructType)
+    present = msgspec.to_builtins(event, builtin_types=(bytes,))  # the map encoding's keys
+    values: list[Any] = [info.tag]
+    last = 0
+    for i, field in enumerate(info.fields, start=1):
+        values.append(getattr(event, field.name))
+        if field.encode_name in present:
+            last = i
+    return values[:last + 1]
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if type(value) is not int or value < minimum:
+        raise InvalidArgumentError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def _check_endpoint(name: str, value: object) -> str:
+    if not isinstance(value, str) or "://" not in value:
+        raise InvalidArgumentError(f"{name} must be a ZeroMQ endpoint such as "
+                                   f"'tcp://*:5557', got {value!r}")
+    return value
+
+
+def _binds(endpoint: str) -> bool:
+    """Bind wildcard, ipc and inproc endpoints; connect to the others (vLLM's rule)."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
+class ZmqEventPublisher:
+    """PUB socket + replay ROUTER socket + background sender (see the module docstring).
+
+    Args:
+        endpoint: PUB address; ``tcp://*:5557`` binds, ``tcp://host:5557`` connects.  A bound
+            wildcard port (``tcp://127.0.0.1:*``) resolves to the port chosen: ``endpoint``.
+        replay_endpoint: ROUTER address for replay requests (always bound), or ``None``.
+        buffer_steps: batches kept for replay.
+        hwm: the PUB socket's send high-water mark (ZeroMQ drops beyond it, per subscriber).
+        max_queue_size: batches waiting for the sender before ``publish`` drops them.
+        topic: the first frame of every message.
+        data_parallel_rank: the batch's rank field.
+        int_block_hashes: publish hashes as 64-bit ints (vLLM's default) or as bytes.
+        encoding: ``"map"`` (tagged maps, vLLM 0.32) or ``"array"`` (positional arrays).
+    """
+
+    def __init__(self, endpoint: str = "tcp://*:5557", replay_endpoint: str | None = None, *,
+                 buffer_steps: int = 10_000, hwm: int = 100_000, max_queue_size: int = 100_000,
+                 topic: str = "", data_parallel_rank: int = 0, int_block_hashes: bool = True,
+                 encoding: str = "map") -> None:
+        endpoint = _check_endpoint("endpoint", endpoint)
+        if replay_endpoint is not None:
+            replay_endpoint = _check_endpoint("replay_endpoint", replay_endpoint)
+        self.buffer_steps = _check_int("buffer_steps", buffer_steps, 1)
+        hwm = _check_int("hwm", hwm, 0)
+        max_queue_size = _check_int("max_queue_size", max_queue_size, 1)
+        self.data_parallel_rank = _check_int("data_parallel_rank", data_parallel_rank, 0)
+        if not isinstance(topic, str):
+            raise InvalidArgumentError(f"topic must be a str, got {topic!r}")
+        if not isinstance(int_block_hashes, bool):
+            raise InvalidArgumentError(f"int_block_hashes must be a bool, got {int_block_hashes!r}")
+        if encoding not in ENCODINGS:
+            raise InvalidArgumentError(f"encoding must be one of {ENCODINGS}, got {encoding!r}")
+        self.topic = topic
+        self.int_block_hashes = int_block_hashes
+        self.encoding = encoding
+        self.num_published = 0
+        self.num_dropped = 0
+        self._queue: queue.Queue[tuple[float, list[KVCacheEvent]] | None] = queue.Queue(
+            max_queue_size)
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=self.buffer_steps)
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._replay: zmq.Socket[bytes] | None = None
+        try:
+            self._pub.set_hwm(hwm)
+            self.endpoint = self._open(self._pub, endpoint, bind=_binds(endpoint))
+            if replay_endpoint is not None:
+                self._replay = self._ctx.socket(zmq.ROUTER)
+                self.replay_endpoint: str | None = self._open(self._replay, replay_endpoint,
+                                                              bind=True)
+            else:
+                self.replay_endpoint = None
+        except BaseException:
+            self._close_sockets()
+            raise
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="kvcore-zmq-publisher",
+                                        daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _open(sock: zmq.Socket[bytes], endpoint: str, bind: bool) -> str:
+        try:
+            if not bind:
+                sock.connect(endpoint)
+                return endpoint
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            raise InvalidArgumentError(
+                f"cannot {'bind' if bind else 'connect'} {endpoint!r}: {exc}") from exc
+        last = sock.getsockopt(zmq.LAST_ENDPOINT)
+        return last.decode() if isinstance(last, bytes) and last else endpoint
+
+    # -- the caller's side ----------------------------------------------------------------------
+    def publish(self, events: Sequence[KVCacheEvent], ts: float | None = None) -> bool:
+        """Queue one batch (``ts`` defaults to now); an empty batch is not sent.  Returns whether
+        it was queued (``False``: the queue was full and the batch was dropped and counted)."""
+        if self._closed:
+            raise PublisherClosedError("publish after shutdown")
+        if not events:
+            return True
+        try:
+            self._queue.put_nowait((time.time() if ts is None else ts, list(events)))
+        except queue.Full:
+            self.num_dropped += 1
+            return False
+        return True
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Send what is queued (for at most ``timeout`` seconds), stop the thread, close the
+        sockets.  Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)  # the sender drains the queue up to this sentinel
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            logger.warning("kvcore publisher: %d batches still queued after %.1fs",
+                           self._queue.qsize(), timeout)
+        else:
+            self._close_sockets()
+
+    def __enter__(self) -> ZmqEventPublisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def _close_sockets(self) -> None:
+        self._pub.close(linger=0)
+        if self._replay is not None:
+            self._replay.close(linger=0)
+
+    # -- the sender thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        encoder = msgspec.msgpack.Encoder()
+        topic = self.topic.encode()
+        seq = 0
+        while True:
+            if self._replay is not None and self._replay.poll(0):
+                self._serve_replay(topic)
+            try:
+                item = self._queue.get(timeout=0.02)
+            except queue.Empty:
+                continue
+            if item is None:
+                return
+            ts, events = item
+            try:
+                payload = self._encode(encoder, ts, events)
+                self._pub.send_multipart((topic, seq.to_bytes(8, "big"), payload))
+            except Exception:  # never let one bad batch stop the stream
+                logger.exception("kvcore publisher: batch %d not sent", seq)
+                continue
+            self._buffer.append((seq, payload))
+            self.num_published += 1
+            seq += 1
+
+    def _encode(self, encoder: msgspec.msgpack.Encoder, ts: float,
+                events: list[KVCacheEvent]) -> bytes:
+        external = [to_external(e, self.int_block_hashes) for e in events]
+        if self.encoding == "map":
+            return encoder.encode(KVEventBatch(ts, external, self.data_parallel_rank))
+        return encoder.encode([ts, [as_array(e) for e in external], self.data_parallel_rank])
+
+    def _serve_replay(self, topic: bytes) -> None:
+        assert self._replay is not None
+        frames = self._replay.recv_multipart()
+        if len(frames) != 3 or len(frames[2]) != 8:
+            logger.warning("kvcore publisher: malformed replay request (%d frames)", len(frames))
+            return
+        client, _, start = frames
+        first = int.from_bytes(start, "big", signed=True)
+        for seq, payload in list(self._buffer):
+            if seq >= first:
+                self._replay.send_multipart((client, b"", topic, seq.to_bytes(8, "big"),
+                                             payload))
+        self._replay.send_multipart((client, b"", b"", END_SEQ, b""))
