@@ -35,7 +35,7 @@ import msgspec
 import zmq
 
 from kvcore.errors import InvalidArgumentError, KVCoreError
-from kvcore.events import BlockRemoved, BlockStored, KVCacheEvent, KVEventBatch
+from kvcore.events import BlockRemoved, BlockStored, KVCacheEvent, encode_event_batch
 
 logger = logging.getLogger(__name__)
 
@@ -221,7 +221,6 @@ class ZmqEventPublisher:
 
     # -- the sender thread ----------------------------------------------------------------------
     def _run(self) -> None:
-        encoder = msgspec.msgpack.Encoder()
         topic = self.topic.encode()
         seq = 0
         while True:
@@ -235,7 +234,7 @@ class ZmqEventPublisher:
                 return
             ts, events = item
             try:
-                payload = self._encode(encoder, ts, events)
+                payload = self._encode(ts, events)
                 self._pub.send_multipart((topic, seq.to_bytes(8, "big"), payload))
             except Exception:  # never let one bad batch stop the stream
                 logger.exception("kvcore publisher: batch %d not sent", seq)
@@ -244,12 +243,12 @@ class ZmqEventPublisher:
             self.num_published += 1
             seq += 1
 
-    def _encode(self, encoder: msgspec.msgpack.Encoder, ts: float,
-                events: list[KVCacheEvent]) -> bytes:
+    def _encode(self, ts: float, events: list[KVCacheEvent]) -> bytes:
         external = [to_external(e, self.int_block_hashes) for e in events]
         if self.encoding == "map":
-            return encoder.encode(KVEventBatch(ts, external, self.data_parallel_rank))
-        return encoder.encode([ts, [as_array(e) for e in external], self.data_parallel_rank])
+            return encode_event_batch(external, ts, self.data_parallel_rank)
+        return msgspec.msgpack.encode([ts, [as_array(e) for e in external],
+                                       self.data_parallel_rank])
 
     def _serve_replay(self, topic: bytes) -> None:
         assert self._replay is not None

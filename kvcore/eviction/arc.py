@@ -18,6 +18,7 @@ of ``c`` blocks, each entry dropped at most once (O(1) amortized).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 from typing import ClassVar
@@ -46,9 +47,6 @@ class GhostList:
     def __len__(self) -> int:
         return len(self._members)
 
-    def __contains__(self, h: BlockHash) -> bool:
-        return h in self._members
-
     def extend(self, hashes: Sequence[BlockHash]) -> None:
         """Insert ``hashes`` at the young end, in order (moving any present there)."""
         members = self._members
@@ -61,10 +59,6 @@ class GhostList:
         self._stamp = stamp
         if len(order) > 2 * len(members) + 64:
             self._order = deque((n, g) for n, g in order if members.get(g) == n)
-
-    def discard(self, h: BlockHash) -> bool:
-        """Remove ``h``; whether it was a member."""
-        return self._members.pop(h, None) is not None
 
     def discard_all(self, hashes: Sequence[BlockHash]) -> None:
         """Remove every one of ``hashes`` that is a member."""
@@ -175,7 +169,7 @@ class ARCPolicy(SegmentedPolicy):
         t2 = self._segments[T2]
         # Take from T1 while it holds more than the target, then from T2, then T1 again.
         over = self._sizes[T1] - self.target
-        k1 = min(n, len(t1), max(int(over) + (over > int(over)), 0))
+        k1 = min(n, len(t1), max(math.ceil(over), 0))
         k2 = min(n - k1, len(t2))
         k1 += n - k1 - k2
         out = t1.pick_victims(k1, ref_cnt) if k1 else []
