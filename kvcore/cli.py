@@ -25,6 +25,8 @@ from kvcore.errors import InvalidArgumentError, KVCoreError
 from kvcore.eviction import RECOMMENDED
 
 RECOMMENDED_NAME = "recommended"
+ROUTER_NAMES = ("prefix", "round-robin", "least-loaded")  # kvcore.cluster.ROUTERS (not imported
+# at startup: the CLI loads its subsystems lazily)
 
 MAIN_EPILOG = """\
 examples:
@@ -60,6 +62,16 @@ def _eviction_policy(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{exc}, {RECOMMENDED_NAME} or {OFFLINE_BOUND} "
                                          "(offline bound)") from None
     return text
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
 
 
 def version() -> str:
@@ -124,6 +136,16 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--publish-replay", metavar="ENDPOINT",
                     help="ROUTER socket answering replay requests for --publish (e.g. "
                     "tcp://*:5558)")
+    rp.add_argument("--replicas", type=positive_int, default=1, metavar="N",
+                    help="replay on N replicas (each with the cache and limits above) behind "
+                    "--router, under one simulated clock (default 1)")
+    rp.add_argument("--router", choices=ROUTER_NAMES, default=None,
+                    help="how requests are routed to the replicas: prefix (KV-aware, from the "
+                    "replicas' KV events; the default with --replicas), round-robin, "
+                    "least-loaded")
+    rp.add_argument("--load-weight", type=_non_negative_float, default=1.0, metavar="W",
+                    help="the prefix router's cost of a pending token relative to a token to "
+                    "compute (1.0)")
     rp.add_argument("--json", action="store_true", help="print results as JSON")
     rp.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -169,7 +191,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
     num_blocks = cfg.resolve_num_blocks()
     if args.publish_replay and not args.publish:
         raise InvalidArgumentError("--publish-replay needs --publish")
-    if args.publish:
+    clustered = args.replicas > 1 or args.router is not None
+    if clustered and args.publish:
+        raise InvalidArgumentError("--publish streams one replica's events; it cannot be "
+                                   "combined with --replicas/--router")
+    if clustered:
+        result = _replay_cluster(reqs, cfg, args, progress)
+    elif args.publish:
         from kvcore.publisher import ZmqEventPublisher
 
         with ZmqEventPublisher(args.publish, args.publish_replay) as publisher:
@@ -183,7 +211,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
                            "queue_hints": cfg.queue_hints, "replay": result.to_dict()}
     if args.publish:
         out["published"] = published
-    out["replay"].pop("usage")
+    out["replay"].pop("usage", None)
+    if clustered:
+        out["replicas"] = args.replicas
+        out["router"] = result.router
     block_reqs = []
     if args.policy or args.plot:
         block_reqs = to_block_requests(reqs, args.block_size)
@@ -210,6 +241,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
                          for p, rs in curves.items()}
     if args.json:
         print(json.dumps(out, indent=1))
+        return 0
+    if clustered:
+        _print_cluster(source, result, num_blocks, args.block_size, policy)
         return 0
     r = result
     print(f"replayed {source}: {r.num_finished} of {len(reqs)} requests finished "
@@ -244,6 +278,39 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 + f"  {skipped:>7,}")
         print(f"  plot written to {args.plot}")
     return 0
+
+
+def _replay_cluster(reqs: list[Any], cfg: Any, args: argparse.Namespace,
+                   progress: bool) -> Any:
+    from kvcore.sim.cluster import ClusterConfig, replay_cluster
+    from kvcore.sim.replay import progress_bar
+
+    cluster = ClusterConfig(args.replicas, args.router or "prefix", args.load_weight)
+    bar = progress_bar(len(reqs)) if progress else None
+    try:
+        return replay_cluster(reqs, cfg, cluster,
+                              on_finished=bar.update if bar is not None else None)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _print_cluster(source: str, r: Any, num_blocks: int, block_size: int, policy: str) -> None:
+    print(f"replayed {source} on {r.num_replicas} replicas, router {r.router}: "
+          f"{r.num_finished} of {r.num_requests} requests finished ({r.num_rejected} rejected), "
+          f"{r.wall_s:.2f}s wall")
+    print(f"  KV cache:        {num_blocks - 1} blocks x {block_size} tokens per replica; "
+          f"eviction {policy}")
+    print(f"  token hit rate:  {r.token_hit_rate:.2%} ({r.hit_tokens:,} of {r.prompt_tokens:,} "
+          "prompt tokens, all replicas)")
+    print(f"  imbalance:       {r.imbalance:.2f} (busiest replica's busy time / mean)")
+    print(f"  TTFT:            {r.ttft_ms_median:,.0f} ms median, {r.ttft_ms_p99:,.0f} ms p99 "
+          "(simulated)")
+    print(f"  KV events:       {r.event_batches:,} batches, {r.event_bytes:,} bytes; index holds "
+          f"{r.index_blocks:,} blocks")
+    for i, rep in enumerate(r.replicas):
+        print(f"  replica {i}: {rep.requests:5,} requests, hit rate {rep.token_hit_rate:6.2%}, "
+              f"busy {rep.busy_ms / 1000:,.1f} s, {rep.evicted_blocks:,} evicted")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -87,6 +87,16 @@ def as_array(event: KVCacheEvent) -> list[Any]:
     return values[:last + 1]
 
 
+def encode_payload(events: Sequence[KVCacheEvent], ts: float, *, int_block_hashes: bool = True,
+                   encoding: str = "map", data_parallel_rank: int | None = 0) -> bytes:
+    """One published batch's bytes (the third frame): ``events`` with their hashes as
+    :func:`external_hash` gives them, as tagged maps (``"map"``) or positional arrays."""
+    external = [to_external(e, int_block_hashes) for e in events]
+    if encoding == "map":
+        return encode_event_batch(external, ts, data_parallel_rank)
+    return msgspec.msgpack.encode([ts, [as_array(e) for e in external], data_parallel_rank])
+
+
 def _check_int(name: str, value: object, minimum: int) -> int:
     if type(value) is not int or value < minimum:
         raise InvalidArgumentError(f"{name} must be an int >= {minimum}, got {value!r}")
@@ -244,11 +254,8 @@ class ZmqEventPublisher:
             seq += 1
 
     def _encode(self, ts: float, events: list[KVCacheEvent]) -> bytes:
-        external = [to_external(e, self.int_block_hashes) for e in events]
-        if self.encoding == "map":
-            return encode_event_batch(external, ts, self.data_parallel_rank)
-        return msgspec.msgpack.encode([ts, [as_array(e) for e in external],
-                                       self.data_parallel_rank])
+        return encode_payload(events, ts, int_block_hashes=self.int_block_hashes,
+                              encoding=self.encoding, data_parallel_rank=self.data_parallel_rank)
 
     def _serve_replay(self, topic: bytes) -> None:
         assert self._replay is not None

@@ -103,7 +103,7 @@ class ReplayResult:
                 f"scheduler+manager {self.cpu_us_per_step_median:.1f} µs/step (median)")
 
 
-def _sampled_token(rid: str, n: int) -> int:
+def sampled_token(rid: str, n: int) -> int:
     x = (zlib.crc32(rid.encode()) * 6364136223846793005 + n * 1442695040888963407) & (2**64 - 1)
     return (x >> 33) % VOCAB
 
@@ -128,6 +128,13 @@ def make_manager(cfg: ReplayConfig, requests: Sequence[TraceRequest],
                           eviction_policy=policy, enable_events=enable_events)
 
 
+def make_scheduler(manager: KVCacheManager, cfg: ReplayConfig) -> Scheduler:
+    return Scheduler(manager, SchedulerConfig(max_num_seqs=cfg.max_num_seqs,
+                                              max_num_batched_tokens=cfg.max_num_batched_tokens,
+                                              queue_hints=cfg.queue_hints,
+                                              retain_sessions=cfg.retain_sessions))
+
+
 def _finite_nonneg(x: object) -> bool:
     if not isinstance(x, numbers.Real) or isinstance(x, bool):
         return False
@@ -137,7 +144,7 @@ def _finite_nonneg(x: object) -> bool:
         return False
 
 
-def _check_inputs(requests: Sequence[TraceRequest], cfg: ReplayConfig) -> None:
+def check_inputs(requests: Sequence[TraceRequest], cfg: ReplayConfig) -> None:
     """Refuse what would make the simulated clock stall (a NaN, infinite or negative arrival
     time or time parameter: the replay would loop forever) and negative lengths."""
     for name in ("time_scale", "step_base_ms", "step_ms_per_token"):
@@ -164,7 +171,7 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None, *,
     cfg = cfg or ReplayConfig()
     if not requests:
         raise InvalidArgumentError("the trace has no requests")
-    _check_inputs(requests, cfg)
+    check_inputs(requests, cfg)
     manager = make_manager(cfg, requests, enable_events=event_sink is not None)
     order = sorted(requests, key=lambda r: r.arrival_ms)
     oracle = manager.pool.free_queue if isinstance(manager.pool.free_queue, ReplayBelady) else None
@@ -172,15 +179,12 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None, *,
     index: dict[str, int] = {}
     if oracle is not None:
         made, index = _teach_oracle(oracle, manager, order)
-    sched = Scheduler(manager, SchedulerConfig(max_num_seqs=cfg.max_num_seqs,
-                                               max_num_batched_tokens=cfg.max_num_batched_tokens,
-                                               queue_hints=cfg.queue_hints,
-                                               retain_sessions=cfg.retain_sessions))
+    sched = make_scheduler(manager, cfg)
     pending = deque(order)
     arrived: deque[TraceRequest] = deque()
     # Requests handed to the scheduler ahead of admission (at least as many as it may hint).
     window = max(2 * cfg.max_num_seqs, cfg.queue_hints)
-    bar = _progress(len(requests)) if cfg.progress else None
+    bar = progress_bar(len(requests)) if cfg.progress else None
 
     clock = 0.0
     cpu: list[float] = []
@@ -193,7 +197,7 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None, *,
             arrived.append(pending.popleft())
         while arrived and sched.num_waiting < window:
             tr = arrived.popleft()
-            req = made.pop(tr.request_id, None) or _make_request(manager, tr)
+            req = made.pop(tr.request_id, None) or make_request(manager, tr)
             try:
                 sched.add_request(req)
                 prompt_tokens += tr.num_prompt_tokens
@@ -211,7 +215,7 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None, *,
             for s in out.scheduled:
                 if s.is_new:
                     oracle.advance(index[s.request_id], s.request.block_hashes)
-        sampled = {s.request_id: _sampled_token(s.request_id, s.request.num_output_tokens)
+        sampled = {s.request_id: sampled_token(s.request_id, s.request.num_output_tokens)
                    for s in out.scheduled if s.samples}
         done = sched.update_from_output(out, sampled)
         cpu.append(time.perf_counter() - t0)
@@ -239,7 +243,7 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None, *,
         wall_s=time.perf_counter() - wall0, usage=usage)
 
 
-def _make_request(manager: KVCacheManager, tr: TraceRequest) -> Request:
+def make_request(manager: KVCacheManager, tr: TraceRequest) -> Request:
     return manager.make_request(tr.request_id, tr.prompt_token_ids(),
                                 max_tokens=max(tr.output_len, 1), ignore_eos=True,
                                 session_id=tr.session_id)
@@ -253,7 +257,7 @@ def _teach_oracle(oracle: ReplayBelady, manager: KVCacheManager,
     index: dict[str, int] = {}
     uses: dict[BlockHash, list[int]] = {}
     for i, tr in enumerate(order):
-        req = _make_request(manager, tr)
+        req = make_request(manager, tr)
         made[tr.request_id] = req
         index[tr.request_id] = i
         for h in req.block_hashes[:(tr.num_prompt_tokens - 1) // manager.hash_block_size]:
@@ -262,7 +266,7 @@ def _teach_oracle(oracle: ReplayBelady, manager: KVCacheManager,
     return made, index
 
 
-def _progress(total: int) -> Any:
+def progress_bar(total: int) -> Any:
     try:
         from tqdm import tqdm
     except ImportError:  # progress is optional

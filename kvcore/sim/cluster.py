@@ -1,0 +1,213 @@
+"""Replay a trace on N replicas behind a router, under one simulated clock.
+
+Each replica is a real :class:`~kvcore.scheduler.Scheduler` over its own
+:class:`~kvcore.manager.KVCacheManager` (the configuration of :class:`ReplayConfig`, per
+replica).  Every replica publishes its KV events after each step through an
+:class:`~kvcore.cluster.index.EventChannel` (the bytes a ZeroMQ publisher would send, decoded by
+the index as a subscriber would); the router sees only that index and the replicas' queue
+lengths when a request arrives.
+
+The clock is event driven: the next thing to happen is either the next arrival (routed at its
+arrival time) or the end of the step of the replica that finishes first; each step takes
+``step_base_ms + step_ms_per_token × batched tokens`` on its replica, replicas run in parallel.
+Reported: the cluster's token hit rate (hits over prompt tokens at first admission, summed over
+replicas), per-replica requests, tokens, hits and busy time, the imbalance (the busiest
+replica's busy time over the mean), and time to first token (median and p99).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kvcore.cluster.index import EventChannel, KVRoutingIndex, request_keys
+from kvcore.cluster.router import ROUTERS, ReplicaLoad, make_router
+from kvcore.errors import InvalidArgumentError
+from kvcore.manager import KVCacheManager
+from kvcore.scheduler import RequestRejectedError, Scheduler
+from kvcore.sim.policies import OFFLINE_BOUND
+from kvcore.sim.replay import (
+    ReplayConfig,
+    check_inputs,
+    make_manager,
+    make_request,
+    make_scheduler,
+    sampled_token,
+)
+from kvcore.sim.traces import TraceRequest
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """How many replicas and how requests are routed to them."""
+
+    num_replicas: int = 2
+    router: str = "prefix"  # one of kvcore.cluster.ROUTERS
+    load_weight: float = 1.0  # the prefix router's weight of a pending token vs a cached one
+    medium_weights: Mapping[str, float] | None = None  # the index's tier weights
+
+    def __post_init__(self) -> None:
+        if type(self.num_replicas) is not int or self.num_replicas < 1:
+            raise InvalidArgumentError(
+                f"num_replicas must be a positive int, got {self.num_replicas!r}")
+        if self.router not in ROUTERS:
+            raise InvalidArgumentError(
+                f"unknown router {self.router!r}; choose from {', '.join(ROUTERS)}")
+
+
+@dataclass
+class ReplicaResult:
+    requests: int = 0
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+    token_hit_rate: float = 0.0
+    scheduled_tokens: int = 0
+    busy_ms: float = 0.0
+    steps: int = 0
+    evicted_blocks: int = 0
+    preemptions: int = 0
+
+
+@dataclass
+class ClusterResult:
+    num_replicas: int
+    router: str
+    num_requests: int
+    num_finished: int
+    num_rejected: int
+    prompt_tokens: int
+    hit_tokens: int
+    token_hit_rate: float
+    imbalance: float
+    ttft_ms_median: float
+    ttft_ms_p99: float
+    sim_time_ms: float
+    event_batches: int
+    event_bytes: int
+    index_blocks: int
+    wall_s: float
+    replicas: list[ReplicaResult] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        return (f"{self.num_finished}/{self.num_requests} requests on {self.num_replicas} "
+                f"replicas ({self.router}); token hit rate {self.token_hit_rate:.2%}; "
+                f"imbalance {self.imbalance:.2f}; TTFT median {self.ttft_ms_median:.0f} ms")
+
+
+class _Replica:
+    """One replica: scheduler + manager, its clock and its event channel."""
+
+    def __init__(self, rid: int, cfg: ReplayConfig, requests: Sequence[TraceRequest],
+                 index: KVRoutingIndex) -> None:
+        self.rid = rid
+        self.manager: KVCacheManager = make_manager(cfg, requests, enable_events=True)
+        self.sched: Scheduler = make_scheduler(self.manager, cfg)
+        self.channel = EventChannel(index, rid)
+        self.clock = 0.0
+        self.result = ReplicaResult()
+
+    def load(self) -> ReplicaLoad:
+        s = self.sched
+        pending = sum(r.num_tokens - r.num_computed_tokens for r in s.waiting)
+        # A decoding request has one uncomputed token: not a backlog.
+        pending += sum(n for r in s.running if (n := r.num_tokens - r.num_computed_tokens) > 1)
+        return ReplicaLoad(s.num_waiting + s.num_running, pending, self.manager.usage)
+
+    def step(self, cfg: ReplayConfig, arrival: dict[str, float], ttft: list[float]) -> int:
+        """Run one step; returns the number of requests that finished."""
+        out = self.sched.schedule()
+        sampled = {s.request_id: sampled_token(s.request_id, s.request.num_output_tokens)
+                   for s in out.scheduled if s.samples}
+        done = self.sched.update_from_output(out, sampled)
+        cost = cfg.step_base_ms + cfg.step_ms_per_token * out.num_batched_tokens
+        self.clock += cost
+        self.result.busy_ms += cost
+        self.channel.publish(self.manager.take_events(), self.clock / 1000)
+        for s in out.scheduled:
+            if s.samples and s.request.num_output_tokens == 1:
+                ttft.append(self.clock - arrival[s.request_id])
+        return len(done)
+
+
+def replay_cluster(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None,
+                   cluster: ClusterConfig | None = None, *,
+                   on_finished: Callable[[int], object] | None = None) -> ClusterResult:
+    """Run ``requests`` on ``cluster.num_replicas`` replicas (see the module docstring).
+    ``on_finished(n)`` is called as requests finish (a progress bar)."""
+    cfg = cfg or ReplayConfig()
+    cluster = cluster or ClusterConfig()
+    if not requests:
+        raise InvalidArgumentError("the trace has no requests")
+    check_inputs(requests, cfg)
+    if cfg.eviction_policy == OFFLINE_BOUND:
+        raise InvalidArgumentError("the belady bound replays one replica only")
+    index = KVRoutingIndex(cluster.medium_weights)
+    reps = [_Replica(i, cfg, requests, index) for i in range(cluster.num_replicas)]
+    hash_block_size = reps[0].manager.hash_block_size
+    router = make_router(cluster.router, index, hash_block_size, cluster.load_weight)
+    pending = deque(sorted(requests, key=lambda r: r.arrival_ms))
+    arrival: dict[str, float] = {}
+    ttft: list[float] = []
+    rejected = finished = 0
+    wall0 = time.perf_counter()
+    while True:
+        busy = [r for r in reps if r.sched.has_unfinished_requests()]
+        next_step = min(busy, key=lambda r: (r.clock, r.rid)) if busy else None
+        t_arrival = pending[0].arrival_ms * cfg.time_scale if pending else math.inf
+        if next_step is None and not pending:
+            break
+        if next_step is None or t_arrival <= next_step.clock:
+            tr = pending.popleft()
+            req = make_request(reps[0].manager, tr)  # every replica hashes alike
+            keys = request_keys(req.block_hashes, tr.num_prompt_tokens, hash_block_size)
+            rep = reps[router.route(keys, tr.num_prompt_tokens, [r.load() for r in reps])]
+            if not rep.sched.has_unfinished_requests():
+                rep.clock = max(rep.clock, t_arrival)  # an idle replica waits for work
+            try:
+                rep.sched.add_request(req)
+            except RequestRejectedError:
+                rejected += 1
+                continue
+            arrival[tr.request_id] = t_arrival
+            rep.result.requests += 1
+            rep.result.prompt_tokens += tr.num_prompt_tokens
+            continue
+        n = next_step.step(cfg, arrival, ttft)
+        finished += n
+        if n and on_finished is not None:
+            on_finished(n)
+    hits = queries = 0
+    for rep in reps:
+        res = rep.result
+        stats = rep.manager.make_prefix_cache_stats()
+        res.hit_tokens = stats.hits if stats else 0
+        res.token_hit_rate = res.hit_tokens / stats.queries if stats and stats.queries else 0.0
+        hits += res.hit_tokens
+        queries += stats.queries if stats else 0
+        res.steps = rep.sched.stats.steps
+        res.scheduled_tokens = rep.sched.stats.scheduled_tokens
+        res.evicted_blocks = rep.manager.pool.num_evicted_blocks
+        res.preemptions = rep.sched.stats.num_preemptions
+    busy_ms = [r.result.busy_ms for r in reps]
+    mean_busy = statistics.fmean(busy_ms)
+    ttft.sort()
+    return ClusterResult(
+        num_replicas=len(reps), router=cluster.router, num_requests=len(requests),
+        num_finished=finished, num_rejected=rejected,
+        prompt_tokens=sum(r.result.prompt_tokens for r in reps), hit_tokens=hits,
+        token_hit_rate=hits / queries if queries else 0.0,
+        imbalance=max(busy_ms) / mean_busy if mean_busy else 1.0,
+        ttft_ms_median=statistics.median(ttft) if ttft else 0.0,
+        ttft_ms_p99=ttft[int(0.99 * (len(ttft) - 1))] if ttft else 0.0,
+        sim_time_ms=max(r.clock for r in reps),
+        event_batches=sum(r.channel.seq for r in reps),
+        event_bytes=sum(r.channel.num_bytes for r in reps), index_blocks=len(index),
+        wall_s=time.perf_counter() - wall0, replicas=[r.result for r in reps])
