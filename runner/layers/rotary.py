@@ -7,6 +7,10 @@ Dynamic NTK recomputes frequencies from the sequence length in transformers; in 
 engine a position's rotation must not change, so positions within ``max_position_embeddings``
 use the unscaled frequencies (identical to transformers there) and the table beyond uses the
 frequencies for ``factor * max_position_embeddings`` (vLLM's choice).
+
+Where :func:`runner.kernels.use_fused` says so (CUDA tensors) the rotation runs as one Triton
+kernel for q and k (:func:`runner.kernels.fused.rotary_embedding`, same fp32 math); elsewhere
+:func:`_rotate` in torch.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from runner.kernels import use_fused
 
 
 def inv_freq_and_scaling(params: dict[str, Any], dim: int,
@@ -104,7 +110,11 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor,
                 k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, H, D], k: [T, Hkv, D]."""
+        """q: [T, H, D], k: [T, Hkv, D]; returns new tensors (the inputs are not modified)."""
+        if use_fused(q):
+            from runner.kernels.fused import rotary_embedding
+
+            return rotary_embedding(positions, q, k, self.cos, self.sin, self.rotary_dim)
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         return _rotate(q, cos, sin, self.rotary_dim), _rotate(k, cos, sin, self.rotary_dim)

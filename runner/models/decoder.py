@@ -38,6 +38,12 @@ A multimodal ``gemma3`` config stands for its ``text_config`` (see :func:`text_c
 Attention goes through an :class:`~runner.attention.base.AttentionBackend` over paged KV
 memory; each layer passes its KV-cache group and window.  Weights are sharded for tensor
 parallelism by :mod:`runner.layers.linear`; embeddings and the LM head are replicated.
+
+The residual stream is carried next to the hidden states (vLLM style): a layer returns its
+output and the residual separately, and the next norm adds them (``norm(x, residual) ->
+(normed, x + residual)``), the final norm included.  On CUDA that add and the norm are one
+Triton kernel, as are the MLP's ``act(gate) * up`` (:func:`gated_activation`) and RoPE
+(:mod:`runner.kernels.fused`); elsewhere the same math runs in torch.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ from torch import nn
 from kvcore.specs import layer_attention_types
 from runner.attention.base import AttentionBackend, AttentionMetadata
 from runner.distributed import NO_TP, TPGroup
+from runner.kernels import use_fused
 from runner.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from runner.layers.norm import GemmaRMSNorm, RMSNorm
 from runner.layers.rotary import RotaryEmbedding
@@ -215,6 +222,19 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(n, q_size))
 
 
+def gated_activation(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+    """``act(gate) * up`` for the gate-up projection's output ``[T, 2 * I]`` (gate first): the
+    fused kernel where :func:`runner.kernels.use_fused` says so (and it has the activation),
+    torch otherwise."""
+    if use_fused(gate_up):
+        from runner.kernels import fused
+
+        if activation in fused.ACTIVATIONS:
+            return fused.act_and_mul(gate_up, activation)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return ACTIVATIONS[activation](gate) * up
+
+
 class MLP(nn.Module):
     """Gated MLP: ``down(act(gate(x)) * up(x))`` (SwiGLU, or GeGLU for Gemma)."""
 
@@ -224,17 +244,20 @@ class MLP(nn.Module):
         inter = cfg.intermediate_size
         self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [inter, inter], bias, tp)
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size, bias, tp)
-        self.act = ACTIVATIONS[arch.activation]
+        self.activation = arch.activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(self.act(gate) * up)
+        return self.down_proj(gated_activation(self.gate_up_proj(x), self.activation))
 
 
 class DecoderLayer(nn.Module):
     """Pre-norm block; with ``sandwich_norms`` (Gemma) the attention and MLP outputs are normed
     too, and ``post_attention_layernorm`` is the attention *output* norm (in Llama it is the
-    MLP input norm; the names are the checkpoints')."""
+    MLP input norm; the names are the checkpoints').
+
+    ``layer(positions, x, kv_cache, meta, backend, residual) -> (out, residual)``: the block's
+    input is ``x + residual`` (``x`` alone for the first layer, ``residual=None``), its output
+    ``out + residual``; the sums are left to the next norm (see the module docstring)."""
 
     def __init__(self, cfg: Any, arch: Arch, tp: TPGroup, window: int | None, group_id: int,
                  max_positions: int, layer_type: str | None = None) -> None:
@@ -251,13 +274,18 @@ class DecoderLayer(nn.Module):
             self.post_feedforward_layernorm = arch.norm(cfg.hidden_size, eps)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
-        attn = self.self_attn(positions, self.input_layernorm(x), kv_cache, meta, backend)
+                meta: AttentionMetadata, backend: AttentionBackend,
+                residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        attn = self.self_attn(positions, h, kv_cache, meta, backend)
         if not self.sandwich_norms:
-            x = x + attn
-            return x + self.mlp(self.post_attention_layernorm(x))
-        x = x + self.post_attention_layernorm(attn)
-        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+            h, residual = self.post_attention_layernorm(attn, residual)
+            return self.mlp(h), residual
+        h, residual = self.pre_feedforward_layernorm(self.post_attention_layernorm(attn), residual)
+        return self.post_feedforward_layernorm(self.mlp(h)), residual
 
 
 class DecoderForCausalLM(nn.Module):
@@ -307,9 +335,10 @@ class DecoderForCausalLM(nn.Module):
         x = self.embed_tokens(input_ids)
         if self.embed_scale is not None:
             x = x * self.embed_scale.to(x.dtype)
+        residual: torch.Tensor | None = None
         for layer, cache in zip(self.decoder_layers, kv_caches):
-            x = layer(positions, x, cache, meta, backend)
-        return self.norm(x)
+            x, residual = layer(positions, x, cache, meta, backend, residual)
+        return self.norm(x) if residual is None else self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self.embed_tokens if self.lm_head is None else self.lm_head
