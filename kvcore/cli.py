@@ -136,6 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--publish-replay", metavar="ENDPOINT",
                     help="ROUTER socket answering replay requests for --publish (e.g. "
                     "tcp://*:5558)")
+    rp.add_argument("--host-blocks", type=non_negative_int, default=0, metavar="N",
+                    help="a host-memory tier of N blocks behind each device cache (an "
+                    "offloading connector: write-through stores, loads before recompute; "
+                    "default 0 = none)")
+    rp.add_argument("--host-policy", type=_eviction_policy, default="lru", metavar="NAME",
+                    help="the host tier's eviction policy (lru, arc, slru, s3fifo; default lru)")
+    rp.add_argument("--host-admit-after", type=positive_int, default=1, metavar="K",
+                    help="store a block in the host tier on its K-th offer (default 1)")
     rp.add_argument("--replicas", type=positive_int, default=1, metavar="N",
                     help="replay on N replicas (each with the cache and limits above) behind "
                     "--router, under one simulated clock (default 1)")
@@ -187,7 +195,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     cfg = ReplayConfig(block_size=args.block_size, num_blocks=args.num_blocks,
                        capacity_tokens=capacity, max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens,
-                       eviction_policy=policy, queue_hints=hints or 0, progress=progress)
+                       eviction_policy=policy, queue_hints=hints or 0, progress=progress,
+                       host_blocks=args.host_blocks, host_eviction_policy=args.host_policy,
+                       host_admit_after=args.host_admit_after)
     num_blocks = cfg.resolve_num_blocks()
     if args.publish_replay and not args.publish:
         raise InvalidArgumentError("--publish-replay needs --publish")
@@ -243,7 +253,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=1))
         return 0
     if clustered:
-        _print_cluster(source, result, num_blocks, args.block_size, policy)
+        _print_cluster(source, result, num_blocks, args.block_size, policy, args.host_blocks,
+                       args.host_policy)
         return 0
     r = result
     print(f"replayed {source}: {r.num_finished} of {len(reqs)} requests finished "
@@ -253,6 +264,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
           f"{cfg.queue_hints or 'off'}")
     print(f"  token hit rate:  {r.token_hit_rate:.2%} ({r.hit_tokens:,} of {r.prompt_tokens:,} "
           "prompt tokens)")
+    if args.host_blocks:
+        _print_tiers(r, args.host_blocks, args.host_policy)
     print(f"  evicted blocks:  {r.evicted_blocks:,}   preemptions: {r.preemptions:,}")
     print(f"  scheduler+manager CPU: {r.cpu_us_per_step_median:.1f} µs/step median, "
           f"{r.cpu_us_per_step_p99:.1f} µs p99, {r.cpu_s:.2f}s total")
@@ -295,7 +308,16 @@ def _replay_cluster(reqs: list[Any], cfg: Any, args: argparse.Namespace,
             bar.close()
 
 
-def _print_cluster(source: str, r: Any, num_blocks: int, block_size: int, policy: str) -> None:
+def _print_tiers(r: Any, host_blocks: int, host_policy: str) -> None:
+    miss = r.prompt_tokens - r.hit_tokens - r.host_hit_tokens
+    share = miss / r.prompt_tokens if r.prompt_tokens else 0.0
+    where = f" ({host_blocks:,} blocks, {host_policy})" if host_blocks else ""
+    print(f"  host tier{where}: {r.host_hit_rate:.2%} of prompt tokens loaded from host "
+          f"({r.host_hit_tokens:,}); device {r.token_hit_rate:.2%}; recomputed {share:.2%}")
+
+
+def _print_cluster(source: str, r: Any, num_blocks: int, block_size: int, policy: str,
+                   host_blocks: int, host_policy: str) -> None:
     print(f"replayed {source} on {r.num_replicas} replicas, router {r.router}: "
           f"{r.num_finished} of {r.num_requests} requests finished ({r.num_rejected} rejected), "
           f"{r.wall_s:.2f}s wall")
@@ -303,6 +325,8 @@ def _print_cluster(source: str, r: Any, num_blocks: int, block_size: int, policy
           f"eviction {policy}")
     print(f"  token hit rate:  {r.token_hit_rate:.2%} ({r.hit_tokens:,} of {r.prompt_tokens:,} "
           "prompt tokens, all replicas)")
+    if host_blocks:
+        _print_tiers(r, host_blocks, host_policy)
     print(f"  imbalance:       {r.imbalance:.2f} (busiest replica's busy time / mean)")
     print(f"  TTFT:            {r.ttft_ms_median:,.0f} ms median, {r.ttft_ms_p99:,.0f} ms p99 "
           "(simulated)")

@@ -23,6 +23,7 @@ from typing import Any, TypeAlias
 import msgspec
 
 MEDIUM_GPU = "GPU"
+MEDIUM_CPU = "CPU"  # a host-memory tier
 
 ExternalBlockHash: TypeAlias = bytes | int
 """A block hash as published: kvcore's ``bytes``; vLLM may publish 64-bit ints instead."""

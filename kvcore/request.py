@@ -37,6 +37,7 @@ class RequestStatus(enum.Enum):
     """Where a request is in its life (set by ``kvcore.scheduler``)."""
 
     WAITING = "waiting"
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"  # its KV is being loaded by a connector
     RUNNING = "running"
     PREEMPTED = "preempted"
     FINISHED_STOPPED = "stop"  # EOS or a stop token

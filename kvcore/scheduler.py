@@ -15,6 +15,16 @@ mostly hits — and it goes back to the front of the waiting queue.  Waiting req
 (first come, first served) only in steps that preempted nobody, while the token budget and
 ``max_num_seqs`` allow.  A request that could never fit in the KV cache is rejected at
 ``add_request`` with :class:`RequestRejectedError`, never retried forever.
+
+With a KV connector (:mod:`kvcore.connector`, e.g. a host-memory tier), admission also asks it for
+tokens beyond the device prefix hit (``get_num_new_matched_tokens``); they are allocated as
+external computed tokens.  An asynchronous load parks the request (``WAITING_FOR_REMOTE_KVS``,
+holding its blocks, not cached yet) while the batch goes on; when the engine reports the load
+finished (``update_from_output(..., kv_connector_output)``) its blocks are cached and it is
+scheduled first.  A failed load (its device block ids in ``invalid_block_ids``) falls back to
+recomputing: an asynchronous one re-admits the request (its device hit still cached), a
+synchronous one rolls the running request back to the first block that was not loaded.  Each step's ``kv_connector_metadata`` tells the engine's
+worker-side connector what to copy.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 
+from kvcore.connector.base import KVConnectorBase, KVConnectorMetadata, KVConnectorOutput
 from kvcore.errors import InvalidArgumentError, KVCoreError, UnknownRequestError, check_flag
 from kvcore.manager import KVCacheManager
 from kvcore.request import Request, RequestStatus
@@ -115,6 +126,7 @@ class SchedulerOutput:
     finished_request_ids: list[str]  # finished or aborted since the previous step
     num_batched_tokens: int
     step: int
+    kv_connector_metadata: KVConnectorMetadata | None = None  # the connector's work, if any
 
     @property
     def is_empty(self) -> bool:
@@ -129,6 +141,8 @@ class SchedulerStats:
     num_preemptions: int = 0
     num_finished: int = 0
     num_rejected: int = 0
+    external_hit_tokens: int = 0  # prompt tokens loaded by the connector at admission
+    load_failures: int = 0  # connector loads that failed (their tokens were recomputed)
     finish_reasons: dict[str, int] = field(default_factory=dict)
 
 
@@ -136,9 +150,11 @@ class Scheduler:
     """Continuous batching with chunked prefill and recompute preemption (see module doc)."""
 
     def __init__(self, kv_cache_manager: KVCacheManager,
-                 config: SchedulerConfig | None = None) -> None:
+                 config: SchedulerConfig | None = None,
+                 connector: KVConnectorBase | None = None) -> None:
         self.kv = kv_cache_manager
         self.config = config or SchedulerConfig()
+        self.connector = connector
         self.max_model_len = kv_cache_manager.max_model_len
         if (not self.config.enable_chunked_prefill
                 and self.config.max_num_batched_tokens < self.max_model_len):
@@ -149,6 +165,10 @@ class Scheduler:
                 f"({self.max_model_len})")
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.loading: dict[str, Request] = {}  # WAITING_FOR_REMOTE_KVS
+        self._load_target: dict[str, int] = {}  # their computed tokens once the load is done
+        # Finished requests whose blocks the connector still reads (stores) or writes (loads).
+        self._delayed_free: dict[str, Request] = {}
         self.requests: dict[str, Request] = {}
         self.stats = SchedulerStats()
         self._finished_ids: list[str] = []
@@ -208,9 +228,18 @@ class Scheduler:
             raise UnknownRequestError(f"request {request_id!r} is not in the scheduler")
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
-            self.kv.free(request)
+            self._release(request)
+        elif request.status is RequestStatus.WAITING_FOR_REMOTE_KVS:
+            # A load is writing into its blocks: they are freed once it is reported finished.
+            del self.loading[request_id]
+            self._load_target.pop(request_id, None)
+            if self.connector is not None:
+                self.connector.request_finished(request, self.kv.get_block_ids(request_id))
+            self._delayed_free[request_id] = request
         else:
             self.waiting.remove(request)
+            if request.num_computed_tokens:  # loaded, not rescheduled yet: it holds blocks
+                self._release(request)
         self._finish(request, RequestStatus.FINISHED_ABORTED)
 
     def fail_step(self, output: SchedulerOutput) -> list[Request]:
@@ -221,6 +250,10 @@ class Scheduler:
         that was never computed, and every request it scheduled that is still running is
         aborted (its blocks freed).  Returns the aborted requests.
         """
+        if self.connector is not None:  # its transfers never ran either (first: then no
+            # aborted request waits for a store that will never be reported)
+            self._apply_connector_output(
+                self.connector.failed_step_output(output.kv_connector_metadata))
         failed = [s for s in output.scheduled if s.request.status is RequestStatus.RUNNING]
         for s in failed:
             self.kv.uncache_blocks(s.request, s.num_computed_tokens)
@@ -229,7 +262,9 @@ class Scheduler:
         return [s.request for s in failed]
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running)
+        """Requests waiting, running or loading, or finished ones whose blocks a transfer still
+        holds (keep stepping until it is reported done)."""
+        return bool(self.waiting or self.running or self.loading or self._delayed_free)
 
     @property
     def num_waiting(self) -> int:
@@ -258,7 +293,10 @@ class Scheduler:
         self.stats.steps += 1
         self.stats.scheduled_tokens += num_tokens
         finished, self._finished_ids = self._finished_ids, []
-        return SchedulerOutput(scheduled, preempted, finished, num_tokens, self.stats.steps)
+        out = SchedulerOutput(scheduled, preempted, finished, num_tokens, self.stats.steps)
+        if self.connector is not None:
+            out.kv_connector_metadata = self.connector.build_connector_meta(out)
+        return out
 
     def _declare_upcoming(self) -> None:
         """Hint the manager with the head of the waiting queue (only when it changed)."""
@@ -308,16 +346,41 @@ class Scheduler:
         kv = self.kv
         cfg = self.config
         waiting = self.waiting
+        connector = self.connector
         while waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = waiting[0]
+            if req.num_computed_tokens:  # its KV was loaded by the connector: blocks held
+                num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+                if kv.allocate_slots(req, num_new) is None:
+                    if self._drop_loaded(req, scheduled):
+                        continue  # retry with the room made
+                    break
+                waiting.popleft()
+                req.status = RequestStatus.RUNNING
+                self.running.append(req)
+                scheduled.append(ScheduledRequest(kv, req, req.num_computed_tokens, num_new,
+                                                  kv.get_block_ids(req.request_id), False))
+                budget -= num_new
+                continue
             hits, num_hit = kv.get_computed_blocks(req)
-            num_new = req.num_tokens - num_hit
+            num_external, load_async = 0, False
+            if connector is not None:
+                matched, load_async = connector.get_num_new_matched_tokens(req, num_hit)
+                if matched is None:  # the connector does not know yet: keep the order
+                    break
+                num_external = matched
+            num_computed = num_hit + num_external
+            num_new = 0 if load_async else req.num_tokens - num_computed
             if num_new > budget and not cfg.enable_chunked_prefill:
                 break
             num_new = min(num_new, budget)
             new_blocks = kv.allocate_slots(req, num_new, num_hit, hits,
+                                           num_external_computed_tokens=num_external,
+                                           delay_cache_blocks=load_async,
                                            full_sequence_must_fit=cfg.full_sequence_must_fit)
             if new_blocks is None:
+                if self._drop_loaded(req, scheduled):
+                    continue  # retry with the room made
                 if not self.running and not scheduled and kv.num_free_blocks == self._usable_blocks:
                     # Alone with an empty cache and still no room: it never will fit.
                     waiting.popleft()
@@ -326,23 +389,36 @@ class Scheduler:
                 break
             waiting.popleft()
             kv.record_prefix_cache_stats(req, num_hit)  # once per admission, as vLLM
-            req.status = RequestStatus.RUNNING
-            req.num_computed_tokens = num_hit
-            req.num_cached_tokens = num_hit
-            self.running.append(req)
+            if connector is not None:
+                connector.update_state_after_alloc(req, kv.get_blocks(req.request_id),
+                                                   num_external)
             self.stats.prefix_hit_tokens += num_hit
-            scheduled.append(ScheduledRequest(kv, req, num_hit, num_new,
+            self.stats.external_hit_tokens += num_external
+            if load_async:  # computed only once the load is reported done
+                req.num_computed_tokens = req.num_cached_tokens = num_hit
+                req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+                self.loading[req.request_id] = req
+                self._load_target[req.request_id] = num_computed
+                continue
+            req.num_computed_tokens = num_computed
+            req.num_cached_tokens = num_computed
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            scheduled.append(ScheduledRequest(kv, req, num_computed, num_new,
                                               new_blocks.get_block_ids(), True))
             budget -= num_new
         return budget
 
     def update_from_output(self, output: SchedulerOutput,
-                           sampled_token_ids: Mapping[str, int] | Sequence[int]) -> list[Request]:
+                           sampled_token_ids: Mapping[str, int] | Sequence[int],
+                           kv_connector_output: KVConnectorOutput | None = None) -> list[Request]:
         """Append each sampling request's new token and apply stop conditions.
 
         ``sampled_token_ids`` maps request id to token, or lists tokens in the order of the
-        output's sampling requests.  Returns the requests that finished this step (their blocks
-        are already freed).
+        output's sampling requests.  ``kv_connector_output`` is what the worker-side connector
+        reported after the step (finished loads and stores, failed loads).  Returns the
+        requests that finished this step (their blocks are already freed, or held until the
+        connector's stores of them complete).
         """
         sampling = [s for s in output.scheduled if s.samples]
         if isinstance(sampled_token_ids, Mapping):
@@ -363,6 +439,9 @@ class Scheduler:
                 raise InvalidArgumentError(
                     f"sampled token for request {rid!r} must be an int in [0, 2**32), "
                     f"got {token!r}")
+        if kv_connector_output is not None and self.connector is not None:
+            recomputing = self._apply_connector_output(kv_connector_output)
+            live = [r for r in live if r.request_id not in recomputing]
         finished: list[Request] = []
         for req in live:
             token = tokens[req.request_id]
@@ -370,13 +449,88 @@ class Scheduler:
             reason = self._stop_reason(req, token)
             if reason is not None:
                 self.running.remove(req)
-                if self.config.retain_sessions and req.session_id is not None:
-                    self.kv.free(req, retain=True)
-                else:  # a manager subclass may override free(request) without the hint
-                    self.kv.free(req)
+                self._release(req, retain=self.config.retain_sessions
+                              and req.session_id is not None)
                 self._finish(req, reason)
                 finished.append(req)
         return finished
+
+    # -- the connector ----------------------------------------------------------------------------
+    def _apply_connector_output(self, out: KVConnectorOutput) -> set[str]:
+        """Apply what the workers finished; returns the running requests whose KV a failed
+        synchronous load left unwritten (they recompute it: no token is taken from this step)."""
+        assert self.connector is not None
+        self.connector.update_connector_output(out)
+        failed = out.invalid_block_ids
+        kv = self.kv
+        # Deterministic orders (the output holds sets): loads in admission order, resumed
+        # requests back at the front of the queue in that order; frees in finishing order.
+        recving = out.finished_recving
+        resumed: list[Request] = []
+        for rid in [r for r in self.loading if r in recving]:
+            req = self.loading.pop(rid)
+            target = self._load_target.pop(rid)
+            if failed and any(b in failed for ids in kv.get_block_ids(rid) for b in ids):
+                # Start over: its device hit is still cached (admission hits it again), the
+                # blocks the load was to fill were never cached.
+                self.stats.load_failures += 1
+                self.stats.external_hit_tokens -= target - req.num_computed_tokens
+                kv.free(req)
+                req.num_computed_tokens = req.num_cached_tokens = 0
+            else:
+                kv.cache_blocks(req, target)
+                req.num_computed_tokens = req.num_cached_tokens = target
+            req.status = RequestStatus.WAITING
+            resumed.append(req)
+        self.waiting.extendleft(reversed(resumed))
+        # Finished requests whose loads (aborted) or stores completed.
+        for rid in [r for r in self._delayed_free
+                    if r in out.finished_sending or r in recving]:
+            kv.free(self._delayed_free.pop(rid))
+        recomputing: set[str] = set()
+        if failed:
+            sizes = [g.spec.block_size for g in kv.config.groups]
+            for req in self.running:
+                for bs, ids in zip(sizes, kv.get_block_ids(req.request_id)):
+                    bad = next((i for i, b in enumerate(ids) if b in failed), None)
+                    if bad is None:
+                        continue
+                    start = bad * bs
+                    if start < req.num_computed_tokens:
+                        kv.uncache_blocks(req, start)
+                        req.num_computed_tokens = start
+                        recomputing.add(req.request_id)
+                        self.stats.load_failures += 1
+        return recomputing
+
+    def _drop_loaded(self, req: Request, scheduled: list[ScheduledRequest]) -> bool:
+        """Loaded requests waiting behind ``req`` hold blocks; while nothing runs nothing else
+        would ever free one, so ``req`` could wait forever.  Then the newest of them loses its
+        blocks (their KV stays in the prefix cache: it is re-admitted like a preempted request)
+        and this returns True (retry ``req``); otherwise False."""
+        if self.running or scheduled:
+            return False  # running requests will finish or be preempted
+        for victim in reversed(self.waiting):
+            if victim is not req and victim.num_computed_tokens:
+                self.kv.free(victim)
+                victim.num_computed_tokens = 0
+                victim.num_preemptions += 1
+                self.stats.num_preemptions += 1
+                return True
+        return False
+
+    def _release(self, req: Request, retain: bool = False) -> None:
+        """Free a finished request's blocks, or hold them while the connector still copies
+        them (``request_finished`` → delay_free)."""
+        if self.connector is not None:
+            delay, _ = self.connector.request_finished(req, self.kv.get_block_ids(req.request_id))
+            if delay:
+                self._delayed_free[req.request_id] = req
+                return
+        if retain:
+            self.kv.free(req, retain=True)
+        else:  # a manager subclass may override free(request) without the hint
+            self.kv.free(req)
 
     # -- helpers --------------------------------------------------------------------------------
     def _stop_reason(self, req: Request, token: int) -> RequestStatus | None:

@@ -100,6 +100,8 @@ class EngineConfig:
     seed: int = 0
     enforce_eager: bool = False  # no CUDA graphs
     max_graph_batch_size: int = 512  # decode graphs up to min(this, max_num_seqs)
+    host_kv_blocks: int = 0  # a host-memory KV tier of this many blocks (0 = none)
+    host_kv_policy: str = "lru"  # its eviction policy (kvcore.eviction names)
 
 
 @dataclass
@@ -230,8 +232,10 @@ class LLM:
         self.manager = KVCacheManager(self.kv_config, max_len,
                                       enable_caching=c.enable_prefix_caching,
                                       max_num_batched_tokens=c.max_num_batched_tokens)
+        connector, self._offload = self._host_tier(c)
         self.scheduler = Scheduler(self.manager, SchedulerConfig(
-            max_num_seqs=c.max_num_seqs, max_num_batched_tokens=c.max_num_batched_tokens))
+            max_num_seqs=c.max_num_seqs, max_num_batched_tokens=c.max_num_batched_tokens),
+            connector)
         self.sampler = Sampler(c.seed, self.device)
         # Rank 0 with workers broadcasts plain CPU tensors (pickled); otherwise the step's
         # inputs are staged in pinned memory and copied to the device in one go.
@@ -245,6 +249,23 @@ class LLM:
         self.vocab_size = int(hf_config.vocab_size)
         self._next_id = 0
         self._dead: str | None = None  # why the engine can no longer run (tensor parallel)
+
+    def _host_tier(self, c: EngineConfig) -> tuple[Any, Any]:
+        """The offloading connector's two sides for ``host_kv_blocks`` (or ``(None, None)``):
+        write-through stores of computed blocks, loads of host hits before recompute."""
+        if not c.host_kv_blocks:
+            return None, None
+        if c.tensor_parallel_size > 1:
+            raise InvalidArgumentError("host_kv_blocks is not supported with tensor parallelism")
+        from kvcore.connector import KVConnectorRole, OffloadingConnector
+        from runner.offload import HostKVTransfer
+
+        scheduler_side = OffloadingConnector(KVConnectorRole.SCHEDULER, self.kv_config,
+                                             num_host_blocks=c.host_kv_blocks,
+                                             eviction_policy=c.host_kv_policy)
+        worker_side = OffloadingConnector(
+            KVConnectorRole.WORKER, transfer=HostKVTransfer(self.runner.caches, c.host_kv_blocks))
+        return scheduler_side, worker_side
 
     # -- generation ------------------------------------------------------------------------------
     def generate(self, prompts: str | Sequence[str | Sequence[int]],
@@ -317,8 +338,18 @@ class LLM:
         out: SchedulerOutput | None = None
         try:
             out = self.scheduler.schedule()
+            worker = self._offload
+            if worker is not None:
+                worker.bind_connector_metadata(out.kv_connector_metadata)
+                worker.transfer.before_forward()
+                worker.start_load_kv()
             sampled = self._execute(out)
-            finished = self.scheduler.update_from_output(out, sampled)
+            connector_output = None
+            if worker is not None:
+                worker.wait_for_save()
+                connector_output = worker.connector_output(set(out.finished_request_ids))
+                worker.clear_connector_metadata()
+            finished = self.scheduler.update_from_output(out, sampled, connector_output)
         except BaseException:
             if out is not None:
                 self._fail_step(out)

@@ -28,6 +28,7 @@ from typing import TypeAlias
 
 from kvcore.errors import InvalidArgumentError
 from kvcore.events import (
+    MEDIUM_CPU,
     MEDIUM_GPU,
     AllBlocksCleared,
     BlockRemoved,
@@ -38,7 +39,6 @@ from kvcore.events import (
 )
 from kvcore.publisher import encode_payload, external_hash
 
-MEDIUM_CPU = "CPU"
 DEFAULT_MEDIUM_WEIGHTS: Mapping[str, float] = {MEDIUM_GPU: 1.0, MEDIUM_CPU: 0.8}
 
 ReplicaId: TypeAlias = Hashable

@@ -28,16 +28,17 @@ from typing import Any
 from kvcore.cluster.index import EventChannel, KVRoutingIndex, request_keys
 from kvcore.cluster.router import ROUTERS, ReplicaLoad, make_router
 from kvcore.errors import InvalidArgumentError
+from kvcore.events import KVCacheEvent
 from kvcore.manager import KVCacheManager
 from kvcore.scheduler import RequestRejectedError, Scheduler
 from kvcore.sim.policies import OFFLINE_BOUND
 from kvcore.sim.replay import (
     ReplayConfig,
+    SimulatedStep,
     check_inputs,
     make_manager,
     make_request,
     make_scheduler,
-    sampled_token,
 )
 from kvcore.sim.traces import TraceRequest
 
@@ -66,6 +67,7 @@ class ReplicaResult:
     prompt_tokens: int = 0
     hit_tokens: int = 0
     token_hit_rate: float = 0.0
+    host_hit_tokens: int = 0
     scheduled_tokens: int = 0
     busy_ms: float = 0.0
     steps: int = 0
@@ -83,6 +85,8 @@ class ClusterResult:
     prompt_tokens: int
     hit_tokens: int
     token_hit_rate: float
+    host_hit_tokens: int
+    host_hit_rate: float
     imbalance: float
     ttft_ms_median: float
     ttft_ms_p99: float
@@ -111,6 +115,7 @@ class _Replica:
         self.manager: KVCacheManager = make_manager(cfg, requests, enable_events=True)
         self.sched: Scheduler = make_scheduler(self.manager, cfg)
         self.channel = EventChannel(index, rid)
+        self.step_once = SimulatedStep(self.sched, self._publish)
         self.clock = 0.0
         self.result = ReplicaResult()
 
@@ -121,16 +126,15 @@ class _Replica:
         pending += sum(n for r in s.running if (n := r.num_tokens - r.num_computed_tokens) > 1)
         return ReplicaLoad(s.num_waiting + s.num_running, pending, self.manager.usage)
 
+    def _publish(self, events: list[KVCacheEvent]) -> None:
+        self.channel.publish(events, self.clock / 1000)
+
     def step(self, cfg: ReplayConfig, arrival: dict[str, float], ttft: list[float]) -> int:
         """Run one step; returns the number of requests that finished."""
-        out = self.sched.schedule()
-        sampled = {s.request_id: sampled_token(s.request_id, s.request.num_output_tokens)
-                   for s in out.scheduled if s.samples}
-        done = self.sched.update_from_output(out, sampled)
+        out, done = self.step_once()
         cost = cfg.step_base_ms + cfg.step_ms_per_token * out.num_batched_tokens
         self.clock += cost
         self.result.busy_ms += cost
-        self.channel.publish(self.manager.take_events(), self.clock / 1000)
         for s in out.scheduled:
             if s.samples and s.request.num_output_tokens == 1:
                 ttft.append(self.clock - arrival[s.request_id])
@@ -192,6 +196,7 @@ def replay_cluster(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = 
         res.token_hit_rate = res.hit_tokens / stats.queries if stats and stats.queries else 0.0
         hits += res.hit_tokens
         queries += stats.queries if stats else 0
+        res.host_hit_tokens = rep.sched.stats.external_hit_tokens
         res.steps = rep.sched.stats.steps
         res.scheduled_tokens = rep.sched.stats.scheduled_tokens
         res.evicted_blocks = rep.manager.pool.num_evicted_blocks
@@ -204,6 +209,8 @@ def replay_cluster(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = 
         num_finished=finished, num_rejected=rejected,
         prompt_tokens=sum(r.result.prompt_tokens for r in reps), hit_tokens=hits,
         token_hit_rate=hits / queries if queries else 0.0,
+        host_hit_tokens=sum(r.result.host_hit_tokens for r in reps),
+        host_hit_rate=sum(r.result.host_hit_tokens for r in reps) / queries if queries else 0.0,
         imbalance=max(busy_ms) / mean_busy if mean_busy else 1.0,
         ttft_ms_median=statistics.median(ttft) if ttft else 0.0,
         ttft_ms_p99=ttft[int(0.99 * (len(ttft) - 1))] if ttft else 0.0,

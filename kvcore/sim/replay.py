@@ -25,11 +25,12 @@ from typing import Any
 import torch
 
 from kvcore.blocks import BlockHash
+from kvcore.connector import KVConnectorRole, OffloadingConnector
 from kvcore.errors import InvalidArgumentError
 from kvcore.events import KVCacheEvent
 from kvcore.manager import KVCacheManager
 from kvcore.request import Request
-from kvcore.scheduler import RequestRejectedError, Scheduler, SchedulerConfig
+from kvcore.scheduler import RequestRejectedError, Scheduler, SchedulerConfig, SchedulerOutput
 from kvcore.sim.oracle import ReplayBelady
 from kvcore.sim.policies import OFFLINE_BOUND
 from kvcore.sim.traces import TraceRequest
@@ -54,6 +55,9 @@ class ReplayConfig:
     eviction_policy: str = "lru"  # the real pool's policy (kvcore.eviction), or "belady"
     queue_hints: int = 0  # waiting requests the scheduler declares upcoming each step
     retain_sessions: bool = False  # SchedulerConfig.retain_sessions (the retention hint)
+    host_blocks: int = 0  # a host-memory tier of this many blocks behind the device cache
+    host_eviction_policy: str = "lru"  # its eviction policy (kvcore.eviction names)
+    host_admit_after: int = 1  # store a block in it on its N-th offer
     step_base_ms: float = 5.0
     step_ms_per_token: float = 0.02
     time_scale: float = 1.0
@@ -84,6 +88,8 @@ class ReplayResult:
     prompt_tokens: int
     hit_tokens: int
     token_hit_rate: float
+    host_hit_tokens: int  # prompt tokens loaded from the host tier (beyond the device hit)
+    host_hit_rate: float
     evicted_blocks: int
     preemptions: int
     sim_time_ms: float
@@ -129,10 +135,57 @@ def make_manager(cfg: ReplayConfig, requests: Sequence[TraceRequest],
 
 
 def make_scheduler(manager: KVCacheManager, cfg: ReplayConfig) -> Scheduler:
+    """The replay's scheduler; with ``cfg.host_blocks`` it has an offloading connector (a host
+    tier) whose worker side is :class:`SimulatedWorker`."""
+    connector = None
+    if cfg.host_blocks:
+        connector = OffloadingConnector(KVConnectorRole.SCHEDULER, manager.config,
+                                        num_host_blocks=cfg.host_blocks,
+                                        eviction_policy=cfg.host_eviction_policy,
+                                        admit_after=cfg.host_admit_after)
     return Scheduler(manager, SchedulerConfig(max_num_seqs=cfg.max_num_seqs,
                                               max_num_batched_tokens=cfg.max_num_batched_tokens,
                                               queue_hints=cfg.queue_hints,
-                                              retain_sessions=cfg.retain_sessions))
+                                              retain_sessions=cfg.retain_sessions), connector)
+
+
+class SimulatedStep:
+    """One engine step without a model: schedule, run the worker-side connector (transfers
+    complete at once, :class:`~kvcore.connector.InstantTransfer`), sample pseudo-random tokens,
+    report back; then hand the step's KV events (device and host tier) to ``event_sink``."""
+
+    def __init__(self, sched: Scheduler,
+                 event_sink: Callable[[list[KVCacheEvent]], object] | None = None) -> None:
+        self.sched = sched
+        self.event_sink = event_sink
+        self.worker = (OffloadingConnector(KVConnectorRole.WORKER)
+                       if sched.connector is not None else None)
+
+    def __call__(self, on_scheduled: Callable[[SchedulerOutput], object] | None = None
+                 ) -> tuple[SchedulerOutput, list[Request]]:
+        """Run one step (``on_scheduled`` sees the output before the engine reports back);
+        returns it and the requests that finished."""
+        sched = self.sched
+        out = sched.schedule()
+        if on_scheduled is not None:
+            on_scheduled(out)
+        conn_out = None
+        if self.worker is not None and out.kv_connector_metadata is not None:
+            worker = self.worker
+            worker.bind_connector_metadata(out.kv_connector_metadata)
+            worker.start_load_kv()
+            worker.wait_for_save()
+            conn_out = worker.connector_output(set(out.finished_request_ids))
+            worker.clear_connector_metadata()
+        sampled = {s.request_id: sampled_token(s.request_id, s.request.num_output_tokens)
+                   for s in out.scheduled if s.samples}
+        done = sched.update_from_output(out, sampled, conn_out)
+        if self.event_sink is not None:
+            events = sched.kv.take_events()
+            if sched.connector is not None:
+                events.extend(sched.connector.take_events())
+            self.event_sink(events)
+        return out, done
 
 
 def _finite_nonneg(x: object) -> bool:
@@ -180,6 +233,13 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None, *,
     if oracle is not None:
         made, index = _teach_oracle(oracle, manager, order)
     sched = make_scheduler(manager, cfg)
+    step = SimulatedStep(sched, event_sink)
+
+    def advance(out: SchedulerOutput) -> None:  # the offline policy learns who was admitted
+        if oracle is not None:
+            for s in out.scheduled:
+                if s.is_new:
+                    oracle.advance(index[s.request_id], s.request.block_hashes)
     pending = deque(order)
     arrived: deque[TraceRequest] = deque()
     # Requests handed to the scheduler ahead of admission (at least as many as it may hint).
@@ -210,17 +270,8 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None, *,
                 clock = max(clock, pending[0].arrival_ms * cfg.time_scale)
             continue
         t0 = time.perf_counter()
-        out = sched.schedule()
-        if oracle is not None:
-            for s in out.scheduled:
-                if s.is_new:
-                    oracle.advance(index[s.request_id], s.request.block_hashes)
-        sampled = {s.request_id: sampled_token(s.request_id, s.request.num_output_tokens)
-                   for s in out.scheduled if s.samples}
-        done = sched.update_from_output(out, sampled)
+        out, done = step(advance)
         cpu.append(time.perf_counter() - t0)
-        if event_sink is not None:
-            event_sink(manager.take_events())
         clock += cfg.step_base_ms + cfg.step_ms_per_token * out.num_batched_tokens
         usage.append((clock, manager.usage))
         finished += len(done)
@@ -236,6 +287,8 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None, *,
         num_requests=len(requests), num_finished=finished, num_rejected=rejected,
         steps=sched.stats.steps, prompt_tokens=prompt_tokens, hit_tokens=hits,
         token_hit_rate=hits / queries if queries else 0.0,
+        host_hit_tokens=sched.stats.external_hit_tokens,
+        host_hit_rate=sched.stats.external_hit_tokens / queries if queries else 0.0,
         evicted_blocks=manager.pool.num_evicted_blocks, preemptions=sched.stats.num_preemptions,
         sim_time_ms=clock, cpu_s=sum(cpu),
         cpu_us_per_step_median=statistics.median(cpu) * 1e6 if cpu else 0.0,
