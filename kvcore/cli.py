@@ -25,8 +25,6 @@ from kvcore.errors import InvalidArgumentError, KVCoreError
 from kvcore.eviction import RECOMMENDED
 
 RECOMMENDED_NAME = "recommended"
-ROUTER_NAMES = ("prefix", "round-robin", "least-loaded")  # kvcore.cluster.ROUTERS (not imported
-# at startup: the CLI loads its subsystems lazily)
 
 MAIN_EPILOG = """\
 examples:
@@ -61,6 +59,15 @@ def _eviction_policy(text: str) -> str:
     except KVCoreError as exc:
         raise argparse.ArgumentTypeError(f"{exc}, {RECOMMENDED_NAME} or {OFFLINE_BOUND} "
                                          "(offline bound)") from None
+    return text
+
+
+def _router(text: str) -> str:
+    from kvcore.cluster.router import ROUTERS
+
+    if text not in ROUTERS:
+        raise argparse.ArgumentTypeError(f"unknown router {text!r}; choose from "
+                                         f"{', '.join(ROUTERS)}")
     return text
 
 
@@ -147,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--replicas", type=positive_int, default=1, metavar="N",
                     help="replay on N replicas (each with the cache and limits above) behind "
                     "--router, under one simulated clock (default 1)")
-    rp.add_argument("--router", choices=ROUTER_NAMES, default=None,
+    rp.add_argument("--router", type=_router, default=None, metavar="NAME",
                     help="how requests are routed to the replicas: prefix (KV-aware, from the "
                     "replicas' KV events; the default with --replicas), round-robin, "
                     "least-loaded")

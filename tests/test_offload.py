@@ -304,6 +304,15 @@ def prompt(base: int, n: int = 17) -> list[int]:
     return list(range(base, base + n))
 
 
+def evict_a_prefix(eng: Engine) -> None:
+    """Run request "a" (16 of its tokens go to the host tier), then "b", whose blocks evict
+    a's from a 7-block device cache (``Engine(num_blocks=8)``)."""
+    eng.add("a", prompt(0))
+    eng.drain()
+    eng.add("b", prompt(500, 24))
+    eng.drain()
+
+
 def test_a_prefix_evicted_from_the_device_is_loaded_from_the_host() -> None:
     eng = Engine(num_blocks=8)
     eng.add("a", prompt(0))
@@ -329,10 +338,7 @@ def test_a_prefix_evicted_from_the_device_is_loaded_from_the_host() -> None:
 
 def test_synchronous_loads_compute_in_the_same_step() -> None:
     eng = Engine(num_blocks=8, load_async=False)
-    eng.add("a", prompt(0))
-    eng.drain()
-    eng.add("b", prompt(500, 24))
-    eng.drain()
+    evict_a_prefix(eng)
     eng.add("a2", [*prompt(0), 1])
     out = eng.step()
     assert [(s.request_id, s.num_computed_tokens, s.num_new_tokens) for s in out.scheduled] == [
@@ -344,10 +350,7 @@ def test_synchronous_loads_compute_in_the_same_step() -> None:
 @pytest.mark.parametrize("load_async", [True, False])
 def test_a_failed_load_falls_back_to_recompute(load_async: bool) -> None:
     eng = Engine(num_blocks=8, load_async=load_async)
-    eng.add("a", prompt(0))
-    eng.drain()
-    eng.add("b", prompt(500, 24))
-    eng.drain()
+    evict_a_prefix(eng)
     eng.transfer.fail_loads.add("a2")
     req = eng.add("a2", [*prompt(0), 1])
     eng.step()
@@ -378,10 +381,7 @@ def test_blocks_being_stored_outlive_their_request() -> None:
 
 def test_aborting_a_loading_request_frees_its_blocks_after_the_load() -> None:
     eng = Engine(num_blocks=8)
-    eng.add("a", prompt(0))
-    eng.drain()
-    eng.add("b", prompt(500, 24))
-    eng.drain()
+    evict_a_prefix(eng)
     eng.add("a2", [*prompt(0), 1])
     out = eng.sched.schedule()  # a2 is parked; its load is in this step's metadata
     assert "a2" in eng.sched.loading
@@ -396,10 +396,7 @@ def test_aborting_a_loading_request_frees_its_blocks_after_the_load() -> None:
 
 def test_a_failed_step_gives_back_its_slots_and_recomputes_its_loads() -> None:
     eng = Engine(num_blocks=8)
-    eng.add("a", prompt(0))
-    eng.drain()
-    eng.add("b", prompt(500, 24))
-    eng.drain()
+    evict_a_prefix(eng)
     req = eng.add("a2", [*prompt(0), 1])
     eng.add("c", prompt(900, 9))
     out = eng.sched.schedule()  # a2 loads, c computes (a store job for its blocks)

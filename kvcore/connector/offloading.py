@@ -137,7 +137,6 @@ class OffloadingConnector(KVConnectorBase):
         self._stored_upto: dict[str, int] = {}  # rid -> blocks offered to the tier so far
         self._store_jobs: dict[int, tuple[str, list[OffloadKey]]] = {}
         self._next_job = 0
-        self.num_external_hit_tokens = 0
         if role is KVConnectorRole.SCHEDULER:
             if kv_config is None:
                 raise InvalidArgumentError("the scheduler side needs the KV-cache config")
@@ -207,7 +206,6 @@ class OffloadingConnector(KVConnectorBase):
         spec = host.prepare_load(keys)
         self._pending_loads[rid] = TransferSpec(device, spec.slots)
         self._loading[rid] = keys
-        self.num_external_hit_tokens += num_external_tokens
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> OffloadingMetadata:
         host = self._host()
