@@ -47,6 +47,7 @@ import logging
 import numbers
 import os
 import socket
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -197,6 +198,12 @@ def _worker_main(rank: int, spec: _RankSpec) -> None:
             runner.forward(box[0].to(runner.device))
     finally:
         dist.destroy_process_group()
+    # Stopped cleanly: skip interpreter finalisation, whose C++ static destructors (c10d / gloo
+    # threads) can abort a spawn child at exit with "terminate called without an active
+    # exception" after all its work is done.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class LLM:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import random
-import socket
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -205,15 +205,8 @@ def test_random_init_is_deterministic() -> None:
 
 # -- tensor parallelism ---------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _tp_worker(rank: int, world: int, port: int, kind: str, tokens: list[int], out: Any) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _tp_worker(rank: int, world: int, store: str, kind: str, tokens: list[int], out: Any) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     try:
         model = build_model(hf_config(kind), tp=TPGroup(rank, world), seed=11)
@@ -223,15 +216,21 @@ def _tp_worker(rank: int, world: int, port: int, kind: str, tokens: list[int], o
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    # The work is done and reported: leave without interpreter finalisation, whose C++ static
+    # destructors (gloo / c10d threads) can abort a spawn child at exit ("terminate called
+    # without an active exception") long after the result is in.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
-def test_tensor_parallel_two_ranks_equal_one(kind: str) -> None:
+def test_tensor_parallel_two_ranks_equal_one(kind: str, tmp_path: Path) -> None:
     tokens = list(range(3, 30))
     single = Paged(build_model(hf_config(kind), seed=11)).step([(0, tokens)])
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    ctx_procs = mp.start_processes(_tp_worker, args=(2, _free_port(), kind, tokens, queue),
+    ctx_procs = mp.start_processes(_tp_worker, args=(2, str(tmp_path / "store"), kind, tokens, queue),
                                    nprocs=2, join=False, start_method="spawn")
     sharded = torch.tensor(queue.get())  # read before joining: a large put blocks the child
     while not ctx_procs.join():
