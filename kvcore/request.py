@@ -101,7 +101,9 @@ class Request(KVRequest):
     """A generation request.
 
     ``all_token_ids`` is prompt followed by output; ``num_computed_tokens`` counts tokens whose KV
-    is in the cache (the scheduler advances it); ``block_hashes`` holds one hash per full block of
+    is in the cache (the scheduler advances it; under async scheduling it may count one
+    position past ``all_token_ids``, a token sampled but not reported yet:
+    ``num_output_placeholders``); ``block_hashes`` holds one hash per full block of
     ``all_token_ids`` when a block hasher was given.  ``max_tokens``, ``eos_token_id``,
     ``ignore_eos`` and ``stop_token_ids`` are the stop conditions ``kvcore.scheduler`` applies;
     ``sampling_params`` is carried for the engine that samples.  ``session_id`` names the
@@ -111,7 +113,8 @@ class Request(KVRequest):
 
     __slots__ = ("_block_hasher", "all_token_ids", "arrival_time", "block_hashes", "cache_salt",
                  "eos_token_id", "ignore_eos", "lora_name", "max_tokens", "mm_items",
-                 "num_cached_tokens", "num_computed_tokens", "num_preemptions",
+                 "num_cached_tokens", "num_computed_tokens", "num_output_placeholders",
+                 "num_preemptions",
                  "num_prompt_tokens", "request_id", "sampling_params", "session_id",
                  "skip_reading_prefix_cache", "status", "stop_token_ids")
 
@@ -170,6 +173,9 @@ class Request(KVRequest):
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prefix-hit tokens at the latest admission
         self.num_preemptions = 0
+        # Tokens sampled by steps still in flight (async scheduling): their positions are
+        # already scheduled, their ids not known yet (see kvcore.scheduler).
+        self.num_output_placeholders = 0
         self.block_hashes: list[BlockHash] = []
         self._block_hasher = block_hasher
         if block_hasher is not None:

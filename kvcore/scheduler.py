@@ -23,8 +23,20 @@ holding its blocks, not cached yet) while the batch goes on; when the engine rep
 finished (``update_from_output(..., kv_connector_output)``) its blocks are cached and it is
 scheduled first.  A failed load (its device block ids in ``invalid_block_ids``) falls back to
 recomputing: an asynchronous one re-admits the request (its device hit still cached), a
-synchronous one rolls the running request back to the first block that was not loaded.  Each step's ``kv_connector_metadata`` tells the engine's
-worker-side connector what to copy.
+synchronous one rolls the running request back to the first block that was not loaded.  Each
+step's ``kv_connector_metadata`` tells the engine's worker-side connector what to copy.
+
+Async scheduling (``SchedulerConfig(async_scheduling=True)``, vLLM's ``--async-scheduling``):
+the engine schedules step N+1 while the device still runs step N, so it calls ``schedule()``
+before ``update_from_output`` of the previous step.  Every token a scheduled step will sample is
+counted in ``request.num_output_placeholders`` until it is reported; a running request's next
+position is then the in-flight token, whose id the engine takes from the previous step's
+sampled tokens on the device (``ScheduledRequest.token_ids`` lists only the known ones).  At
+most one step may be in flight: report step N before scheduling step N+2.  A request is not
+scheduled past ``max_tokens`` or ``max_model_len`` counting its placeholders; one that stops on
+EOS or a stop token has one extra step already scheduled, whose token is dropped.  A request
+preempted while its step is in flight still receives that token (it was computed from the
+request's own KV), and finishes in the waiting queue if the token stops it.
 """
 
 from __future__ import annotations
@@ -63,6 +75,9 @@ class SchedulerConfig:
     default: the hint pays only when it tells traffic apart (sessions sharing the cache with
     one-time prompts, at caches large enough to hold the sessions); when every request is in a
     session, retaining all of them turns ``slru`` into LRU (measured in BENCHMARKS.md)."""
+    async_scheduling: bool = False
+    """Let the engine schedule the next step before reporting the current one's tokens
+    (placeholders; see the module docstring).  Not with a KV connector."""
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens"):
@@ -70,6 +85,7 @@ class SchedulerConfig:
             if not isinstance(value, int) or value <= 0:
                 raise InvalidArgumentError(f"{name} must be a positive int, got {value!r}")
         check_flag("retain_sessions", self.retain_sessions)
+        check_flag("async_scheduling", self.async_scheduling)
         if type(self.queue_hints) is not int or self.queue_hints < 0:
             raise InvalidArgumentError(
                 f"queue_hints must be an int >= 0, got {self.queue_hints!r}")
@@ -94,9 +110,11 @@ class ScheduledRequest:
         self.num_new_tokens = num_new_tokens  # computed this step, from num_computed_tokens on
         self.new_block_ids = new_block_ids
         self.is_new = is_new  # admitted this step (the engine has no state for it yet)
-        # This step reaches the end of the request's tokens, so a token is sampled (false for a
-        # prefill chunk that is not the last one).  Fixed now: the request grows afterwards.
-        self.samples = num_computed_tokens + num_new_tokens >= request.num_tokens
+        # This step reaches the end of the request's tokens (with the ones in flight), so a token
+        # is sampled (false for a prefill chunk that is not the last one).  Fixed now: the
+        # request grows afterwards.
+        self.samples = (num_computed_tokens + num_new_tokens
+                        >= request.num_tokens + request.num_output_placeholders)
 
     @property
     def request_id(self) -> str:
@@ -109,6 +127,8 @@ class ScheduledRequest:
 
     @property
     def token_ids(self) -> list[int]:
+        """The step's known token ids: all ``num_new_tokens`` of them, except under async
+        scheduling, where the last one may still be in flight (not listed)."""
         start = self.num_computed_tokens
         return self.request.all_token_ids[start:start + self.num_new_tokens]
 
@@ -163,6 +183,8 @@ class Scheduler:
                 "without chunked prefill, max_num_batched_tokens "
                 f"({self.config.max_num_batched_tokens}) must be >= max_model_len "
                 f"({self.max_model_len})")
+        if self.config.async_scheduling and connector is not None:
+            raise InvalidArgumentError("async_scheduling is not supported with a KV connector")
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.loading: dict[str, Request] = {}  # WAITING_FOR_REMOTE_KVS
@@ -289,6 +311,10 @@ class Scheduler:
             budget = self._schedule_waiting(budget, scheduled)
         for s in scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
+        if self.config.async_scheduling:
+            for s in scheduled:
+                if s.samples:
+                    s.request.num_output_placeholders += 1
         num_tokens = self.config.max_num_batched_tokens - budget
         self.stats.steps += 1
         self.stats.scheduled_tokens += num_tokens
@@ -318,7 +344,13 @@ class Scheduler:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget,
+            pending = req.num_output_placeholders
+            if pending and (req.num_tokens + pending >= self.max_model_len or (
+                    req.max_tokens is not None
+                    and req.num_output_tokens + pending >= req.max_tokens)):
+                i += 1  # its last token is in flight: it finishes when that is reported
+                continue
+            num_new = min(req.num_tokens + pending - req.num_computed_tokens, budget,
                           self.max_model_len - req.num_computed_tokens)
             if num_new <= 0:
                 i += 1
@@ -349,6 +381,8 @@ class Scheduler:
         connector = self.connector
         while waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = waiting[0]
+            if req.num_output_placeholders:  # preempted with its token in flight: admit it
+                break  # once that is reported (its KV is recomputed with it)
             if req.num_computed_tokens:  # its KV was loaded by the connector: blocks held
                 num_new = min(req.num_tokens - req.num_computed_tokens, budget)
                 if kv.allocate_slots(req, num_new) is None:
@@ -429,8 +463,11 @@ class Scheduler:
                     f"{len(sampled_token_ids)} sampled tokens for {len(sampling)} sampling requests")
             tokens = {s.request_id: t for s, t in zip(sampling, sampled_token_ids)}
         # Check everything before changing anything: a bad token leaves every request as it was.
-        live = [s.request for s in sampling if s.request.status is RequestStatus.RUNNING]
-        for req in live:  # requests aborted or preempted since they were scheduled are skipped
+        # Requests finished or aborted since they were scheduled are skipped; one preempted
+        # meanwhile (async scheduling) still takes its token.
+        live = [s.request for s in sampling if s.request.status is RequestStatus.RUNNING
+                or s.request.status is RequestStatus.PREEMPTED]
+        for req in live:
             rid = req.request_id
             if rid not in tokens:
                 raise InvalidArgumentError(f"no sampled token for request {rid!r}")
@@ -443,14 +480,20 @@ class Scheduler:
             recomputing = self._apply_connector_output(kv_connector_output)
             live = [r for r in live if r.request_id not in recomputing]
         finished: list[Request] = []
+        placeholders = self.config.async_scheduling
         for req in live:
             token = tokens[req.request_id]
+            if placeholders:
+                req.num_output_placeholders -= 1
             req.append_output_token_ids(token)
             reason = self._stop_reason(req, token)
             if reason is not None:
-                self.running.remove(req)
-                self._release(req, retain=self.config.retain_sessions
-                              and req.session_id is not None)
+                if req.status is RequestStatus.RUNNING:
+                    self.running.remove(req)
+                    self._release(req, retain=self.config.retain_sessions
+                                  and req.session_id is not None)
+                else:  # preempted while its step was in flight: its blocks are already free
+                    self.waiting.remove(req)
                 self._finish(req, reason)
                 finished.append(req)
         return finished
@@ -554,6 +597,7 @@ class Scheduler:
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
         req.status = status
+        req.num_output_placeholders = 0  # a step still in flight for it is dropped
         del self.requests[req.request_id]
         self._finished_ids.append(req.request_id)
         self.stats.num_finished += 1

@@ -8,6 +8,7 @@ For the scheduled requests (each computing ``num_new_tokens`` tokens after
     block_tables (per group)      [num_seqs, max_blocks]  padded with 0 (the null block)
     cu_seqlens_q, seq_lens        [num_seqs + 1], [num_seqs]
     sample_indices                [num_sampling]          last token of each sampling sequence
+    fill_dst, fill_src            [num_placeholders]      async scheduling (below)
 
 Two ways in:
 
@@ -17,11 +18,17 @@ Two ways in:
   ``new_block_ids``, as vLLM's workers do), and on a GPU writes every array of the step into one
   pinned host buffer reused across steps (:class:`StagingBuffer`) that reaches the device in a
   single ``non_blocking`` copy.  No pageable copy, no host wait for the GPU.
+
+Async scheduling: a position whose token is still in flight (sampled by the previous step, not
+reported yet; see :mod:`kvcore.scheduler`) is staged as -1 and listed in ``fill_dst``, with the
+row of the previous step's sampled tokens in ``fill_src``; :meth:`PreparedBatch.fill` copies
+them on the device before the forward.  ``in_flight`` (request id -> that row) says which rows
+the previous step sampled; a placeholder it does not cover is an error.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any
@@ -60,6 +67,20 @@ class PreparedBatch:
     sampling: list[ScheduledRequest]  # the sequences that sample, in sample_indices order
     # Every token samples (a decode-only step): the hidden states need no gather.
     sample_all: bool = False
+    # Placeholder positions (async scheduling): input_ids[fill_dst] = previous[fill_src].
+    fill_dst: torch.Tensor | None = None
+    fill_src: torch.Tensor | None = None
+
+    def fill(self, previous: torch.Tensor | None) -> None:
+        """Write the in-flight tokens into ``input_ids`` (on the device, no wait):
+        ``previous`` is the previous step's sampled tokens (device)."""
+        if self.fill_dst is None:
+            return
+        if previous is None:
+            raise RuntimeError("this step has placeholder tokens but no step is in flight")
+        dst, src = self.fill_dst, self.fill_src
+        assert src is not None
+        self.inputs.input_ids.index_copy_(0, dst, previous.index_select(0, src))
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -80,17 +101,39 @@ class PreparedBatch:
 
 # -- host -> device staging ----------------------------------------------------------------------
 
+class _Buffers:
+    """One host (pinned on CUDA) and one device byte buffer, and the event of the last copy
+    between them."""
+
+    __slots__ = ("dev", "event", "host", "host_np", "pending")
+
+    def __init__(self, nbytes: int, device: torch.device, pinned: bool) -> None:
+        self.host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+        self.host_np: np.ndarray = self.host.numpy()
+        self.dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        self.event: Any = torch.cuda.Event() if pinned else None
+        self.pending = False  # a copy from ``host`` may still be running
+
+    def wait(self) -> None:
+        """Return once the last copy out of ``host`` has completed (normally it has)."""
+        if self.pending:
+            if not self.event.query():
+                self.event.synchronize()
+            self.pending = False
+
+
 class StagingBuffer:
     """Small per-step arrays, written on the host and sent to ``device`` in one copy.
 
-    Reusing (the default on CUDA): a host byte buffer (pinned on CUDA) and a device byte buffer,
-    both reused every step.  :meth:`begin` starts a step, :meth:`array` hands out numpy views
-    into the host buffer (fill them in place), :meth:`upload` copies the used bytes at once
-    (``non_blocking=True`` from pinned memory) and returns device views at the same offsets.
-    Reuse is safe: :meth:`begin` first makes sure the previous upload's copy has completed (an
-    event, normally long complete since the engine waits for the sampled tokens every step),
-    and the device buffer is only overwritten by a copy queued after the kernels that read it,
-    on the same stream.  The views are valid until the next :meth:`upload`.
+    Reusing (the default on CUDA): two pairs of byte buffers, host (pinned on CUDA) and device,
+    used in turn.  :meth:`begin` starts a step on the next pair, :meth:`array` hands out numpy
+    views into its host buffer (fill them in place), :meth:`upload` copies the used bytes at
+    once (``non_blocking=True`` from pinned memory) and returns device views at the same
+    offsets.  Reuse is safe: :meth:`begin` first makes sure the copy out of that host buffer two
+    steps back has completed (an event; it has, unless the device is two steps behind), so
+    staging step N+1 never waits for step N's copy (async scheduling stages it while step N
+    runs); a device buffer is only overwritten by a copy queued after the kernels that read
+    it, on the same stream.  The views are valid until the next :meth:`upload` but one.
 
     Not reusing (the default elsewhere): plain numpy arrays turned into tensors with
     ``torch.from_numpy(...).to(device)``; the tensors never alias a reused buffer.
@@ -102,27 +145,28 @@ class StagingBuffer:
         cuda = self.device.type == "cuda" and torch.cuda.is_available()
         self.reuse = cuda if reuse is None else reuse
         self.pinned = self.reuse and cuda
-        self._host: torch.Tensor | None = None
-        self._host_np: np.ndarray | None = None
-        self._dev: torch.Tensor | None = None
-        self._event: Any = None
-        self._pending = False
+        self._pairs: list[_Buffers | None] = [None, None]
+        self._turn = 0
         self._used = 0
         self._views: list[tuple[int, tuple[int, ...], np.dtype[Any]]] = []
         self._plain: list[np.ndarray] = []
         if self.reuse:
-            self._allocate(nbytes)
+            for turn in (1, 0):
+                self._turn = turn
+                self._allocate(nbytes)
 
     @property
     def capacity(self) -> int:
-        return 0 if self._host is None else int(self._host.numel())
+        pair = self._pairs[self._turn]
+        return 0 if pair is None else int(pair.host.numel())
 
     def _allocate(self, nbytes: int) -> None:
+        """(Re)allocate the current pair of buffers."""
         nbytes = -(-max(nbytes, _ALIGN) // _ALIGN) * _ALIGN
-        self._host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pinned)
-        self._host_np = self._host.numpy()
-        self._dev = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        self._event = torch.cuda.Event() if self.pinned else None
+        old = self._pairs[self._turn]
+        if old is not None:
+            old.wait()  # its last copy must not read freed memory
+        self._pairs[self._turn] = _Buffers(nbytes, self.device, self.pinned)
 
     @staticmethod
     def nbytes_for(arrays: Iterable[np.ndarray]) -> int:
@@ -132,14 +176,16 @@ class StagingBuffer:
     def begin(self, nbytes: int = 0) -> None:
         """Start a step's arrays; ``nbytes``: an upper bound of what they need (the buffers
         grow to it; :meth:`array` can grow them too, but only for the step's first array)."""
-        if self._pending:
-            if not self._event.query():  # normally already complete: no wait
-                self._event.synchronize()  # the previous copy must be done with the buffer
-            self._pending = False
         self._used = 0
         self._views = []
         self._plain = []
-        if self.reuse and nbytes > self.capacity:
+        if not self.reuse:
+            return
+        self._turn ^= 1
+        pair = self._pairs[self._turn]
+        assert pair is not None
+        pair.wait()  # the copy two steps back must be done with this host buffer
+        if nbytes > self.capacity:
             self._allocate(max(nbytes, 2 * self.capacity))
 
     def array(self, shape: int | tuple[int, ...], dtype: Any) -> np.ndarray:
@@ -159,24 +205,26 @@ class StagingBuffer:
             self._allocate(max(end, 2 * self.capacity))
         self._used = end
         self._views.append((start, shp, dt))
-        assert self._host_np is not None
-        return self._host_np[start:start + n].view(dt).reshape(shp)
+        pair = self._pairs[self._turn]
+        assert pair is not None
+        return pair.host_np[start:start + n].view(dt).reshape(shp)
 
     def upload(self) -> list[torch.Tensor]:
         """Device tensors of this step's arrays, in :meth:`array` order."""
         if not self.reuse:
             return [torch.from_numpy(a).to(self.device) for a in self._plain]
-        assert self._host is not None and self._dev is not None
+        pair = self._pairs[self._turn]
+        assert pair is not None
         used = self._used
         if used:
-            self._dev[:used].copy_(self._host[:used], non_blocking=self.pinned)
-            if self._event is not None:
-                self._event.record()
-                self._pending = True
+            pair.dev[:used].copy_(pair.host[:used], non_blocking=self.pinned)
+            if pair.event is not None:
+                pair.event.record()
+                pair.pending = True
         out = []
         for start, shp, dt in self._views:
             n = int(np.prod(shp, dtype=np.int64)) * dt.itemsize
-            out.append(self._dev[start:start + n].view(_TORCH_DTYPES[dt]).view(shp))
+            out.append(pair.dev[start:start + n].view(_TORCH_DTYPES[dt]).view(shp))
         return out
 
 
@@ -269,17 +317,27 @@ def _full_table(s: ScheduledRequest, memo: dict[str, tuple[list[int], ...]]
 
 def _staged_bytes(num_tokens: int, num_seqs: int, num_sampling: int, num_groups: int,
                   width: int) -> int:
-    """An upper bound of what :func:`_build` stages (each array rounded up to the alignment)."""
+    """An upper bound of what :func:`_build` stages (each array rounded up to the alignment;
+    at most one placeholder per sequence)."""
     pad = _ALIGN
-    per_step = 2 * (8 * num_tokens + pad) + 2 * (4 * (num_seqs + 1) + pad) + 8 * num_sampling + pad
+    per_step = (2 * (8 * num_tokens + pad) + 2 * (4 * (num_seqs + 1) + pad)
+                + 8 * num_sampling + pad + 2 * (8 * num_seqs + pad))
     return per_step + num_groups * (8 * num_tokens + 4 * num_seqs * width + 2 * pad)
 
 
+def _token_ids(s: ScheduledRequest) -> list[int]:
+    """``s``'s token ids, -1 where one is still in flight (async scheduling)."""
+    ids = s.token_ids
+    missing = s.num_new_tokens - len(ids)
+    return ids + [-1] * missing if missing else ids
+
+
 def _build(scheduled: Sequence[ScheduledRequest], num_groups: int, block_size: int,
-           staging: StagingBuffer, tables_for: Callable[[int, np.ndarray], np.ndarray]
-           ) -> PreparedBatch:
+           staging: StagingBuffer, tables_for: Callable[[int, np.ndarray], np.ndarray],
+           in_flight: Mapping[str, int] | None = None) -> PreparedBatch:
     """Every array of the step, written into ``staging`` and uploaded at once.
-    ``tables_for(group, seq_lens)`` gives the step's [num_seqs, width] block table of a group."""
+    ``tables_for(group, seq_lens)`` gives the step's [num_seqs, width] block table of a group;
+    ``in_flight``: see the module docstring."""
     num_seqs = len(scheduled)
     q_lens = np.fromiter((s.num_new_tokens for s in scheduled), dtype=np.int64, count=num_seqs)
     starts = np.fromiter((s.num_computed_tokens for s in scheduled), dtype=np.int64,
@@ -297,11 +355,12 @@ def _build(scheduled: Sequence[ScheduledRequest], num_groups: int, block_size: i
     ids = staging.array(num_tokens, np.int64)
     positions = staging.array(num_tokens, np.int64)
     if decode_only:
-        ids[:] = [s.request.all_token_ids[s.num_computed_tokens] for s in scheduled]
+        ids[:] = [t[n] if n < len(t) else -1 for t, n in
+                  ((s.request.all_token_ids, s.num_computed_tokens) for s in scheduled)]
         positions[:] = starts
         seq_idx = None
     else:
-        ids[:] = list(chain.from_iterable(s.token_ids for s in scheduled))
+        ids[:] = list(chain.from_iterable(_token_ids(s) for s in scheduled))
         seq_idx = np.repeat(np.arange(num_seqs), q_lens)
         np.add(np.arange(num_tokens, dtype=np.int64), (starts - cu_q[:-1])[seq_idx],
                out=positions)
@@ -328,6 +387,18 @@ def _build(scheduled: Sequence[ScheduledRequest], num_groups: int, block_size: i
         sample_idx[:] = cu_q[1:] - 1
     else:
         sample_idx[:] = [cu_q[i + 1] - 1 for i, s in enumerate(scheduled) if s.samples]
+    holes = np.flatnonzero(ids < 0)
+    if len(holes):
+        seqs = holes if seq_idx is None else seq_idx[holes]
+        rids = [scheduled[i].request_id for i in seqs.tolist()]
+        src = [-1 if in_flight is None else in_flight.get(rid, -1) for rid in rids]
+        if -1 in src:
+            rid = rids[src.index(-1)]
+            raise RuntimeError(f"request {rid!r} has a token in flight that no in-flight step "
+                               "sampled")
+        ids[holes] = 0  # (overwritten by fill before the forward)
+        staging.array(len(holes), np.int64)[:] = holes
+        staging.array(len(holes), np.int64)[:] = src
 
     dev = staging.upload()
     d_ids, d_pos = dev[0], dev[1]
@@ -339,8 +410,10 @@ def _build(scheduled: Sequence[ScheduledRequest], num_groups: int, block_size: i
         max_seqlen_q=int(q_lens.max()) if num_seqs else 0,
         max_seqlen_k=int(seq_lens.max()) if num_seqs else 0,
         groups=groups, seq_lens_cpu=seq_lens.tolist(), query_lens_cpu=q_lens.tolist())
+    fill = dev[5 + 2 * num_groups:] if len(holes) else (None, None)
     return PreparedBatch(ModelInputs(d_ids, d_pos, meta), d_sample, sampling,
-                         sample_all=decode_only and len(sampling) == num_seqs)
+                         sample_all=decode_only and len(sampling) == num_seqs,
+                         fill_dst=fill[0], fill_src=fill[1])
 
 
 def _pad_rows(rows: Sequence[Sequence[int]], num_blocks: np.ndarray) -> np.ndarray:
@@ -352,7 +425,8 @@ def _pad_rows(rows: Sequence[Sequence[int]], num_blocks: np.ndarray) -> np.ndarr
 
 
 def prepare_batch(scheduled: Sequence[ScheduledRequest], num_groups: int, block_size: int,
-                  device: torch.device | str = "cpu") -> PreparedBatch:
+                  device: torch.device | str = "cpu",
+                  in_flight: Mapping[str, int] | None = None) -> PreparedBatch:
     """Model inputs for ``scheduled``, from each request's full block table (stateless; fresh
     tensors that alias nothing)."""
     full = [s.block_ids for s in scheduled]
@@ -361,7 +435,7 @@ def prepare_batch(scheduled: Sequence[ScheduledRequest], num_groups: int, block_
         return _pad_rows([f[g] for f in full], np.array([len(f[g]) for f in full] or [1]))
 
     return _build(scheduled, num_groups, block_size, StagingBuffer(device, reuse=False),
-                  tables_for)
+                  tables_for, in_flight)
 
 
 class BatchBuilder:
@@ -396,7 +470,9 @@ class BatchBuilder:
         :meth:`prepare`; call it for a step that is not prepared)."""
         self.release(chain(out.finished_request_ids, out.preempted_request_ids))
 
-    def prepare(self, out: SchedulerOutput) -> PreparedBatch:
+    def prepare(self, out: SchedulerOutput, in_flight: Mapping[str, int] | None = None
+                ) -> PreparedBatch:
+        """The step's inputs (``in_flight``: see the module docstring)."""
         self.release_finished(out)
         scheduled = out.scheduled
         for t in self.tables:  # requests never reported finished (cannot happen): bound memory
@@ -415,7 +491,7 @@ class BatchBuilder:
             width = max(int(need.max()) if len(need) else 0, 1)
             return t.table[rows, :width]
 
-        return _build(scheduled, self.num_groups, bs, self.staging, tables_for)
+        return _build(scheduled, self.num_groups, bs, self.staging, tables_for, in_flight)
 
 
 __all__ = ["BatchBuilder", "BlockTables", "ModelInputs", "PreparedBatch", "StagingBuffer",

@@ -197,6 +197,7 @@ def bench_throughput(backend: str, num_seqs: int, min_len: int, max_len: int, ti
               "preemptions": llm.scheduler.stats.num_preemptions - preempted0,
               "max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_num_batched_tokens,
               "num_blocks": llm.runner.num_blocks, "graph_sizes": llm.runner.graph_sizes,
+              "async_scheduling": llm.async_scheduling,
               "exact_sampling_rows": llm.sampler.num_exact_rows}
     llm.close()
     del llm
@@ -248,6 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-num-seqs", type=int, help="throughput: engine override")
     ap.add_argument("--max-num-batched-tokens", type=int, help="throughput: engine override")
     ap.add_argument("--enforce-eager", action="store_true", help="throughput: no CUDA graphs")
+    ap.add_argument("--no-async-scheduling", action="store_true",
+                    help="throughput: schedule each step after the previous one's tokens are in")
     args = ap.parse_args(argv)
     cuda = torch.cuda.is_available() and not args.allow_cpu
     if not cuda and not args.allow_cpu:
@@ -286,13 +289,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = [bench_throughput(b, num_seqs, 100 if cuda else 4, 1024 if cuda else 12, tiny,
                                  device.type, max_num_seqs=args.max_num_seqs,
                                  max_num_batched_tokens=args.max_num_batched_tokens,
-                                 enforce_eager=args.enforce_eager or None)
+                                 enforce_eager=args.enforce_eager or None,
+                                 async_scheduling=False if args.no_async_scheduling else None)
                 for b in backends if b != "torch" or not cuda]
         results["throughput"] = rows
         print("\nend to end (Qwen3-0.6B shape, random weights, nano-vllm recipe)")
-        print(render(["backend", "seqs", "output tokens", "s", "tok/s", "steps", "max seqs",
-                      "batched tokens", "KV blocks", "graphs", "preempted"],
-                     [[r["backend"], str(r["num_seqs"]), str(r["output_tokens"]),
+        print(render(["backend", "async", "seqs", "output tokens", "s", "tok/s", "steps",
+                      "max seqs", "batched tokens", "KV blocks", "graphs", "preempted"],
+                     [[r["backend"], "yes" if r["async_scheduling"] else "no",
+                       str(r["num_seqs"]), str(r["output_tokens"]),
                        f"{r['seconds']:.2f}", f"{r['tokens_per_s']:,.0f}", str(r["steps"]),
                        str(r["max_num_seqs"]), str(r["max_num_batched_tokens"]),
                        str(r["num_blocks"]),

@@ -14,7 +14,7 @@ One tensor-parallel engine per process (torch.distributed's default group is per
 
 Host/device synchronisation (CUDA; one wait per step):
 
-* The step's inputs are built in a pinned host buffer reused every step and reach the GPU in
+* The step's inputs are built in pinned host buffers (two, used in turn) and reach the GPU in
   one ``non_blocking`` copy (:class:`runner.batch.BatchBuilder`); block tables are append-only
   per request, so a decode step does not re-read the manager's tables.
 * The forward never waits for the GPU (no ``.item()``/``.tolist()``/``.cpu()`` in the model,
@@ -25,13 +25,20 @@ Host/device synchronisation (CUDA; one wait per step):
   come back in ONE device-to-host copy into a pinned buffer followed by ONE wait on that copy:
   the only sync of a step.
 * Remaining, rarer waits: a top-p row whose 256 best tokens hold less than ``top_p`` of the mass
-  is resampled exactly (a second copy and wait that step); the pinned input buffer is reused
-  only once the previous step's copy has completed (an event; it already has, except after a
-  step that sampled nothing); the Triton prefill schedule is pinned per step by the backend.
+  is resampled exactly (a second copy and wait that step, before the next step is launched);
+  a pinned input buffer is reused only once its copy two steps back has completed (an event;
+  it always has in practice); the Triton prefill schedule is pinned per step by the backend.
   Tensor parallelism broadcasts each step's inputs as pickled CPU tensors (gloo/NCCL object
   broadcast) and copies them to the device on every rank.
-* Not done here: scheduling step N+1 while the GPU runs step N (needs placeholder tokens in
-  kvcore's scheduler).
+* Async scheduling (``async_scheduling``, on by default where supported, as in vLLM): while
+  the GPU runs step N the host schedules step N+1, builds its inputs and launches it, and only
+  then waits for step N's tokens and applies them (stop conditions, freeing).  A position whose
+  token step N is still sampling is a placeholder in kvcore's scheduler
+  (``num_output_placeholders``); its id is copied on the device from step N's sampled tokens
+  (:meth:`runner.batch.PreparedBatch.fill`), so the one wait per step overlaps the next
+  step's GPU work.  A request that stops on EOS or a stop token has one extra step computed,
+  whose token is dropped.  Not with tensor parallelism (the workers' inputs are broadcast from
+  the host) nor with the host KV tier: those run synchronously (schedule, run, wait, apply).
 
 Failures: bad prompts or sampling params are refused before anything is admitted; an exception
 inside a step aborts that step's requests (``Scheduler.fail_step``: no never-written block stays
@@ -69,7 +76,7 @@ from runner.kv_cache import KVCacheLayout
 from runner.model_runner import ModelRunner
 from runner.models import build_model, load_config
 from runner.models.weights import iter_safetensors
-from runner.sampler import Sampler, SamplingParams
+from runner.sampler import SampledTokens, Sampler, SamplingParams
 from runner.tokenizer import ByteTokenizer
 
 _log = logging.getLogger(__name__)
@@ -103,6 +110,18 @@ class EngineConfig:
     max_graph_batch_size: int = 512  # decode graphs up to min(this, max_num_seqs)
     host_kv_blocks: int = 0  # a host-memory KV tier of this many blocks (0 = none)
     host_kv_policy: str = "lru"  # its eviction policy (kvcore.eviction names)
+    # Schedule step N+1 while step N runs (None: wherever supported: one rank, no host tier).
+    async_scheduling: bool | None = None
+
+
+@dataclass
+class _Launched:
+    """A step whose forward and sampling are queued on the device; its tokens are applied to
+    the scheduler by ``LLM._complete``."""
+
+    out: SchedulerOutput
+    rows: dict[str, int]  # request id -> row of ``tokens``
+    tokens: SampledTokens | None  # None: nothing sampled
 
 
 @dataclass
@@ -164,6 +183,22 @@ def _build_runner(spec: _RankSpec, tp: TPGroup) -> ModelRunner:
     return runner
 
 
+def _async_scheduling(c: EngineConfig) -> bool:
+    """``c.async_scheduling`` resolved: None means on wherever it is supported."""
+    supported = c.tensor_parallel_size == 1 and not c.host_kv_blocks
+    if c.async_scheduling is None:
+        return supported
+    if not isinstance(c.async_scheduling, bool):
+        raise InvalidArgumentError(
+            f"async_scheduling must be a bool or None, got {c.async_scheduling!r}")
+    if c.async_scheduling and not supported:
+        raise InvalidArgumentError(
+            "async_scheduling=True needs tensor_parallel_size=1 and no host KV tier "
+            f"(got tensor_parallel_size={c.tensor_parallel_size}, "
+            f"host_kv_blocks={c.host_kv_blocks})")
+    return c.async_scheduling
+
+
 def _profile_sampling(device: torch.device) -> Any:
     """Sampling as a step does it (full-vocabulary noise for every row), for memory profiling."""
     def sample(logits: torch.Tensor) -> None:
@@ -212,6 +247,7 @@ class LLM:
 
     def __init__(self, model: str | Path | Any, *, tokenizer: Any = None, **kwargs: Any) -> None:
         c = EngineConfig(**kwargs)
+        async_scheduling = _async_scheduling(c)
         hf_config = load_config(model)
         device = c.device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = c.dtype or (config_dtype(hf_config) if device.startswith("cuda") else torch.float32)
@@ -240,9 +276,10 @@ class LLM:
                                       enable_caching=c.enable_prefix_caching,
                                       max_num_batched_tokens=c.max_num_batched_tokens)
         connector, self._offload = self._host_tier(c)
+        self.async_scheduling = async_scheduling
         self.scheduler = Scheduler(self.manager, SchedulerConfig(
-            max_num_seqs=c.max_num_seqs, max_num_batched_tokens=c.max_num_batched_tokens),
-            connector)
+            max_num_seqs=c.max_num_seqs, max_num_batched_tokens=c.max_num_batched_tokens,
+            async_scheduling=self.async_scheduling), connector)
         self.sampler = Sampler(c.seed, self.device)
         # Rank 0 with workers broadcasts plain CPU tensors (pickled); otherwise the step's
         # inputs are staged in pinned memory and copied to the device in one go.
@@ -287,10 +324,10 @@ class LLM:
         The batch is admitted atomically (all prompts or none).
 
         If a step fails (an exception or ``KeyboardInterrupt`` in scheduling, the forward, the
-        sampler, ...), the failed step's requests are dropped with ``Scheduler.fail_step`` (their
-        never-written blocks leave the prefix cache), every other unfinished request of this
-        batch is aborted, and the original exception propagates; the engine stays usable
-        (single process).  Under tensor parallelism a failure while the workers were running a
+        sampler, ...), the failed step's requests (and, with async scheduling, the in-flight
+        step's) are dropped with ``Scheduler.fail_step`` (their never-written blocks leave the
+        prefix cache), every other unfinished request of this batch is aborted, and the
+        original exception propagates; the engine stays usable (single process).  Under tensor parallelism a failure while the workers were running a
         forward leaves them out of step: the engine then refuses further work
         (:class:`EngineDeadError`) and should be closed.
         """
@@ -311,12 +348,14 @@ class LLM:
         self._next_id += len(requests)  # even if admission fails: ids are never reused
         self.scheduler.add_requests(requests)  # atomic: all of them or none
         bar: Any = None
+        in_flight: _Launched | None = None
         try:
             if use_tqdm and requests:
                 bar = _progress(len(requests))
             idle_steps = 0
-            while self.scheduler.has_unfinished_requests():
-                finished, num_scheduled = self._step()
+            while self.scheduler.has_unfinished_requests() or in_flight is not None:
+                finished, num_scheduled, in_flight = self._advance(
+                    in_flight, keep_in_flight=self.async_scheduling)
                 if bar is not None and finished:
                     bar.update(len(finished))
                 idle_steps = 0 if num_scheduled or finished else idle_steps + 1
@@ -334,45 +373,64 @@ class LLM:
         return [self._output(r) for r in requests]
 
     def step(self) -> list[Request]:
-        """One scheduling step: schedule, run the model, sample, apply stop conditions.
+        """One scheduling step: schedule, run the model, sample, apply stop conditions
+        (synchronously, also with async scheduling).
 
         If anything in the step raises, the step's requests are aborted with
         ``Scheduler.fail_step`` and the exception propagates; other requests are untouched."""
         self._check_alive()
-        return self._step()[0]
+        return self._advance(None, keep_in_flight=False)[0]
 
-    def _step(self) -> tuple[list[Request], int]:
+    def _advance(self, prev: _Launched | None, keep_in_flight: bool
+                 ) -> tuple[list[Request], int, _Launched | None]:
+        """Schedule and launch a step, then apply ``prev`` (the step in flight, if any), and
+        unless ``keep_in_flight`` the new step too.  Returns the requests finished, the number
+        of requests scheduled and the step now in flight."""
         out: SchedulerOutput | None = None
+        launched: _Launched | None = None
         try:
             out = self.scheduler.schedule()
-            worker = self._offload
-            if worker is not None:
-                worker.bind_connector_metadata(out.kv_connector_metadata)
-                worker.transfer.before_forward()
-                worker.start_load_kv()
-            sampled = self._execute(out)
-            connector_output = None
-            if worker is not None:
-                worker.wait_for_save()
-                connector_output = worker.connector_output(set(out.finished_request_ids))
-                worker.clear_connector_metadata()
-            finished = self.scheduler.update_from_output(out, sampled, connector_output)
+            launched = self._launch(out, prev)
+            finished = self._complete(prev) if prev is not None else []
+            if not keep_in_flight or not launched.rows:
+                finished += self._complete(launched)
+                launched = None
         except BaseException:
-            if out is not None:
-                self._fail_step(out)
+            for failed in (prev.out if prev is not None else None, out):
+                if failed is not None:
+                    self._fail_step(failed)
             raise
+        return finished, len(out.scheduled), launched
+
+    def _complete(self, step: _Launched) -> list[Request]:
+        """Wait for ``step``'s tokens and apply them (stop conditions, freeing); the requests
+        that finished."""
+        tokens = step.tokens.wait() if step.tokens is not None else []
+        sampled = dict(zip(step.rows, tokens))
+        worker = self._offload
+        connector_output = None
+        if worker is not None:
+            worker.wait_for_save()
+            connector_output = worker.connector_output(set(step.out.finished_request_ids))
+            worker.clear_connector_metadata()
+        finished = self.scheduler.update_from_output(step.out, sampled, connector_output)
         for r in finished:
             self.sampler.forget(r.request_id)
-        return finished, len(out.scheduled)
+        return finished
 
-    def _execute(self, out: SchedulerOutput) -> dict[str, int]:
-        """Run the model over the step's tokens and sample; ``{request_id: token}``.
-
-        On CUDA the host waits for the GPU once: when the sampled tokens come back."""
+    def _launch(self, out: SchedulerOutput, prev: _Launched | None) -> _Launched:
+        """Queue the model over the step's tokens and the sampling on the device.  Positions
+        whose tokens ``prev`` (the step in flight) sampled read them there: no wait."""
+        worker = self._offload
+        if worker is not None:
+            worker.bind_connector_metadata(out.kv_connector_metadata)
+            worker.transfer.before_forward()
+            worker.start_load_kv()
         if not out.scheduled:
             self._batcher.release_finished(out)
-            return {}
-        batch = self._batcher.prepare(out)
+            return _Launched(out, {}, None)
+        batch = self._batcher.prepare(out, prev.rows if prev is not None else None)
+        batch.fill(prev.tokens.device if prev is not None and prev.tokens is not None else None)
         inputs = batch.inputs
         if self._workers:
             # From the broadcast until rank 0's forward returns, the workers are in this step's
@@ -384,14 +442,14 @@ class LLM:
         hidden = self.runner.forward(inputs)
         self._dead = None
         if not batch.sampling:
-            return {}
+            return _Launched(out, {}, None)
         if not batch.sample_all:
             hidden = hidden[batch.sample_indices.to(hidden.device)]
         logits = self.runner.logits(hidden)
         params = [cast(SamplingParams, s.request.sampling_params) for s in batch.sampling]
         rids = [s.request_id for s in batch.sampling]
-        tokens = self.sampler(logits, params, rids).tolist()  # on the host: the step's one wait
-        return dict(zip(rids, tokens))
+        tokens = self.sampler.sample_async(logits, params, rids)  # no wait
+        return _Launched(out, {rid: i for i, rid in enumerate(rids)}, tokens)
 
     def _fail_step(self, out: SchedulerOutput) -> None:
         """Drop a step that raised: its blocks leave the prefix cache, its requests are aborted

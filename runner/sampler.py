@@ -30,7 +30,12 @@ not depend on which other requests share the batch; requests without a seed shar
 generator.  Seeded rows are computed with the others; only their noise draws loop in Python.
 
 The result comes back to the host in one copy into a pinned buffer and one synchronisation
-(a second one only on a step with a top-p fallback row).
+(a second one only on a step with a top-p fallback row).  :meth:`Sampler.sample_async` starts
+that copy and returns at once (:class:`SampledTokens`): the engine's async scheduling launches
+the next step, which reads this step's tokens on the device, before it waits.  Two pinned
+buffers alternate, so step N+1's copy never overwrites step N's before it was read.  A step
+with a row that may need the top-p fallback resolves it before returning (its wait comes
+early), so the device tokens are final either way.
 """
 
 from __future__ import annotations
@@ -150,8 +155,11 @@ class Sampler:
         self._request_generators: dict[str, torch.Generator] = {}
         self._staging = StagingBuffer(self.device, 1 << 14)
         self._cuda = self.device.type == "cuda"
-        self._host_tokens: torch.Tensor | None = None  # pinned, reused (CUDA)
-        self._event: Any = torch.cuda.Event() if self._cuda else None
+        # CUDA: two pinned host buffers and their copy events, used in turn (one step may be in
+        # flight while the next one samples).
+        self._host_tokens: list[torch.Tensor | None] = [None, None]
+        self._events: list[Any] = [torch.cuda.Event(), torch.cuda.Event()] if self._cuda else []
+        self._turn = 0
         self.num_exact_rows = 0  # rows resampled on the exact (sorting) path, for benchmarks
 
     def forget(self, request_id: str) -> None:
@@ -168,14 +176,32 @@ class Sampler:
     # -- entry points ---------------------------------------------------------------------------
     def __call__(self, logits: torch.Tensor, params: Sequence[SamplingParams],
                  request_ids: Sequence[str]) -> torch.Tensor:
-        """The tokens, on the host: one device-to-host copy and one synchronisation (two on a
-        step where a top-p row needs the exact path)."""
-        host = self._to_host(self.sample(logits, params, request_ids))
-        if bool((host < 0).any()):
-            rows = (host < 0).nonzero().flatten().tolist()
+        """The tokens, on the host (a CPU int64 tensor): one device-to-host copy and one
+        synchronisation (two on a step where a top-p row needs the exact path)."""
+        return torch.tensor(self.sample_async(logits, params, request_ids).wait(),
+                            dtype=torch.int64)
+
+    def sample_async(self, logits: torch.Tensor, params: Sequence[SamplingParams],
+                     request_ids: Sequence[str]) -> SampledTokens:
+        """The tokens, final on the device, with their copy to the host started (no wait,
+        unless a row may need the top-p fallback: see the module docstring)."""
+        tokens = self.sample(logits, params, request_ids)
+        if not self._may_fall_back(params, logits.shape[1]):
+            return self._start_copy(tokens)
+        host = self._start_copy(tokens).wait()
+        rows = [i for i, t in enumerate(host) if t < 0]
+        if rows:
             self.num_exact_rows += len(rows)
-            host[rows] = self._to_host(self._exact_rows(logits, rows, params, request_ids))
-        return host
+            exact = self._exact_rows(logits, rows, params, request_ids)
+            tokens[torch.tensor(rows, device=tokens.device)] = exact
+            for i, t in zip(rows, exact.tolist()):  # (not a pinned buffer: both are in use)
+                host[i] = t
+        return SampledTokens(tokens, tokens=host)
+
+    def _may_fall_back(self, params: Sequence[SamplingParams], vocab: int) -> bool:
+        """Whether a row asks for top-p without top-k over more candidates than it gets."""
+        return self.candidates < vocab and any(
+            p.top_p < 1.0 and not 0 < p.top_k < vocab and not p.greedy for p in params)
 
     def sample(self, logits: torch.Tensor, params: Sequence[SamplingParams],
                request_ids: Sequence[str]) -> torch.Tensor:
@@ -299,19 +325,46 @@ class Sampler:
                 out[i] = sample_exact(logits[i:i + 1], [params[i]], gen)
         return torch.cat([out[i] for i in rows])
 
-    def _to_host(self, tokens: torch.Tensor) -> torch.Tensor:
-        """``tokens`` on the host: on CUDA one copy into a reused pinned buffer, then one wait
-        for that copy (an event), and a private clone of the result."""
+    def _start_copy(self, tokens: torch.Tensor) -> SampledTokens:
+        """Start ``tokens``' copy to the host: on CUDA into the next of the two pinned buffers
+        (``non_blocking``, an event recorded after it); elsewhere nothing to start."""
         if not self._cuda or tokens.device.type != "cuda":
-            return tokens.cpu()
+            return SampledTokens(tokens)
+        turn = self._turn
+        self._turn ^= 1
+        event = self._events[turn]
+        event.synchronize()  # the copy two steps back: read long ago (never a real wait)
         n = tokens.shape[0]
-        buf = self._host_tokens
+        buf = self._host_tokens[turn]
         if buf is None or buf.shape[0] < n:
-            buf = self._host_tokens = torch.empty(max(n, 512), dtype=torch.int64, pin_memory=True)
+            buf = self._host_tokens[turn] = torch.empty(max(n, 512), dtype=torch.int64,
+                                                        pin_memory=True)
         buf[:n].copy_(tokens, non_blocking=True)
-        self._event.record()
-        self._event.synchronize()
-        return buf[:n].clone()
+        event.record()
+        return SampledTokens(tokens, host=buf[:n], event=event)
+
+
+class SampledTokens:
+    """One step's sampled tokens: final on the device (:attr:`device`, what the next step's
+    placeholder positions read) and, after :meth:`wait`, on the host."""
+
+    __slots__ = ("_event", "_host", "_tokens", "device")
+
+    def __init__(self, device: torch.Tensor, *, host: torch.Tensor | None = None,
+                 event: Any = None, tokens: list[int] | None = None) -> None:
+        self.device = device
+        self._host = host  # a pinned buffer the copy goes to (CUDA), else None
+        self._event = event
+        self._tokens = tokens
+
+    def wait(self) -> list[int]:
+        """The tokens as ints: waits for the copy (CUDA; the step's one synchronisation)."""
+        if self._tokens is None:
+            if self._event is not None:
+                self._event.synchronize()
+            src = self._host if self._host is not None else self.device
+            self._tokens = src.tolist()
+        return self._tokens
 
 
 def _seed(value: int | None) -> int:

@@ -78,6 +78,27 @@ def test_cuda_graph_decode_equals_eager_and_reference() -> None:
     assert got == ref
 
 
+def test_async_scheduling_on_gpu_equals_synchronous_with_graphs_and_preemption() -> None:
+    """Placeholders filled on the device, CUDA-graph decode, a tight pool (preemption) and
+    seeded sampling: the same tokens as the synchronous engine."""
+    ps = prompts(24, seed=4, lo=20, hi=120)
+    seeded = [SamplingParams(temperature=0.8, top_k=50, top_p=0.95, seed=i, max_tokens=24)
+              for i in range(len(ps))]
+    outs = []
+    for async_scheduling in (False, True):
+        llm = LLM(qwen3(), device="cuda", dtype=torch.float32, seed=7, block_size=16,
+                  max_model_len=512, backend="triton", num_blocks=48, max_num_seqs=16,
+                  max_num_batched_tokens=256, async_scheduling=async_scheduling)
+        assert llm.runner._graphs and llm.async_scheduling is async_scheduling
+        replays = count_replays(llm)
+        greedy = llm.generate(ps, GREEDY, use_tqdm=False)
+        sampled = llm.generate(ps, seeded, use_tqdm=False)
+        assert replays[0] > 0 and llm.scheduler.stats.num_preemptions > 0
+        llm.manager.check_invariants()
+        outs.append(([o.token_ids for o in greedy], [o.token_ids for o in sampled]))
+    assert outs[0] == outs[1]
+
+
 def test_profiled_kv_memory_respects_utilization() -> None:
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.empty_cache()
