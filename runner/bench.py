@@ -4,7 +4,10 @@
   backend, for batch sizes 1-256 and contexts 512-32k, next to the device's measured
   device-to-device copy bandwidth.  Goal: >= 80% of copy bandwidth at long context.
 * ``throughput``: end to end on a Qwen3-0.6B-shaped model with random weights, nano-vllm's recipe
-  (256 sequences, input and output lengths uniform in 100-1024, ignore_eos).
+  (256 sequences, input and output lengths uniform in 100-1024, ignore_eos).  ``--peer
+  transformers`` adds the same prompts and output lengths through ``transformers``' own
+  continuous batching (the manager behind ``generate_batch``: paged KV cache, SDPA), same model
+  shape and dtype, in the same run, and the ratio.
 * ``prefix``: prefill time for requests whose prompts share a 90% prefix already in the cache,
   against the same prompts with prefix caching off.
 
@@ -158,6 +161,15 @@ def _free_gpu_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def _recipe(vocab: int, num_seqs: int, min_len: int, max_len: int
+            ) -> tuple[list[list[int]], list[int]]:
+    """nano-vllm's workload: random prompts and output lengths uniform in [min_len, max_len]."""
+    rng = random.Random(0)
+    prompts = [[rng.randrange(vocab) for _ in range(rng.randint(min_len, max_len))]
+               for _ in range(num_seqs)]
+    return prompts, [rng.randint(min_len, max_len) for _ in range(num_seqs)]
+
+
 def bench_throughput(backend: str, num_seqs: int, min_len: int, max_len: int, tiny: bool,
                      device: str, **engine: Any) -> dict[str, Any]:
     """nano-vllm's recipe: ``num_seqs`` random prompts and output lengths uniform in
@@ -167,11 +179,9 @@ def bench_throughput(backend: str, num_seqs: int, min_len: int, max_len: int, ti
     from runner.sampler import SamplingParams
 
     cfg = _qwen3(tiny)
-    rng = random.Random(0)
-    prompts = [[rng.randrange(cfg.vocab_size) for _ in range(rng.randint(min_len, max_len))]
-               for _ in range(num_seqs)]
-    params = [SamplingParams(temperature=0.6, max_tokens=rng.randint(min_len, max_len),
-                             ignore_eos=True) for _ in range(num_seqs)]
+    rng = random.Random(1)
+    prompts, lengths = _recipe(cfg.vocab_size, num_seqs, min_len, max_len)
+    params = [SamplingParams(temperature=0.6, max_tokens=n, ignore_eos=True) for n in lengths]
     kwargs: dict[str, Any] = dict(backend=backend, max_model_len=2 * max_len + 16, device=device,
                                   dtype=torch.bfloat16 if device == "cuda" else torch.float32,
                                   num_blocks=None if device == "cuda" else 4096)
@@ -203,6 +213,59 @@ def bench_throughput(backend: str, num_seqs: int, min_len: int, max_len: int, ti
     del llm
     _free_gpu_memory()
     return result
+
+
+def bench_transformers_cb(num_seqs: int, min_len: int, max_len: int, tiny: bool,
+                          device: str) -> dict[str, Any]:
+    """The same recipe through ``transformers``' continuous batching (random weights, the
+    model's dtype as the engine uses it); its default cache sizing on a GPU, a small explicit
+    cache on the CPU (its memory-based sizing is meant for GPUs)."""
+    import transformers
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    cfg = _qwen3(tiny)
+    prompts, lengths = _recipe(cfg.vocab_size, num_seqs, min_len, max_len)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(
+        cfg, attn_implementation="sdpa", dtype=dtype).to(device).eval()
+    gen = GenerationConfig(do_sample=True, temperature=0.6, top_k=0, top_p=1.0,
+                           max_new_tokens=max_len, eos_token_id=-1, pad_token_id=0)
+    cb = None if device == "cuda" else ContinuousBatchingConfig(
+        page_size=16, num_blocks=4096, max_batch_tokens=256, use_cuda_graph=False)
+
+    def run(manager: Any, batch: list[list[int]], max_new: list[int]) -> int:
+        ids = [manager.add_request(p, max_new_tokens=n) for p, n in zip(batch, max_new)]
+        done: dict[str, Any] = {}
+        while len(done) < len(ids):
+            result = manager.get_result(timeout=60)
+            if result is None:
+                if not manager.is_running():
+                    raise RuntimeError("transformers' continuous batching stopped")
+                continue
+            if result.is_finished():
+                if result.error is not None:
+                    raise RuntimeError(f"transformers' continuous batching: {result.error}")
+                done[result.request_id] = result
+        return sum(len(done[i].generated_tokens) for i in ids)
+
+    with model.continuous_batching_context_manager(generation_config=gen,
+                                                   continuous_batching_config=cb,
+                                                   block=True, timeout=600) as manager:
+        run(manager, prompts[:min(num_seqs, 24)], [8] * min(num_seqs, 24))  # warm-up
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out_tokens = run(manager, prompts, lengths)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - t0
+    del model
+    _free_gpu_memory()
+    return {"peer": f"transformers {transformers.__version__} continuous batching (sdpa)",
+            "num_seqs": num_seqs, "output_tokens": out_tokens, "seconds": elapsed,
+            "tokens_per_s": out_tokens / elapsed}
 
 
 def bench_prefix(backend: str, num_seqs: int, prompt_len: int, tiny: bool,
@@ -249,6 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-num-seqs", type=int, help="throughput: engine override")
     ap.add_argument("--max-num-batched-tokens", type=int, help="throughput: engine override")
     ap.add_argument("--enforce-eager", action="store_true", help="throughput: no CUDA graphs")
+    ap.add_argument("--peer", choices=["transformers"], action="append", default=[],
+                    help="throughput: also run this peer on the same workload")
     ap.add_argument("--no-async-scheduling", action="store_true",
                     help="throughput: schedule each step after the previous one's tokens are in")
     args = ap.parse_args(argv)
@@ -286,7 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                        f"{r['gbps']:,.0f}", f"{100 * r['gbps'] / copy:.0f}%"] for r in rows]))
     if args.what in ("throughput", "all"):
         num_seqs = args.num_seqs or (256 if cuda else 4)
-        rows = [bench_throughput(b, num_seqs, 100 if cuda else 4, 1024 if cuda else 12, tiny,
+        lens = (100 if cuda else 4, 1024 if cuda else 12)
+        rows = [bench_throughput(b, num_seqs, *lens, tiny,
                                  device.type, max_num_seqs=args.max_num_seqs,
                                  max_num_batched_tokens=args.max_num_batched_tokens,
                                  enforce_eager=args.enforce_eager or None,
@@ -303,6 +369,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                        str(r["num_blocks"]),
                        f"{len(r['graph_sizes'])} (<= {max(r['graph_sizes'], default=0)})",
                        str(r["preemptions"])] for r in rows]))
+        peers = [bench_transformers_cb(num_seqs, *lens, tiny, device.type)
+                 for _ in args.peer]
+        if peers:
+            results["throughput_peers"] = peers
+            print(render(["peer", "seqs", "output tokens", "s", "tok/s"]
+                         + [f"{r['backend']} / peer" for r in rows],
+                         [[p["peer"], str(p["num_seqs"]), str(p["output_tokens"]),
+                           f"{p['seconds']:.2f}", f"{p['tokens_per_s']:,.0f}"]
+                          + [f"{r['tokens_per_s'] / p['tokens_per_s']:.2f}x" for r in rows]
+                          for p in peers]))
     if args.what in ("prefix", "all"):
         rows = [bench_prefix(b, 32 if cuda else 3, 4096 if cuda else 48, tiny, device.type)
                 for b in backends if b != "torch" or not cuda]

@@ -36,3 +36,16 @@ def test_throughput_overrides_engine_settings(tmp_path: Path) -> None:
     (row,) = json.loads(out_json.read_text())["throughput"]
     assert row["max_num_seqs"] == 2 and row["num_seqs"] == 3 and row["output_tokens"] > 0
     assert row["max_num_batched_tokens"] == 8192 and row["steps"] > 0  # the engine's default
+
+
+def test_throughput_peer_runs_the_same_workload(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    out_json = tmp_path / "p.json"
+    assert main(["throughput", "--allow-cpu", "--num-seqs", "3", "--peer", "transformers",
+                 "--no-async-scheduling", "--json", str(out_json)]) == 0
+    data = json.loads(out_json.read_text())
+    (ours,), (peer,) = data["throughput"], data["throughput_peers"]
+    assert not ours["async_scheduling"]
+    # Same prompts and output lengths (ignore_eos): the same number of generated tokens.
+    assert peer["output_tokens"] == ours["output_tokens"] > 0 and peer["tokens_per_s"] > 0
+    assert "continuous batching" in peer["peer"] and "torch / peer" in capsys.readouterr().out
