@@ -36,7 +36,13 @@ most one step may be in flight: report step N before scheduling step N+2.  A req
 scheduled past ``max_tokens`` or ``max_model_len`` counting its placeholders; one that stops on
 EOS or a stop token has one extra step already scheduled, whose token is dropped.  A request
 preempted while its step is in flight still receives that token (it was computed from the
-request's own KV), and finishes in the waiting queue if the token stops it.
+request's own KV), and finishes in the waiting queue if the token stops it.  ``fail_step`` of
+a step in flight after the next one was scheduled drops from the prefix cache the blocks that
+step allocated and the blocks of requests preempted meanwhile, and gives up their in-flight
+tokens; fail the next step too (it may hit those blocks).  Not covered: a sliding-window block
+filled partly by an earlier step, completed by the failed one and left out of the window by the
+next ``schedule()``; an engine whose launched steps always write their KV (a device fault ends
+the process) never fails a launched step for its KV, only the step it could not launch.
 """
 
 from __future__ import annotations
@@ -196,6 +202,10 @@ class Scheduler:
         self._finished_ids: list[str] = []
         self._usable_blocks = kv_cache_manager.config.num_blocks - 1
         self._declared: tuple[tuple[int, object], ...] = ()  # what the last hints covered
+        # Async scheduling: the blocks of requests preempted while a step of theirs was in
+        # flight, until its token is reported (or the step fails: then they leave the cache).
+        self._preempted_in_flight: dict[str, list[int]] = {}
+        self._last_scheduled: frozenset[str] = frozenset()  # (async) the previous step's ids
 
     # -- requests -------------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -276,12 +286,33 @@ class Scheduler:
             # aborted request waits for a store that will never be reported)
             self._apply_connector_output(
                 self.connector.failed_step_output(output.kv_connector_metadata))
+        if self.config.async_scheduling:
+            self._fail_in_flight(output)
         failed = [s for s in output.scheduled if s.request.status is RequestStatus.RUNNING]
         for s in failed:
             self.kv.uncache_blocks(s.request, s.num_computed_tokens)
         for s in failed:
             self.abort_request(s.request_id)
         return [s.request for s in failed]
+
+    def _fail_in_flight(self, output: SchedulerOutput) -> None:
+        """Async scheduling: ``output`` may have been followed by another ``schedule()`` that
+        moved its requests on (preempted them, released blocks): drop the blocks it allocated
+        and those of its requests preempted since from the prefix cache, and give up the tokens
+        it was to sample for requests that are not aborted here."""
+        kv = self.kv
+        stale: list[int] = []
+        for s in output.scheduled:
+            req = s.request
+            for ids in s.new_block_ids:
+                stale.extend(ids)
+            held = self._preempted_in_flight.pop(s.request_id, None)
+            if held is not None:
+                stale.extend(held)
+            if s.samples and req.status is RequestStatus.PREEMPTED:
+                req.num_output_placeholders -= 1  # that token will never be reported
+        if stale:
+            kv.pool.evict_blocks([b for b in stale if b != kv.pool.null_block.block_id])
 
     def has_unfinished_requests(self) -> bool:
         """Requests waiting, running or loading, or finished ones whose blocks a transfer still
@@ -315,6 +346,7 @@ class Scheduler:
             for s in scheduled:
                 if s.samples:
                     s.request.num_output_placeholders += 1
+            self._last_scheduled = frozenset(s.request_id for s in scheduled)
         num_tokens = self.config.max_num_batched_tokens - budget
         self.stats.steps += 1
         self.stats.scheduled_tokens += num_tokens
@@ -465,8 +497,9 @@ class Scheduler:
         # Check everything before changing anything: a bad token leaves every request as it was.
         # Requests finished or aborted since they were scheduled are skipped; one preempted
         # meanwhile (async scheduling) still takes its token.
+        placeholders = self.config.async_scheduling
         live = [s.request for s in sampling if s.request.status is RequestStatus.RUNNING
-                or s.request.status is RequestStatus.PREEMPTED]
+                or (placeholders and s.request.status is RequestStatus.PREEMPTED)]
         for req in live:
             rid = req.request_id
             if rid not in tokens:
@@ -476,11 +509,16 @@ class Scheduler:
                 raise InvalidArgumentError(
                     f"sampled token for request {rid!r} must be an int in [0, 2**32), "
                     f"got {token!r}")
+            if placeholders and req.num_output_placeholders <= 0:
+                raise InvalidArgumentError(
+                    f"request {rid!r} has no token in flight (was this step reported twice?)")
         if kv_connector_output is not None and self.connector is not None:
             recomputing = self._apply_connector_output(kv_connector_output)
             live = [r for r in live if r.request_id not in recomputing]
+        if placeholders and self._preempted_in_flight:  # their step is done: KV written
+            for s in output.scheduled:
+                self._preempted_in_flight.pop(s.request_id, None)
         finished: list[Request] = []
-        placeholders = self.config.async_scheduling
         for req in live:
             token = tokens[req.request_id]
             if placeholders:
@@ -588,6 +626,9 @@ class Scheduler:
         return None
 
     def _preempt(self, req: Request) -> None:
+        if req.request_id in self._last_scheduled:  # a step of its in flight: _fail_in_flight
+            self._preempted_in_flight[req.request_id] = [
+                b for ids in self.kv.get_block_ids(req.request_id) for b in ids]
         self.kv.free(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
@@ -598,6 +639,7 @@ class Scheduler:
     def _finish(self, req: Request, status: RequestStatus) -> None:
         req.status = status
         req.num_output_placeholders = 0  # a step still in flight for it is dropped
+        self._preempted_in_flight.pop(req.request_id, None)
         del self.requests[req.request_id]
         self._finished_ids.append(req.request_id)
         self.stats.num_finished += 1

@@ -444,7 +444,7 @@ class BatchBuilder:
 
     ``max_num_batched_tokens``, ``max_num_seqs`` and ``max_model_len`` size the buffers once
     (they grow if a step ever needs more).  ``reuse``: see :class:`StagingBuffer`; when reusing,
-    a step's tensors are valid until the next :meth:`prepare`."""
+    a step's tensors are valid until the next :meth:`prepare` but one."""
 
     def __init__(self, num_groups: int, block_size: int, device: torch.device | str, *,
                  max_num_batched_tokens: int = 2048, max_num_seqs: int = 64,

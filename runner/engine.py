@@ -37,8 +37,10 @@ Host/device synchronisation (CUDA; one wait per step):
   (``num_output_placeholders``); its id is copied on the device from step N's sampled tokens
   (:meth:`runner.batch.PreparedBatch.fill`), so the one wait per step overlaps the next
   step's GPU work.  A request that stops on EOS or a stop token has one extra step computed,
-  whose token is dropped.  Not with tensor parallelism (the workers' inputs are broadcast from
-  the host) nor with the host KV tier: those run synchronously (schedule, run, wait, apply).
+  whose token is dropped.  A step with a top-p row without top-k waits for its own tokens
+  before the next one is launched (the exact fallback, above, needs them on the host).  Not
+  with tensor parallelism (the workers' inputs are broadcast from the host) nor with the host
+  KV tier: those run synchronously (schedule, run, wait, apply).
 
 Failures: bad prompts or sampling params are refused before anything is admitted; an exception
 inside a step aborts that step's requests (``Scheduler.fail_step``: no never-written block stays
@@ -293,6 +295,7 @@ class LLM:
         self.vocab_size = int(hf_config.vocab_size)
         self._next_id = 0
         self._dead: str | None = None  # why the engine can no longer run (tensor parallel)
+        self._in_flight: _Launched | None = None  # async scheduling: launched, not applied
 
     def _host_tier(self, c: EngineConfig) -> tuple[Any, Any]:
         """The offloading connector's two sides for ``host_kv_blocks`` (or ``(None, None)``):
@@ -324,11 +327,12 @@ class LLM:
         The batch is admitted atomically (all prompts or none).
 
         If a step fails (an exception or ``KeyboardInterrupt`` in scheduling, the forward, the
-        sampler, ...), the failed step's requests (and, with async scheduling, the in-flight
-        step's) are dropped with ``Scheduler.fail_step`` (their never-written blocks leave the
-        prefix cache), every other unfinished request of this batch is aborted, and the
-        original exception propagates; the engine stays usable (single process).  Under tensor parallelism a failure while the workers were running a
-        forward leaves them out of step: the engine then refuses further work
+        sampler, ...), the failed step's requests are dropped with ``Scheduler.fail_step``
+        (their never-written blocks leave the prefix cache; with async scheduling the step in
+        flight, whose forward was launched, is applied first), every other unfinished request
+        of this batch is aborted, and the original exception propagates; the engine stays
+        usable (single process).  Under tensor parallelism a failure while the workers were
+        running a forward leaves them out of step: the engine then refuses further work
         (:class:`EngineDeadError`) and should be closed.
         """
         self._check_alive()
@@ -348,14 +352,12 @@ class LLM:
         self._next_id += len(requests)  # even if admission fails: ids are never reused
         self.scheduler.add_requests(requests)  # atomic: all of them or none
         bar: Any = None
-        in_flight: _Launched | None = None
         try:
             if use_tqdm and requests:
                 bar = _progress(len(requests))
             idle_steps = 0
-            while self.scheduler.has_unfinished_requests() or in_flight is not None:
-                finished, num_scheduled, in_flight = self._advance(
-                    in_flight, keep_in_flight=self.async_scheduling)
+            while self.scheduler.has_unfinished_requests() or self._in_flight is not None:
+                finished, num_scheduled = self._advance(keep_in_flight=self.async_scheduling)
                 if bar is not None and finished:
                     bar.update(len(finished))
                 idle_steps = 0 if num_scheduled or finished else idle_steps + 1
@@ -365,6 +367,9 @@ class LLM:
                         f"{self.scheduler.num_waiting} waiting and {self.scheduler.num_running} "
                         "running requests")
         except BaseException:
+            step, self._in_flight = self._in_flight, None
+            if step is not None:  # interrupted between two steps
+                self._settle(step)
             self._abort(requests)
             raise
         finally:
@@ -379,28 +384,48 @@ class LLM:
         If anything in the step raises, the step's requests are aborted with
         ``Scheduler.fail_step`` and the exception propagates; other requests are untouched."""
         self._check_alive()
-        return self._advance(None, keep_in_flight=False)[0]
+        return self._advance(keep_in_flight=False)[0]
 
-    def _advance(self, prev: _Launched | None, keep_in_flight: bool
-                 ) -> tuple[list[Request], int, _Launched | None]:
-        """Schedule and launch a step, then apply ``prev`` (the step in flight, if any), and
-        unless ``keep_in_flight`` the new step too.  Returns the requests finished, the number
-        of requests scheduled and the step now in flight."""
+    def _advance(self, keep_in_flight: bool) -> tuple[list[Request], int]:
+        """Schedule and launch a step, then apply the step in flight (``self._in_flight``), if
+        any, and unless ``keep_in_flight`` the new step too, which is otherwise left in flight.
+        Returns the requests finished and the number of requests scheduled.
+
+        If anything raises, the new step is failed (``Scheduler.fail_step``) and the previous
+        one, whose forward was launched (so its KV is written), is applied, or failed if
+        applying it is what raised."""
+        prev, self._in_flight = self._in_flight, None
         out: SchedulerOutput | None = None
-        launched: _Launched | None = None
+        pending = prev  # launched, not applied yet
         try:
             out = self.scheduler.schedule()
             launched = self._launch(out, prev)
-            finished = self._complete(prev) if prev is not None else []
-            if not keep_in_flight or not launched.rows:
+            finished: list[Request] = []
+            if prev is not None:
+                pending = None
+                finished = self._complete(prev)
+            if keep_in_flight and launched.rows:
+                self._in_flight = launched
+            else:
                 finished += self._complete(launched)
-                launched = None
         except BaseException:
-            for failed in (prev.out if prev is not None else None, out):
-                if failed is not None:
-                    self._fail_step(failed)
+            if pending is not None:
+                self._settle(pending)
+            elif prev is not None:
+                self._fail_step(prev.out)
+            if out is not None:
+                self._fail_step(out)
             raise
-        return finished, len(out.scheduled), launched
+        return finished, len(out.scheduled)
+
+    def _settle(self, step: _Launched) -> None:
+        """Apply a launched step after a later failure (its KV is written); if that fails too,
+        fail it (best effort, logged)."""
+        try:
+            self._complete(step)
+        except BaseException:
+            _log.exception("applying the step in flight after a failure failed; failing it")
+            self._fail_step(step.out)
 
     def _complete(self, step: _Launched) -> list[Request]:
         """Wait for ``step``'s tokens and apply them (stop conditions, freeing); the requests

@@ -102,8 +102,10 @@ def test_step_is_synchronous_and_generate_leaves_nothing_in_flight() -> None:
     llm.step()
     (r,) = llm.scheduler.running
     assert r.num_output_placeholders == 0 and r.num_output_tokens == 1
-    llm.generate([[4, 5, 6]], GREEDY, use_tqdm=False)
-    assert all(x.num_output_placeholders == 0 for x in llm.scheduler.running)
+    (out,) = llm.generate([[4, 5, 6]], GREEDY, use_tqdm=False)  # drives "x" to its end too
+    assert len(out.token_ids) == GREEDY.max_tokens and llm._in_flight is None
+    assert r.status.value == "length" and r.num_output_tokens == 3
+    assert r.num_output_placeholders == 0 and not llm.scheduler.has_unfinished_requests()
 
 
 def test_defaults_and_refusals() -> None:
@@ -136,3 +138,30 @@ def test_batch_fills_placeholders_from_the_previous_steps_tokens() -> None:
     batch.fill(torch.tensor([22, 11]))
     assert batch.input_ids.tolist() == [11, 22, 6, 7, 8, 9, 10]
     assert batch.positions.tolist() == [3, 2, 0, 1, 2, 3, 4]
+
+
+def test_interrupt_between_steps_applies_the_step_in_flight() -> None:
+    """Ctrl-C lands in generate's loop right after a step was launched: that step's tokens are
+    still applied (its KV is written), so a request outside the batch keeps going."""
+    llm = LLM(make_config("llama"), block_size=4, num_blocks=64, async_scheduling=True)
+    x = llm.manager.make_request("x", [1, 2, 3], max_tokens=8, sampling_params=GREEDY)
+    llm.scheduler.add_request(x)
+    real, calls = llm._advance, [0]
+
+    def advance(keep_in_flight: bool) -> Any:
+        result = real(keep_in_flight)
+        calls[0] += 1
+        if calls[0] == 3:
+            assert llm._in_flight is not None  # a step is in flight when the interrupt lands
+            raise KeyboardInterrupt
+        return result
+
+    llm._advance = advance  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate([[4, 5, 6]], GREEDY, use_tqdm=False)
+    llm._advance = real  # type: ignore[method-assign]
+    assert llm._in_flight is None and x.status.value == "running"
+    assert x.num_output_placeholders == 0 and x.num_computed_tokens == x.num_tokens - 1
+    llm.step()
+    assert x.num_output_tokens == 4
+    llm.manager.check_invariants()
