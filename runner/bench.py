@@ -2,7 +2,10 @@
 
 * ``attention``: decode attention's achieved bandwidth (bytes of K/V read / median time) per
   backend, for batch sizes 1-256 and contexts 512-32k, next to the device's measured
-  device-to-device copy bandwidth.  Goal: >= 80% of copy bandwidth at long context.
+  device-to-device copy bandwidth.  Goal: >= 80% of copy bandwidth at long context.  Peer
+  kernels (``--peers``, default ``flashinfer,flex`` on a GPU; :mod:`runner.peer_kernels`) read
+  the same pages through the same block tables in the same run; each peer's output is checked
+  against ours (``max_err``) before it is timed.
 * ``throughput``: end to end on a Qwen3-0.6B-shaped model with random weights, nano-vllm's recipe
   (256 sequences, input and output lengths uniform in 100-1024, ignore_eos).  ``--peer
   transformers`` adds the same prompts and output lengths through ``transformers``' own
@@ -32,6 +35,7 @@ import torch
 
 from kvcore.bench.table import render
 from runner.attention import AttentionMetadata, GroupMetadata, get_backend
+from runner.peer_kernels import PEERS, build_peer
 
 
 def _timer(device: torch.device) -> Callable[..., float]:
@@ -92,9 +96,10 @@ def copy_bandwidth(device: torch.device, nbytes: int) -> float:
 def bench_attention(device: torch.device, batches: Sequence[int], contexts: Sequence[int],
                     backends: Sequence[str], num_kv_heads: int = 8, group: int = 2,
                     head_dim: int = 128, block_size: int = 16, dtype: torch.dtype = torch.bfloat16,
-                    reps: int = 20) -> list[dict[str, Any]]:
+                    reps: int = 20, peers: Sequence[str] = ()) -> list[dict[str, Any]]:
     measure = _timer(device)
-    rows = []
+    rows: list[dict[str, Any]] = []
+    missing: set[str] = set()
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 8 << 30
     for batch in batches:
         for ctx in contexts:
@@ -115,6 +120,7 @@ def bench_attention(device: torch.device, batches: Sequence[int], contexts: Sequ
                                      seq_lens, 1, ctx, [GroupMetadata(slots, tables)],
                                      [ctx] * batch, [1] * batch)
             read = batch * ctx * 2 * num_kv_heads * head_dim * dtype.itemsize
+            ours: torch.Tensor | None = None
             for name in backends:
                 if name == "torch" and batch * ctx > 64 * 2048:
                     continue  # the reference gathers pages in Python: only small shapes
@@ -123,12 +129,42 @@ def bench_attention(device: torch.device, batches: Sequence[int], contexts: Sequ
                 except ImportError:
                     continue
                 graph = device.type == "cuda" and getattr(backend, "supports_cuda_graphs", False)
-                t = measure(_decode_call(backend, q, k, cache, meta), reps, graph=graph)
+                call = _decode_call(backend, q, k, cache, meta)
+                if ours is None:
+                    ours = call().float()
+                t = measure(call, reps, graph=graph)
                 rows.append({"backend": name, "batch": batch, "context": ctx,
                              "timing": "graph" if graph else "eager",
                              "ms": t * 1e3, "gbps": read / t / 1e9})
+            for name in peers:
+                if name in missing:
+                    continue
+                try:
+                    decode = build_peer(name, cache, tables, seq_lens, head_dim ** -0.5,
+                                        num_kv_heads * group)
+                except ImportError as exc:
+                    print(f"# skipping peer {name}: {exc}")
+                    missing.add(name)
+                    continue
+                err = None if ours is None else (decode(q).float() - ours).abs().max().item()
+                t, timing = _measure_peer(measure, decode, q, reps, device)
+                rows.append({"backend": f"peer:{name}", "batch": batch, "context": ctx,
+                             "timing": timing, "ms": t * 1e3, "gbps": read / t / 1e9,
+                             "max_err": err})
             del cache
     return rows
+
+
+def _measure_peer(measure: Callable[..., float], decode: Callable[[torch.Tensor], Any],
+                  q: torch.Tensor, reps: int, device: torch.device) -> tuple[float, str]:
+    """A peer's median time: replayed from a CUDA graph when it can be captured (as ours are),
+    else eager."""
+    if device.type == "cuda":
+        try:
+            return measure(lambda: decode(q), reps, graph=True), "graph"
+        except Exception as exc:  # not capturable: time its eager launches, and say so
+            print(f"# {type(exc).__name__} capturing a peer kernel; timing it eagerly")
+    return measure(lambda: decode(q), reps, graph=False), "eager"
 
 
 def _decode_call(backend: Any, q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor,
@@ -305,6 +341,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["attention", "throughput", "prefix", "all"])
     ap.add_argument("--backends", default="triton,torch,flash_attn")
+    ap.add_argument("--peers", help="attention: peer kernels, comma-separated, from "
+                    f"{','.join(sorted(PEERS))} (default: all on a GPU, none on the CPU)")
     ap.add_argument("--allow-cpu", action="store_true",
                     help="tiny shapes on the CPU, even where a GPU exists (a smoke test)")
     ap.add_argument("--json", metavar="FILE")
@@ -331,6 +369,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"# skipping backend {name}: {exc}")
             continue
         backends.append(name)
+    peers = [p for p in (args.peers if args.peers is not None
+                         else ",".join(sorted(PEERS)) if cuda else "").split(",") if p]
+    for p in peers:
+        if p not in PEERS:
+            print(f"runner.bench: unknown peer {p!r}; choose from {sorted(PEERS)}",
+                  file=sys.stderr)
+            return 2
     results: dict[str, Any] = {"device": torch.cuda.get_device_name() if cuda else "cpu",
                                "torch": torch.__version__}
     print(f"# {results['device']} · torch {torch.__version__}")
@@ -339,16 +384,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = bench_attention(device, [1, 8, 32, 128, 256] if cuda else [1, 2],
                                [512, 2048, 8192, 32768] if cuda else [64, 256], backends,
                                dtype=torch.bfloat16 if cuda else torch.float32,
-                               reps=20 if cuda else 2)
+                               reps=20 if cuda else 2, peers=peers)
         results["copy_gbps"] = copy
         results["attention"] = rows
         print(f"\ndecode attention (8 KV heads x 128, GQA 2, {'bf16' if cuda else 'fp32'}); "
               f"copy bandwidth "
               f"{copy:,.0f} GB/s")
-        print(render(["backend", "timing", "batch", "context", "ms", "GB/s", "% of copy"],
+        print(render(["backend", "timing", "batch", "context", "ms", "GB/s", "% of copy",
+                      "max err vs ours"],
                      [[r["backend"], r["timing"], str(r["batch"]), str(r["context"]),
                        f"{r['ms']:.3f}",
-                       f"{r['gbps']:,.0f}", f"{100 * r['gbps'] / copy:.0f}%"] for r in rows]))
+                       f"{r['gbps']:,.0f}", f"{100 * r['gbps'] / copy:.0f}%",
+                       "" if r.get("max_err") is None else f"{r['max_err']:.1e}"]
+                      for r in rows]))
     if args.what in ("throughput", "all"):
         num_seqs = args.num_seqs or (256 if cuda else 4)
         lens = (100 if cuda else 4, 1024 if cuda else 12)
@@ -369,16 +417,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                        str(r["num_blocks"]),
                        f"{len(r['graph_sizes'])} (<= {max(r['graph_sizes'], default=0)})",
                        str(r["preemptions"])] for r in rows]))
-        peers = [bench_transformers_cb(num_seqs, *lens, tiny, device.type)
-                 for _ in args.peer]
-        if peers:
-            results["throughput_peers"] = peers
+        e2e_peers = [bench_transformers_cb(num_seqs, *lens, tiny, device.type)
+                     for _ in args.peer]
+        if e2e_peers:
+            results["throughput_peers"] = e2e_peers
             print(render(["peer", "seqs", "output tokens", "s", "tok/s"]
                          + [f"{r['backend']} / peer" for r in rows],
                          [[p["peer"], str(p["num_seqs"]), str(p["output_tokens"]),
                            f"{p['seconds']:.2f}", f"{p['tokens_per_s']:,.0f}"]
                           + [f"{r['tokens_per_s'] / p['tokens_per_s']:.2f}x" for r in rows]
-                          for p in peers]))
+                          for p in e2e_peers]))
     if args.what in ("prefix", "all"):
         rows = [bench_prefix(b, 32 if cuda else 3, 4096 if cuda else 48, tiny, device.type)
                 for b in backends if b != "torch" or not cuda]

@@ -49,3 +49,15 @@ def test_throughput_peer_runs_the_same_workload(tmp_path: Path,
     # Same prompts and output lengths (ignore_eos): the same number of generated tokens.
     assert peer["output_tokens"] == ours["output_tokens"] > 0 and peer["tokens_per_s"] > 0
     assert "continuous batching" in peer["peer"] and "torch / peer" in capsys.readouterr().out
+
+
+def test_attention_peer_rows_are_checked_against_ours(capsys: pytest.CaptureFixture[str]) -> None:
+    from runner.bench import bench_attention
+
+    rows = bench_attention(torch.device("cpu"), [2], [40], ["torch"], num_kv_heads=2,
+                           head_dim=16, dtype=torch.float32, reps=1, peers=["flex"])
+    ours, peer = rows
+    assert ours["backend"] == "torch" and peer["backend"] == "peer:flex"
+    assert peer["max_err"] < 1e-4 and peer["gbps"] > 0 and peer["timing"] == "eager"
+    assert main(["attention", "--allow-cpu", "--peers", "nope"]) == 2
+    assert "unknown peer 'nope'" in capsys.readouterr().err

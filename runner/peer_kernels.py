@@ -1,0 +1,119 @@
+"""Other libraries' paged decode attention over kvcore's KV layout, for ``runner.bench``.
+
+Each builder takes the engine's KV tensor (``[2, num_blocks, block_size, num_kv_heads,
+head_dim]``, 0 = K, 1 = V), block tables (``[batch, width]`` int32, physical block ids) and
+sequence lengths, does its planning once (as a serving engine would, outside the timed call) and
+returns ``decode(q)``: ``q`` ``[batch, num_heads, head_dim]`` (one query token per sequence, at
+the end of its context) -> ``[batch, num_heads, head_dim]``.  Nothing is copied: both read the
+same pages the Triton kernel reads.
+
+* ``flex``: torch's FlexAttention.  K/V are strided views ``[1, kv_heads, num_blocks *
+  block_size, head_dim]`` of the pages; a ``BlockMask`` built from the block tables
+  (``from_kv_blocks``, one KV block per page) makes the kernel visit only each sequence's pages,
+  and its ``mask_mod`` keeps a sequence to its own pages and the valid part of its last page.
+  ``compile=True`` (the default) runs ``torch.compile(flex_attention)``, the fused kernel; eager
+  mode materialises all scores (a correctness reference only).
+* ``flashinfer``: FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper`` in the NHD layout, which is
+  kvcore's page layout; ``plan`` takes the CSR page table (indptr, indices, last page length).
+
+A builder raises ``ImportError`` when its library is missing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+Decode = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _pages(tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per sequence: its page count, its last page's id and how many tokens that page holds."""
+    pages = (seq_lens.long() + block_size - 1) // block_size
+    last = tables.long().gather(1, (pages - 1)[:, None]).squeeze(1)
+    tail = seq_lens.long() - (pages - 1) * block_size
+    return pages, last, tail
+
+
+def flex_decode(cache: torch.Tensor, tables: torch.Tensor, seq_lens: torch.Tensor,
+                scale: float, *, compile: bool = True) -> Decode:
+    """FlexAttention paged decode (see the module docstring)."""
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+    _, num_blocks, block_size, kv_heads, head_dim = cache.shape
+    batch, width = tables.shape
+    dev = cache.device
+    pages, last, tail = _pages(tables, seq_lens, block_size)
+    valid = torch.arange(width, device=dev)[None, :] < pages[:, None]
+    owner = torch.full((num_blocks,), -1, dtype=torch.long, device=dev)
+    owner[tables.long()[valid]] = torch.arange(batch, device=dev)[:, None].expand(
+        batch, width)[valid]
+    kv_indices = torch.zeros(batch, 1, 1, num_blocks, dtype=torch.int32, device=dev)
+    kv_indices[:, 0, 0, :width] = tables.int()
+
+    def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        page = kv_idx // block_size
+        return (owner[page] == b) & ((page != last[b]) | (kv_idx % block_size < tail[b]))
+
+    block_mask = BlockMask.from_kv_blocks(
+        pages.int()[:, None, None], kv_indices, BLOCK_SIZE=(128, block_size), mask_mod=mask_mod,
+        seq_lengths=(1, num_blocks * block_size))
+    k = cache[0].view(num_blocks * block_size, kv_heads, head_dim).permute(1, 0, 2)[None]
+    v = cache[1].view(num_blocks * block_size, kv_heads, head_dim).permute(1, 0, 2)[None]
+    k, v = k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1)
+    attend = torch.compile(flex_attention, dynamic=False) if compile else flex_attention
+
+    def decode(q: torch.Tensor) -> torch.Tensor:
+        out = attend(q[:, :, None, :], k, v, block_mask=block_mask, scale=scale,
+                     enable_gqa=True)
+        return out[:, :, 0]
+
+    return decode
+
+
+def flashinfer_decode(cache: torch.Tensor, tables: torch.Tensor, seq_lens: torch.Tensor,
+                      scale: float, num_heads: int) -> Decode:
+    """FlashInfer paged decode (see the module docstring)."""
+    import flashinfer
+
+    _, _, block_size, kv_heads, head_dim = cache.shape
+    dev = cache.device
+    pages, _, tail = _pages(tables, seq_lens, block_size)
+    indptr = torch.zeros(len(pages) + 1, dtype=torch.int32, device=dev)
+    indptr[1:] = pages.cumsum(0)
+    valid = torch.arange(tables.shape[1], device=dev)[None, :] < pages[:, None]
+    indices = tables.int()[valid]
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+    wrapper.plan(indptr, indices, tail.int(), num_heads, kv_heads, head_dim, block_size,
+                 pos_encoding_mode="NONE", sm_scale=scale, q_data_type=cache.dtype,
+                 kv_data_type=cache.dtype)
+    k_cache, v_cache = cache[0], cache[1]
+
+    def decode(q: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = wrapper.run(q, (k_cache, v_cache))
+        return out
+
+    return decode
+
+
+PEERS: dict[str, str] = {
+    "flex": "torch FlexAttention (compiled, block mask from the block tables)",
+    "flashinfer": "FlashInfer BatchDecodeWithPagedKVCacheWrapper (NHD)",
+}
+
+
+def build_peer(name: str, cache: torch.Tensor, tables: torch.Tensor, seq_lens: torch.Tensor,
+               scale: float, num_heads: int) -> Decode:
+    """The decode function of peer ``name`` (a key of :data:`PEERS`)."""
+    if name == "flex":
+        return flex_decode(cache, tables, seq_lens, scale)
+    if name == "flashinfer":
+        return flashinfer_decode(cache, tables, seq_lens, scale, num_heads)
+    raise ValueError(f"unknown peer kernel {name!r}; choose from {sorted(PEERS)}")
+
+
+__all__ = ["PEERS", "build_peer", "flashinfer_decode", "flex_decode"]
