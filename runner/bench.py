@@ -6,6 +6,9 @@
   kernels (``--peers``, default ``flashinfer,flex`` on a GPU; :mod:`runner.peer_kernels`) read
   the same pages through the same block tables in the same run; each peer's output is checked
   against ours (``max_err``) before it is timed.
+* ``prefill-attention``: causal prefill attention over paged K/V (each sequence's whole context
+  is its query: no cached prefix), in TFLOP/s, with the same peers (FlashInfer's paged prefill,
+  FlexAttention); every kernel timed eagerly (our prefill is not graph-captured).
 * ``throughput``: end to end on a Qwen3-0.6B-shaped model with random weights, nano-vllm's recipe
   (256 sequences, input and output lengths uniform in 100-1024, ignore_eos).  ``--peer
   transformers`` adds the same prompts and output lengths through ``transformers``' own
@@ -96,7 +99,10 @@ def copy_bandwidth(device: torch.device, nbytes: int) -> float:
 def bench_attention(device: torch.device, batches: Sequence[int], contexts: Sequence[int],
                     backends: Sequence[str], num_kv_heads: int = 8, group: int = 2,
                     head_dim: int = 128, block_size: int = 16, dtype: torch.dtype = torch.bfloat16,
-                    reps: int = 20, peers: Sequence[str] = ()) -> list[dict[str, Any]]:
+                    reps: int = 20, peers: Sequence[str] = (), prefill: bool = False
+                    ) -> list[dict[str, Any]]:
+    """Decode (one query token per sequence) or, with ``prefill``, causal prefill of the whole
+    context, per backend and peer; rows carry GB/s of K/V read and TFLOP/s."""
     measure = _timer(device)
     rows: list[dict[str, Any]] = []
     missing: set[str] = set()
@@ -113,53 +119,61 @@ def bench_attention(device: torch.device, batches: Sequence[int], contexts: Sequ
             perm = torch.randperm(num_blocks - 1, device=device)[:batch * blocks_per_seq] + 1
             tables = perm.view(batch, blocks_per_seq).to(torch.int32)
             seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
-            q = torch.randn(batch, num_kv_heads * group, head_dim, device=device, dtype=dtype)
-            k = torch.randn(batch, num_kv_heads, head_dim, device=device, dtype=dtype)
-            slots = torch.full((batch,), -1, dtype=torch.long, device=device)  # no write
-            meta = AttentionMetadata(torch.arange(batch + 1, dtype=torch.int32, device=device),
-                                     seq_lens, 1, ctx, [GroupMetadata(slots, tables)],
-                                     [ctx] * batch, [1] * batch)
+            q_len = ctx if prefill else 1
+            n = batch * q_len
+            q = torch.randn(n, num_kv_heads * group, head_dim, device=device, dtype=dtype)
+            k = torch.randn(n, num_kv_heads, head_dim, device=device, dtype=dtype)
+            slots = torch.full((n,), -1, dtype=torch.long, device=device)  # no write
+            meta = AttentionMetadata(
+                torch.arange(batch + 1, dtype=torch.int32, device=device) * q_len, seq_lens,
+                q_len, ctx, [GroupMetadata(slots, tables)], [ctx] * batch, [q_len] * batch)
             read = batch * ctx * 2 * num_kv_heads * head_dim * dtype.itemsize
+            # QK^T and PV, 2 flops per multiply-add, over the causal (query, key) pairs.
+            pairs = batch * (q_len * (ctx - q_len) + q_len * (q_len + 1) // 2)
+            flops = 4 * pairs * num_kv_heads * group * head_dim
             ours: torch.Tensor | None = None
             for name in backends:
-                if name == "torch" and batch * ctx > 64 * 2048:
+                if name == "torch" and (batch * ctx > 64 * 2048 or (prefill and ctx > 2048)):
                     continue  # the reference gathers pages in Python: only small shapes
                 try:
                     backend = get_backend(name)
                 except ImportError:
                     continue
-                graph = device.type == "cuda" and getattr(backend, "supports_cuda_graphs", False)
+                graph = (device.type == "cuda" and not prefill
+                         and getattr(backend, "supports_cuda_graphs", False))
                 call = _decode_call(backend, q, k, cache, meta)
                 if ours is None:
                     ours = call().float()
                 t = measure(call, reps, graph=graph)
                 rows.append({"backend": name, "batch": batch, "context": ctx,
-                             "timing": "graph" if graph else "eager",
-                             "ms": t * 1e3, "gbps": read / t / 1e9})
+                             "timing": "graph" if graph else "eager", "q_len": q_len,
+                             "ms": t * 1e3, "gbps": read / t / 1e9, "tflops": flops / t / 1e12})
             for name in peers:
                 if name in missing:
                     continue
                 try:
                     decode = build_peer(name, cache, tables, seq_lens, head_dim ** -0.5,
-                                        num_kv_heads * group)
+                                        num_kv_heads * group, q_len)
                 except ImportError as exc:
                     print(f"# skipping peer {name}: {exc}")
                     missing.add(name)
                     continue
                 err = None if ours is None else (decode(q).float() - ours).abs().max().item()
-                t, timing = _measure_peer(measure, decode, q, reps, device)
+                t, timing = _measure_peer(measure, decode, q, reps, device, graph=not prefill)
                 rows.append({"backend": f"peer:{name}", "batch": batch, "context": ctx,
-                             "timing": timing, "ms": t * 1e3, "gbps": read / t / 1e9,
+                             "timing": timing, "q_len": q_len, "ms": t * 1e3,
+                             "gbps": read / t / 1e9, "tflops": flops / t / 1e12,
                              "max_err": err})
             del cache
     return rows
 
 
 def _measure_peer(measure: Callable[..., float], decode: Callable[[torch.Tensor], Any],
-                  q: torch.Tensor, reps: int, device: torch.device) -> tuple[float, str]:
-    """A peer's median time: replayed from a CUDA graph when it can be captured (as ours are),
-    else eager."""
-    if device.type == "cuda":
+                  q: torch.Tensor, reps: int, device: torch.device, graph: bool = True
+                  ) -> tuple[float, str]:
+    """A peer's median time: replayed from a CUDA graph when ``graph`` and it can be captured
+    (as our decode is), else eager."""
+    if device.type == "cuda" and graph:
         try:
             return measure(lambda: decode(q), reps, graph=True), "graph"
         except Exception as exc:  # not capturable: time its eager launches, and say so
@@ -339,7 +353,8 @@ def bench_prefix(backend: str, num_seqs: int, prompt_len: int, tiny: bool,
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m runner.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["attention", "throughput", "prefix", "all"])
+    ap.add_argument("what", choices=["attention", "prefill-attention", "throughput", "prefix",
+                                     "all"])
     ap.add_argument("--backends", default="triton,torch,flash_attn")
     ap.add_argument("--peers", help="attention: peer kernels, comma-separated, from "
                     f"{','.join(sorted(PEERS))} (default: all on a GPU, none on the CPU)")
@@ -395,6 +410,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                      [[r["backend"], r["timing"], str(r["batch"]), str(r["context"]),
                        f"{r['ms']:.3f}",
                        f"{r['gbps']:,.0f}", f"{100 * r['gbps'] / copy:.0f}%",
+                       "" if r.get("max_err") is None else f"{r['max_err']:.1e}"]
+                      for r in rows]))
+    if args.what in ("prefill-attention", "all"):
+        rows = bench_attention(device, [1, 8, 32] if cuda else [1, 2],
+                               [512, 2048, 8192] if cuda else [32], backends,
+                               dtype=torch.bfloat16 if cuda else torch.float32,
+                               reps=10 if cuda else 2, peers=peers, prefill=True)
+        results["prefill_attention"] = rows
+        print(f"\nprefill attention (causal, whole context; 8 KV heads x 128, GQA 2, "
+              f"{'bf16' if cuda else 'fp32'})")
+        print(render(["backend", "timing", "batch", "tokens", "ms", "TFLOP/s",
+                      "max err vs ours"],
+                     [[r["backend"], r["timing"], str(r["batch"]), str(r["context"]),
+                       f"{r['ms']:.3f}", f"{r['tflops']:.1f}",
                        "" if r.get("max_err") is None else f"{r['max_err']:.1e}"]
                       for r in rows]))
     if args.what in ("throughput", "all"):

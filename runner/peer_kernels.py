@@ -5,7 +5,9 @@ head_dim]``, 0 = K, 1 = V), block tables (``[batch, width]`` int32, physical blo
 sequence lengths, does its planning once (as a serving engine would, outside the timed call) and
 returns ``decode(q)``: ``q`` ``[batch, num_heads, head_dim]`` (one query token per sequence, at
 the end of its context) -> ``[batch, num_heads, head_dim]``.  Nothing is copied: both read the
-same pages the Triton kernel reads.
+same pages the Triton kernel reads.  The prefill builders (``prefill=True``) take ``q_len``
+query tokens per sequence, the last ``q_len`` of its context, causal: ``q`` ``[batch * q_len,
+num_heads, head_dim]`` packed by sequence, as the engine packs a prefill step.
 
 * ``flex``: torch's FlexAttention.  K/V are strided views ``[1, kv_heads, num_blocks *
   block_size, head_dim]`` of the pages; a ``BlockMask`` built from the block tables
@@ -39,8 +41,9 @@ def _pages(tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int
 
 
 def flex_decode(cache: torch.Tensor, tables: torch.Tensor, seq_lens: torch.Tensor,
-                scale: float, *, compile: bool = True) -> Decode:
-    """FlexAttention paged decode (see the module docstring)."""
+                scale: float, *, compile: bool = True, q_len: int = 1) -> Decode:
+    """FlexAttention paged attention (see the module docstring); ``q_len`` > 1: causal
+    prefill of each sequence's last ``q_len`` tokens."""
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
     _, num_blocks, block_size, kv_heads, head_dim = cache.shape
@@ -51,32 +54,44 @@ def flex_decode(cache: torch.Tensor, tables: torch.Tensor, seq_lens: torch.Tenso
     owner = torch.full((num_blocks,), -1, dtype=torch.long, device=dev)
     owner[tables.long()[valid]] = torch.arange(batch, device=dev)[:, None].expand(
         batch, width)[valid]
-    kv_indices = torch.zeros(batch, 1, 1, num_blocks, dtype=torch.int32, device=dev)
-    kv_indices[:, 0, 0, :width] = tables.int()
+    logical = torch.zeros(num_blocks, dtype=torch.long, device=dev)  # a page's index in its table
+    logical[tables.long()[valid]] = torch.arange(width, device=dev)[None, :].expand(
+        batch, width)[valid]
+    first_q = seq_lens.long() - q_len  # position of each sequence's first query token
+    q_blocks = -(-q_len // 128)
+    kv_indices = torch.zeros(batch, 1, q_blocks, num_blocks, dtype=torch.int32, device=dev)
+    kv_indices[:, 0, :, :width] = tables.int()[:, None, :]
 
     def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
         page = kv_idx // block_size
-        return (owner[page] == b) & ((page != last[b]) | (kv_idx % block_size < tail[b]))
+        mine = (owner[page] == b) & ((page != last[b]) | (kv_idx % block_size < tail[b]))
+        if q_len == 1:
+            return mine
+        pos = logical[page] * block_size + kv_idx % block_size
+        return mine & (pos <= first_q[b] + q_idx)
 
     block_mask = BlockMask.from_kv_blocks(
-        pages.int()[:, None, None], kv_indices, BLOCK_SIZE=(128, block_size), mask_mod=mask_mod,
-        seq_lengths=(1, num_blocks * block_size))
+        pages.int()[:, None, None].expand(batch, 1, q_blocks).contiguous(), kv_indices,
+        BLOCK_SIZE=(128, block_size), mask_mod=mask_mod,
+        seq_lengths=(q_len, num_blocks * block_size))
     k = cache[0].view(num_blocks * block_size, kv_heads, head_dim).permute(1, 0, 2)[None]
     v = cache[1].view(num_blocks * block_size, kv_heads, head_dim).permute(1, 0, 2)[None]
     k, v = k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1)
     attend = torch.compile(flex_attention, dynamic=False) if compile else flex_attention
 
     def decode(q: torch.Tensor) -> torch.Tensor:
-        out = attend(q[:, :, None, :], k, v, block_mask=block_mask, scale=scale,
-                     enable_gqa=True)
-        return out[:, :, 0]
+        heads = q.shape[1]
+        qb = q.view(batch, q_len, heads, head_dim).transpose(1, 2)  # [B, H, q_len, D]
+        out = attend(qb, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
+        return out.transpose(1, 2).reshape(batch * q_len, heads, head_dim)
 
     return decode
 
 
 def flashinfer_decode(cache: torch.Tensor, tables: torch.Tensor, seq_lens: torch.Tensor,
-                      scale: float, num_heads: int) -> Decode:
-    """FlashInfer paged decode (see the module docstring)."""
+                      scale: float, num_heads: int, q_len: int = 1) -> Decode:
+    """FlashInfer paged decode, or for ``q_len`` > 1 its causal paged prefill
+    (``BatchPrefillWithPagedKVCacheWrapper``) (see the module docstring)."""
     import flashinfer
 
     _, _, block_size, kv_heads, head_dim = cache.shape
@@ -87,10 +102,18 @@ def flashinfer_decode(cache: torch.Tensor, tables: torch.Tensor, seq_lens: torch
     valid = torch.arange(tables.shape[1], device=dev)[None, :] < pages[:, None]
     indices = tables.int()[valid]
     workspace = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
-    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
-    wrapper.plan(indptr, indices, tail.int(), num_heads, kv_heads, head_dim, block_size,
-                 pos_encoding_mode="NONE", sm_scale=scale, q_data_type=cache.dtype,
-                 kv_data_type=cache.dtype)
+    wrapper: Any
+    if q_len == 1:
+        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+        wrapper.plan(indptr, indices, tail.int(), num_heads, kv_heads, head_dim, block_size,
+                     pos_encoding_mode="NONE", sm_scale=scale, q_data_type=cache.dtype,
+                     kv_data_type=cache.dtype)
+    else:
+        qo_indptr = torch.arange(len(pages) + 1, dtype=torch.int32, device=dev) * q_len
+        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+        wrapper.plan(qo_indptr, indptr, indices, tail.int(), num_heads, kv_heads, head_dim,
+                     block_size, causal=True, sm_scale=scale, q_data_type=cache.dtype,
+                     kv_data_type=cache.dtype)
     k_cache, v_cache = cache[0], cache[1]
 
     def decode(q: torch.Tensor) -> torch.Tensor:
@@ -107,12 +130,13 @@ PEERS: dict[str, str] = {
 
 
 def build_peer(name: str, cache: torch.Tensor, tables: torch.Tensor, seq_lens: torch.Tensor,
-               scale: float, num_heads: int) -> Decode:
-    """The decode function of peer ``name`` (a key of :data:`PEERS`)."""
+               scale: float, num_heads: int, q_len: int = 1) -> Decode:
+    """The attention function of peer ``name`` (a key of :data:`PEERS`) for ``q_len`` query
+    tokens per sequence."""
     if name == "flex":
-        return flex_decode(cache, tables, seq_lens, scale)
+        return flex_decode(cache, tables, seq_lens, scale, q_len=q_len)
     if name == "flashinfer":
-        return flashinfer_decode(cache, tables, seq_lens, scale, num_heads)
+        return flashinfer_decode(cache, tables, seq_lens, scale, num_heads, q_len)
     raise ValueError(f"unknown peer kernel {name!r}; choose from {sorted(PEERS)}")
 
 

@@ -24,6 +24,8 @@ def test_cpu_smoke_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert main(["all", "--allow-cpu", "--json", str(out_json)]) == 0
     data = json.loads(out_json.read_text())
     assert data["attention"] and all(r["gbps"] > 0 for r in data["attention"])
+    assert data["prefill_attention"] and all(r["q_len"] == r["context"] and r["tflops"] > 0
+                                             for r in data["prefill_attention"])
     assert data["throughput"][0]["output_tokens"] > 0
     assert data["prefix"][0]["cached_s"] > 0
     assert "decode attention" in capsys.readouterr().out
@@ -59,5 +61,9 @@ def test_attention_peer_rows_are_checked_against_ours(capsys: pytest.CaptureFixt
     ours, peer = rows
     assert ours["backend"] == "torch" and peer["backend"] == "peer:flex"
     assert peer["max_err"] < 1e-4 and peer["gbps"] > 0 and peer["timing"] == "eager"
+    (_, peer_prefill) = bench_attention(torch.device("cpu"), [2], [24], ["torch"],
+                                        num_kv_heads=2, head_dim=16, dtype=torch.float32,
+                                        reps=1, peers=["flex"], prefill=True)
+    assert peer_prefill["q_len"] == 24 and peer_prefill["max_err"] < 1e-4
     assert main(["attention", "--allow-cpu", "--peers", "nope"]) == 2
     assert "unknown peer 'nope'" in capsys.readouterr().err

@@ -14,7 +14,7 @@ from runner.peer_kernels import build_peer, flex_decode
 
 
 def paged_case(lens: list[int], kv_heads: int = 2, group: int = 3, head_dim: int = 16,
-               block_size: int = 16, seed: int = 0
+               block_size: int = 16, seed: int = 0, q_len: int = 1
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     width = max(-(-n // block_size) for n in lens)
@@ -23,11 +23,12 @@ def paged_case(lens: list[int], kv_heads: int = 2, group: int = 3, head_dim: int
     perm = torch.randperm(num_blocks - 1, generator=g)[:len(lens) * width] + 1
     tables = perm.view(len(lens), width).to(torch.int32)
     seq_lens = torch.tensor(lens, dtype=torch.int32)
-    q = torch.randn(len(lens), kv_heads * group, head_dim, generator=g)
-    meta = AttentionMetadata(torch.arange(len(lens) + 1, dtype=torch.int32), seq_lens, 1,
-                             max(lens), [GroupMetadata(torch.full((len(lens),), -1), tables)],
-                             list(lens), [1] * len(lens))
-    k_new = torch.zeros(len(lens), kv_heads, head_dim)  # slot -1: nothing is written
+    n = len(lens) * q_len
+    q = torch.randn(n, kv_heads * group, head_dim, generator=g)
+    meta = AttentionMetadata(torch.arange(len(lens) + 1, dtype=torch.int32) * q_len, seq_lens,
+                             q_len, max(lens), [GroupMetadata(torch.full((n,), -1), tables)],
+                             list(lens), [q_len] * len(lens))
+    k_new = torch.zeros(n, kv_heads, head_dim)  # slot -1: nothing is written
     want = get_backend("torch").forward(q, k_new, k_new, cache, meta, 0, head_dim ** -0.5)
     return cache, tables, seq_lens, q, want
 
@@ -42,6 +43,14 @@ def test_flex_compiled_kernel_uses_the_block_mask() -> None:
     """The fused kernel visits only the pages the block mask lists (torch.compile on CPU)."""
     cache, tables, seq_lens, q, want = paged_case([40, 17, 33], group=2, seed=1)
     got = build_peer("flex", cache, tables, seq_lens, 16 ** -0.5, num_heads=q.shape[1])(q)
+    assert (got - want).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_flex_causal_prefill_over_pages(compiled: bool) -> None:
+    """Each sequence's last 20 tokens attend causally to its whole paged context."""
+    cache, tables, seq_lens, q, want = paged_case([40, 20, 57], q_len=20, seed=2)
+    got = flex_decode(cache, tables, seq_lens, 16 ** -0.5, compile=compiled, q_len=20)(q)
     assert (got - want).abs().max().item() < 1e-5
 
 
