@@ -12,6 +12,7 @@ checked after every step.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
@@ -116,12 +117,18 @@ def drive_sync(s: Scheduler, dev: FakeDevice) -> None:
     raise AssertionError("sync run did not finish")
 
 
-def drive_async(s: Scheduler, dev: FakeDevice) -> int:
-    """Schedule N+1, run it, then report N; returns how many tokens were scheduled."""
+def drive_async(s: Scheduler, dev: FakeDevice,
+                fail: Callable[[int, SchedulerOutput], bool] | None = None) -> bool:
+    """Schedule N+1, run it, then report N, until everything finished.  ``fail(i, out)``
+    true (asked only while a step is in flight, and until it once answers true): the step in
+    flight and the just-scheduled ``out`` fail instead, the device forgetting both steps'
+    writes.  Returns whether a failure was injected."""
     in_flight: tuple[SchedulerOutput, dict[str, int]] | None = None
-    for _ in range(5000):
+    before_in_flight = dict(dev.kv)  # the device's KV before the step in flight ran
+    failed = False
+    for i in range(5000):
         if not s.has_unfinished_requests() and in_flight is None:
-            return s.stats.scheduled_tokens
+            return failed
         out = s.schedule()
         s.kv.check_invariants()
         for x in out.scheduled:  # nothing runs past its limits, counting what is in flight
@@ -130,10 +137,20 @@ def drive_async(s: Scheduler, dev: FakeDevice) -> int:
                 0 if x.samples else 1)
             assert r.max_tokens is None or r.num_output_tokens + r.num_output_placeholders \
                 <= r.max_tokens
-        sampled = dev.run(out, in_flight[1] if in_flight else None)
+        if fail is not None and in_flight is not None and not failed and fail(i, out):
+            failed = True
+            dev.kv = before_in_flight  # neither step wrote anything
+            s.fail_step(in_flight[0])
+            s.fail_step(out)
+            s.kv.check_invariants()
+            in_flight = None
+            continue
+        before = dict(dev.kv)
+        sampled = dev.run(out, in_flight[1] if in_flight else None)  # asserts what it reads
         if in_flight is not None:
             s.update_from_output(*in_flight)
             s.kv.check_invariants()
+        before_in_flight = before
         in_flight = (out, sampled) if out.scheduled else None
     raise AssertionError("async run did not finish")
 
@@ -263,32 +280,14 @@ def test_failing_the_in_flight_step_after_the_next_schedule(kind: str, seed: int
     num_blocks = max(probe.blocks_needed(r) for r in submit(probe, w)) + 1 + rng.choice([0, 3])
     s = make(specs, num_blocks, True, budget)
     submit(s, w)
-    dev = FakeDevice(specs)
-    in_flight: tuple[SchedulerOutput, dict[str, int]] | None = None
-    before_in_flight = dict(dev.kv)
-    failed = False
-    for i in range(5000):
-        if not s.has_unfinished_requests() and in_flight is None:
-            break
-        out = s.schedule()
-        if in_flight is not None and not failed and (out.preempted_request_ids or i % 7 == 3):
-            failed = True
-            dev.kv = before_in_flight  # neither step wrote anything
-            s.fail_step(in_flight[0])
-            s.fail_step(out)
-            s.kv.check_invariants()
-            in_flight = None
-            more = [s.kv.make_request(f"n{j}", list(p), max_tokens=2, eos_token_id=EOS)
-                    for j, p in enumerate(w.prompts)]
-            s.add_requests([r for r in more if s.blocks_needed(r) < num_blocks])
-            continue
-        before = dict(dev.kv)
-        sampled = dev.run(out, in_flight[1] if in_flight else None)  # asserts what it reads
-        if in_flight is not None:
-            s.update_from_output(*in_flight)
-        s.kv.check_invariants()
-        before_in_flight = before
-        in_flight = (out, sampled) if out.scheduled else None
-    else:
-        raise AssertionError("stuck after the failure")
+
+    def fail(i: int, out: SchedulerOutput) -> bool:
+        if not (out.preempted_request_ids or i % 7 == 3):
+            return False
+        more = [s.kv.make_request(f"n{j}", list(p), max_tokens=2, eos_token_id=EOS)
+                for j, p in enumerate(w.prompts)]  # new traffic sharing their prompts
+        s.add_requests([r for r in more if s.blocks_needed(r) < num_blocks])
+        return True
+
+    failed = drive_async(s, FakeDevice(specs), fail)
     assert failed and s.kv.num_free_blocks == num_blocks - 1
