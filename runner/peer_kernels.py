@@ -32,12 +32,14 @@ Decode = Callable[[torch.Tensor], torch.Tensor]
 
 
 def _pages(tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int
-           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per sequence: its page count, its last page's id and how many tokens that page holds."""
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per sequence: its page count, its last page's id, how many tokens that page holds, and
+    which entries of its table row are its pages ([batch, width] bool)."""
     pages = (seq_lens.long() + block_size - 1) // block_size
     last = tables.long().gather(1, (pages - 1)[:, None]).squeeze(1)
     tail = seq_lens.long() - (pages - 1) * block_size
-    return pages, last, tail
+    valid = torch.arange(tables.shape[1], device=tables.device)[None, :] < pages[:, None]
+    return pages, last, tail, valid
 
 
 def flex_decode(cache: torch.Tensor, tables: torch.Tensor, seq_lens: torch.Tensor,
@@ -49,8 +51,7 @@ def flex_decode(cache: torch.Tensor, tables: torch.Tensor, seq_lens: torch.Tenso
     _, num_blocks, block_size, kv_heads, head_dim = cache.shape
     batch, width = tables.shape
     dev = cache.device
-    pages, last, tail = _pages(tables, seq_lens, block_size)
-    valid = torch.arange(width, device=dev)[None, :] < pages[:, None]
+    pages, last, tail, valid = _pages(tables, seq_lens, block_size)
     owner = torch.full((num_blocks,), -1, dtype=torch.long, device=dev)
     owner[tables.long()[valid]] = torch.arange(batch, device=dev)[:, None].expand(
         batch, width)[valid]
@@ -96,10 +97,9 @@ def flashinfer_decode(cache: torch.Tensor, tables: torch.Tensor, seq_lens: torch
 
     _, _, block_size, kv_heads, head_dim = cache.shape
     dev = cache.device
-    pages, _, tail = _pages(tables, seq_lens, block_size)
+    pages, _, tail, valid = _pages(tables, seq_lens, block_size)
     indptr = torch.zeros(len(pages) + 1, dtype=torch.int32, device=dev)
     indptr[1:] = pages.cumsum(0)
-    valid = torch.arange(tables.shape[1], device=dev)[None, :] < pages[:, None]
     indices = tables.int()[valid]
     workspace = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
     wrapper: Any
