@@ -42,7 +42,8 @@ Host/device synchronisation (CUDA; one wait per step):
   with tensor parallelism (the workers' inputs are broadcast from the host) nor with the host
   KV tier: those run synchronously (schedule, run, wait, apply).
 
-Failures: bad prompts or sampling params are refused before anything is admitted; an exception
+Failures: bad settings are refused before anything is built (:mod:`runner.config`); bad
+prompts or sampling params are refused before anything is admitted; an exception
 inside a step aborts that step's requests (``Scheduler.fail_step``: no never-written block stays
 in the prefix cache) and ``generate`` aborts the rest of its batch before re-raising, so the
 engine stays usable.  Tensor-parallel workers are not recovered: if a step fails while they run
@@ -73,6 +74,7 @@ from kvcore.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from kvcore.specs import KVCacheConfig, config_dtype, kv_cache_config_from_hf
 from runner.attention import get_backend
 from runner.batch import BatchBuilder, ModelInputs
+from runner.config import EngineConfig
 from runner.distributed import TPGroup
 from runner.kv_cache import KVCacheLayout
 from runner.model_runner import ModelRunner
@@ -91,29 +93,6 @@ _MAX_IDLE_STEPS = 64
 class EngineDeadError(RuntimeError):
     """The engine cannot run any more (a tensor-parallel forward failed, or it was closed with
     workers); build a new one."""
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    backend: str = "torch"
-    block_size: int = 16
-    num_blocks: int | None = None  # default: GPU profile, or kv_cache_memory_bytes on CPU
-    gpu_memory_utilization: float = 0.9
-    kv_cache_memory_bytes: int = 256 << 20  # CPU budget per rank
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192  # per step; longer prompts are prefilled in chunks
-    max_model_len: int | None = None  # default: min(max_position_embeddings, 8192)
-    enable_prefix_caching: bool = True
-    tensor_parallel_size: int = 1
-    dtype: torch.dtype | None = None  # default: the config's on GPU, float32 on CPU
-    device: str | None = None
-    seed: int = 0
-    enforce_eager: bool = False  # no CUDA graphs
-    max_graph_batch_size: int = 512  # decode graphs up to min(this, max_num_seqs)
-    host_kv_blocks: int = 0  # a host-memory KV tier of this many blocks (0 = none)
-    host_kv_policy: str = "lru"  # its eviction policy (kvcore.eviction names)
-    # Schedule step N+1 while step N runs (None: wherever supported: one rank, no host tier).
-    async_scheduling: bool | None = None
 
 
 @dataclass
@@ -185,22 +164,6 @@ def _build_runner(spec: _RankSpec, tp: TPGroup) -> ModelRunner:
     return runner
 
 
-def _async_scheduling(c: EngineConfig) -> bool:
-    """``c.async_scheduling`` resolved: None means on wherever it is supported."""
-    supported = c.tensor_parallel_size == 1 and not c.host_kv_blocks
-    if c.async_scheduling is None:
-        return supported
-    if not isinstance(c.async_scheduling, bool):
-        raise InvalidArgumentError(
-            f"async_scheduling must be a bool or None, got {c.async_scheduling!r}")
-    if c.async_scheduling and not supported:
-        raise InvalidArgumentError(
-            "async_scheduling=True needs tensor_parallel_size=1 and no host KV tier "
-            f"(got tensor_parallel_size={c.tensor_parallel_size}, "
-            f"host_kv_blocks={c.host_kv_blocks})")
-    return c.async_scheduling
-
-
 def _profile_sampling(device: torch.device) -> Any:
     """Sampling as a step does it (full-vocabulary noise for every row), for memory profiling."""
     def sample(logits: torch.Tensor) -> None:
@@ -249,11 +212,10 @@ class LLM:
 
     def __init__(self, model: str | Path | Any, *, tokenizer: Any = None, **kwargs: Any) -> None:
         c = EngineConfig(**kwargs)
-        async_scheduling = _async_scheduling(c)
         hf_config = load_config(model)
+        max_len = c.max_model_len_for(hf_config)
         device = c.device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = c.dtype or (config_dtype(hf_config) if device.startswith("cuda") else torch.float32)
-        max_len = c.max_model_len or min(int(hf_config.max_position_embeddings), 8192)
         groups = kv_cache_config_from_hf(hf_config, block_size=c.block_size, num_blocks=2,
                                          dtype=dtype).groups
         if c.tensor_parallel_size > 1 and device == "cuda":
@@ -265,20 +227,27 @@ class LLM:
         self.device = torch.device(device)
         self._workers: list[Any] = []
         self.tp = TPGroup()
-        if c.tensor_parallel_size > 1:
-            ctx = mp.get_context("spawn")
-            for rank in range(1, c.tensor_parallel_size):
-                proc = ctx.Process(target=_worker_main, args=(rank, spec), daemon=True)
-                proc.start()
-                self._workers.append(proc)
-            self.tp = _init_distributed(0, c.tensor_parallel_size, spec.port, device)
-        self.runner = _build_runner(spec, self.tp)
+        self._dead: str | None = None  # why the engine can no longer run (tensor parallel)
+        try:
+            if c.tensor_parallel_size > 1:
+                ctx = mp.get_context("spawn")
+                for rank in range(1, c.tensor_parallel_size):
+                    proc = ctx.Process(target=_worker_main, args=(rank, spec), daemon=True)
+                    proc.start()
+                    self._workers.append(proc)
+                self.tp = _init_distributed(0, c.tensor_parallel_size, spec.port, device)
+            self.runner = _build_runner(spec, self.tp)
+        except BaseException:
+            # The workers may be stuck in the rendezvous or in a broadcast: terminate them.
+            self._dead = "the engine failed to start"
+            self.close()
+            raise
         self.kv_config = KVCacheConfig(self.runner.num_blocks, groups)
         self.manager = KVCacheManager(self.kv_config, max_len,
                                       enable_caching=c.enable_prefix_caching,
                                       max_num_batched_tokens=c.max_num_batched_tokens)
         connector, self._offload = self._host_tier(c)
-        self.async_scheduling = async_scheduling
+        self.async_scheduling = c.use_async_scheduling
         self.scheduler = Scheduler(self.manager, SchedulerConfig(
             max_num_seqs=c.max_num_seqs, max_num_batched_tokens=c.max_num_batched_tokens,
             async_scheduling=self.async_scheduling), connector)
@@ -294,7 +263,6 @@ class LLM:
         self.max_model_len = max_len
         self.vocab_size = int(hf_config.vocab_size)
         self._next_id = 0
-        self._dead: str | None = None  # why the engine can no longer run (tensor parallel)
         self._in_flight: _Launched | None = None  # async scheduling: launched, not applied
 
     def _host_tier(self, c: EngineConfig) -> tuple[Any, Any]:
@@ -302,8 +270,6 @@ class LLM:
         write-through stores of computed blocks, loads of host hits before recompute."""
         if not c.host_kv_blocks:
             return None, None
-        if c.tensor_parallel_size > 1:
-            raise InvalidArgumentError("host_kv_blocks is not supported with tensor parallelism")
         from kvcore.connector import KVConnectorRole, OffloadingConnector
         from runner.offload import HostKVTransfer
 
@@ -557,7 +523,8 @@ class LLM:
                     proc.terminate()
                     proc.join(timeout=10)
             self._dead = self._dead or "the tensor-parallel engine is closed"
-            dist.destroy_process_group()
+            if dist.is_initialized():
+                dist.destroy_process_group()
 
     def __enter__(self) -> LLM:
         return self

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvcore.errors import InvalidArgumentError
 from runner.attention.base import AttentionBackend, AttentionMetadata, GroupMetadata
 from runner.attention.torch_ref import TorchAttentionBackend
 
@@ -21,4 +22,5 @@ def get_backend(name: str) -> AttentionBackend:
         from runner.attention.flash_attn_backend import FlashAttnBackend
 
         return FlashAttnBackend()
-    raise ValueError(f"unknown attention backend {name!r}; choose torch, triton or flash_attn")
+    raise InvalidArgumentError(
+        f"unknown attention backend {name!r}; choose torch, triton or flash_attn")
