@@ -562,6 +562,19 @@ class KVCacheManager:
         self._known(request_id)
         return tuple([b.block_id for b in blocks] for blocks in self.coordinator.get_blocks(request_id))
 
+    def get_partial_block_ids(self, request_id: str, num_tokens: SupportsIndex) -> list[int]:
+        """Per group, the id of the block holding token ``num_tokens`` when that token is not
+        the first of its block (the partly filled block a step starting there completes);
+        groups where it is the first, or the block is null or not allocated, give none."""
+        n = _count("num_tokens", num_tokens)
+        self._known(request_id)
+        ids: list[int] = []
+        for m, blocks in zip(self.coordinator.managers, self.coordinator.get_blocks(request_id)):
+            i, offset = divmod(n, m.block_size)
+            if offset and i < len(blocks) and not blocks[i].is_null:
+                ids.append(blocks[i].block_id)
+        return ids
+
     def get_num_common_prefix_blocks(self, request_id: str) -> list[int]:
         """Per group, how many leading blocks of this request every running request shares
         (the cascade-attention prefix)."""

@@ -39,10 +39,9 @@ preempted while its step is in flight still receives that token (it was computed
 request's own KV), and finishes in the waiting queue if the token stops it.  ``fail_step`` of
 a step in flight after the next one was scheduled drops from the prefix cache the blocks that
 step allocated and the blocks of requests preempted meanwhile, and gives up their in-flight
-tokens; fail the next step too (it may hit those blocks).  Not covered: a sliding-window block
-filled partly by an earlier step, completed by the failed one and left out of the window by the
-next ``schedule()``; an engine whose launched steps always write their KV (a device fault ends
-the process) never fails a launched step for its KV, only the step it could not launch.
+tokens; fail the next step too (it may hit those blocks).  That includes a block an earlier
+step filled partly, the failed step completed (hashing it) and the next ``schedule()`` released
+because a sliding window left it.
 """
 
 from __future__ import annotations
@@ -206,6 +205,10 @@ class Scheduler:
         # flight, until its token is reported (or the step fails: then they leave the cache).
         self._preempted_in_flight: dict[str, list[int]] = {}
         self._last_scheduled: frozenset[str] = frozenset()  # (async) the previous step's ids
+        # (async) step -> the partly filled blocks it completes, for the last two steps: the
+        # next schedule() may slide a window past one (freeing it, hash and all) before the
+        # step is reported or failed.
+        self._partial_blocks: dict[int, list[int]] = {}
 
     # -- requests -------------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -297,11 +300,12 @@ class Scheduler:
 
     def _fail_in_flight(self, output: SchedulerOutput) -> None:
         """Async scheduling: ``output`` may have been followed by another ``schedule()`` that
-        moved its requests on (preempted them, released blocks): drop the blocks it allocated
-        and those of its requests preempted since from the prefix cache, and give up the tokens
-        it was to sample for requests that are not aborted here."""
+        moved its requests on (preempted them, slid windows past blocks): drop from the prefix
+        cache the blocks it allocated, the partly filled ones it completed, and those of its
+        requests preempted since, and give up the tokens it was to sample for requests that are
+        not aborted here."""
         kv = self.kv
-        stale: list[int] = []
+        stale = self._partial_blocks.pop(output.step, [])
         for s in output.scheduled:
             req = s.request
             for ids in s.new_block_ids:
@@ -342,13 +346,18 @@ class Scheduler:
             budget = self._schedule_waiting(budget, scheduled)
         for s in scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
+        self.stats.steps += 1
         if self.config.async_scheduling:
+            partial: list[int] = []
             for s in scheduled:
                 if s.samples:
                     s.request.num_output_placeholders += 1
+                partial += kv.get_partial_block_ids(s.request_id, s.num_computed_tokens)
             self._last_scheduled = frozenset(s.request_id for s in scheduled)
+            self._partial_blocks = {step: ids for step, ids in self._partial_blocks.items()
+                                    if step == self.stats.steps - 1}
+            self._partial_blocks[self.stats.steps] = partial
         num_tokens = self.config.max_num_batched_tokens - budget
-        self.stats.steps += 1
         self.stats.scheduled_tokens += num_tokens
         finished, self._finished_ids = self._finished_ids, []
         out = SchedulerOutput(scheduled, preempted, finished, num_tokens, self.stats.steps)
@@ -515,7 +524,9 @@ class Scheduler:
         if kv_connector_output is not None and self.connector is not None:
             recomputing = self._apply_connector_output(kv_connector_output)
             live = [r for r in live if r.request_id not in recomputing]
-        if placeholders and self._preempted_in_flight:  # their step is done: KV written
+        if placeholders:  # this step is done: its KV is written
+            self._partial_blocks.pop(output.step, None)
+        if placeholders and self._preempted_in_flight:
             for s in output.scheduled:
                 self._preempted_in_flight.pop(s.request_id, None)
         finished: list[Request] = []

@@ -47,6 +47,7 @@ class FakeDevice:
                 tokens = [*tokens, in_flight[s.request_id]]
             tables = s.block_ids
             start = s.num_computed_tokens
+            self._read_context(s.request.all_token_ids, tables, start)
             for pos, tok in enumerate(tokens, start):
                 for g, spec in enumerate(self.specs):
                     block = tables[g][pos // spec.block_size]
@@ -55,6 +56,19 @@ class FakeDevice:
             if s.samples:
                 sampled[s.request_id] = self._next(tables, start + s.num_new_tokens)
         return sampled
+
+    def _read_context(self, known: list[int], tables: tuple[list[int], ...], start: int) -> None:
+        """What the step's first new token attends to in the cache, per group: positions
+        [start - window + 1, start) (all of [0, start) for full attention) must hold KV written
+        for that position and, where the token is known, that token."""
+        for g, spec in enumerate(self.specs):
+            bs = spec.block_size
+            window = getattr(spec, "sliding_window", None) or start + 1
+            for pos in range(max(0, start - window + 1), start):
+                block = tables[g][pos // bs]
+                got = self.kv.get((g, block * bs + pos % bs))
+                assert block != 0 and got is not None and got[0] == pos, (g, pos, block, got)
+                assert pos >= len(known) or got[1] == known[pos], (g, pos, got, known[pos])
 
     def _next(self, tables: tuple[list[int], ...], length: int) -> int:
         """A token from the KV of positions [0, length) as group 0 (full attention) reads them;
@@ -159,6 +173,7 @@ SPECS = {
     "full": (full_spec(4),),
     "full-bs3": (full_spec(3),),
     "hybrid": (full_spec(4), swa_spec(8, 4)),
+    "swa": (swa_spec(8, 4),),
 }
 
 
@@ -291,3 +306,24 @@ def test_failing_the_in_flight_step_after_the_next_schedule(kind: str, seed: int
 
     failed = drive_async(s, FakeDevice(specs), fail)
     assert failed and s.kv.num_free_blocks == num_blocks - 1
+
+
+@pytest.mark.parametrize("kind", ["swa", "hybrid"])
+def test_failed_step_that_completed_a_block_the_next_schedule_slid_past(kind: str) -> None:
+    """Step N completes a sliding-window block that step N-1 partly filled and runs on past the
+    window, so step N+1's schedule frees that block from the request's table; then step N
+    fails.  The block's hash (made in step N) must leave the prefix cache with the rest: a
+    later request with the same prompt may not be served KV that was never written."""
+    specs = SPECS[kind]
+    prompt = [(7 * i) % (VOCAB - 1) + 1 for i in range(30)]
+    s = make(specs, 40, True, budget=14)
+    s.add_requests([s.kv.make_request("a", prompt, max_tokens=2, eos_token_id=EOS)])
+
+    def fail(i: int, out: SchedulerOutput) -> bool:
+        if i != 2:  # in flight: step 1 (tokens 14..27, completing block 12..15)
+            return False
+        s.add_requests([s.kv.make_request("b", [*prompt, 5, 6], max_tokens=3, eos_token_id=EOS)])
+        return True
+
+    assert drive_async(s, FakeDevice(specs), fail)  # the device asserts what it reads back
+    assert s.kv.num_free_blocks == 40 - 1
