@@ -23,6 +23,7 @@ from tests.factories import (
     full_spec,
     make_manager,
     manager_snapshot,
+    swa_spec,
 )
 
 if TYPE_CHECKING:
@@ -122,6 +123,18 @@ def test_decode_fills_and_caches_a_block() -> None:
     decode(m, r, 102)  # 9 tokens: a new block
     assert m.get_block_ids("a") == ([1, 2, 3],)
     m.check_invariants()
+
+
+def test_partial_block_ids_name_the_block_a_step_completes() -> None:
+    m = make_manager(full_spec(BS), swa_spec(4, BS), num_blocks=32, max_model_len=1024)
+    r = m.make_request("a", range(14))
+    admit(m, r)  # 14 tokens: blocks 0..3 per group
+    m.remove_skipped_blocks("a", 14)  # the window (4) no longer reaches blocks 0 and 1
+    full, swa = m.get_block_ids("a")
+    assert swa[:2] == [0, 0] and m.get_partial_block_ids("a", 13) == [full[3], swa[3]]
+    assert m.get_partial_block_ids("a", 12) == []  # a block boundary: nothing partly filled
+    assert m.get_partial_block_ids("a", 2) == [full[0]]  # the window's block is null
+    assert m.get_partial_block_ids("a", 17) == []  # beyond the allocated blocks
 
 
 def test_preemption_then_rehit() -> None:
