@@ -531,6 +531,7 @@ class BlockPool:
             lora_name=request.lora_name,
             extra_keys=tuple(extra),
             group_id=group_id,
+            session_id=request.session_id,
         )
 
     def _evict(self, block: KVCacheBlock) -> None:
@@ -660,6 +661,7 @@ class BlockPool:
                 lora_name=request.lora_name,
                 extra_keys=(untag_extra_keys(block_extra_keys(request, start, num_tokens)),),
                 group_id=group_id,
+                session_id=request.session_id,
             ))
 
     def has_partial_primary(self, block: KVCacheBlock) -> bool:

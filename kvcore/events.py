@@ -55,8 +55,9 @@ class BlockStored(KVCacheEventBase, frozen=True, kw_only=True):
     (``None`` for a block without extra keys; untagged, see :func:`untag_extra_keys`).
     ``kv_cache_spec_kind`` (``"full_attention"``, ``"sliding_window"``, ...) and
     ``kv_cache_spec_sliding_window`` describe the group, as ``KVCacheManager.take_events``
-    annotates them.  ``lora_id`` (deprecated in vLLM), ``locality``, ``ownership`` and
-    ``session_id`` exist for vLLM's events; kvcore leaves them ``None``."""
+    annotates them.  ``session_id`` is the storing request's (as vLLM 0.32 sends it; it names
+    who stored or reused the block, not who owns it).  ``lora_id`` (deprecated in vLLM),
+    ``locality`` and ``ownership`` exist for vLLM's events; kvcore leaves them ``None``."""
 
     block_hashes: tuple[ExternalBlockHash, ...]
     parent_block_hash: ExternalBlockHash | None

@@ -65,6 +65,7 @@ class KVRequest(Protocol):
     lora_name: str | None
     cache_salt: str | None
     mm_items: tuple[MultiModalItem, ...]
+    session_id: str | None  # sent in BlockStored events, as vLLM does
 
     @property
     def num_tokens(self) -> int: ...

@@ -80,6 +80,7 @@ class _SeqRequest:
     lora_name: str | None = None
     cache_salt: str | None = None
     mm_items: tuple[MultiModalItem, ...] = ()
+    session_id: str | None = None
 
     def __init__(self, seq: Sequence) -> None:
         self.request_id = str(seq.seq_id)

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from kvcore import KVCacheEvent, MultiModalItem, decode_event_batch, encode_event_batch
+from kvcore.offload import HostOffloadingManager
 from tests.differential.test_vs_vllm import _peer
 from tests.factories import admit, full_spec, make_manager, swa_spec
 
@@ -25,6 +26,13 @@ _PEER_SCRIPT = textwrap.dedent("""
     import msgspec
     from vllm.distributed.kv_events import (
         AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch)
+
+    FIELDS = ("medium", "lora_name", "session_id", "block_size", "token_ids",
+              "parent_block_hash", "kv_cache_spec_sliding_window")
+    def js(v):
+        if isinstance(v, bytes):
+            return v.hex()
+        return [js(x) for x in v] if isinstance(v, (list, tuple)) else v
 
     decoder = msgspec.msgpack.Decoder(KVEventBatch)
     encoder = msgspec.msgpack.Encoder()
@@ -36,6 +44,7 @@ _PEER_SCRIPT = textwrap.dedent("""
         "groups": [getattr(e, "group_idx", None) for e in batch.events],
         "kinds": [getattr(e, "kv_cache_spec_kind", None) for e in batch.events],
         "rank": batch.data_parallel_rank,
+        "fields": [[js(getattr(e, f, None)) for f in FIELDS] for e in batch.events],
     }
     theirs = KVEventBatch(ts=5.0, data_parallel_rank=2, events=[
         BlockStored(block_hashes=[11, 12], parent_block_hash=10, token_ids=[1, 2, 3, 4],
@@ -52,12 +61,17 @@ _PEER_SCRIPT = textwrap.dedent("""
 """)
 
 
+FIELDS = ("medium", "lora_name", "session_id", "block_size", "token_ids", "parent_block_hash",
+          "kv_cache_spec_sliding_window")
+
+
 def _event_stream() -> list[KVCacheEvent]:
     """A manager's events: two groups (full + sliding window), LoRA, multimodal and salt keys,
-    evictions and a reset."""
+    a session id, evictions and a reset; then a host tier's (``medium="CPU"``) stores and
+    evictions."""
     m = make_manager(full_spec(4), swa_spec(8, 4), num_blocks=12, enable_events=True)
     a = m.make_request("a", range(14), lora_name="ad", cache_salt="s",
-                       mm_items=(MultiModalItem("img", 5, 2),))
+                       mm_items=(MultiModalItem("img", 5, 2),), session_id="chat-7")
     assert admit(m, a) is not None
     m.free(a)
     b = m.make_request("b", range(100, 118))
@@ -67,7 +81,25 @@ def _event_stream() -> list[KVCacheEvent]:
     events = m.take_events()
     assert {type(e).__name__ for e in events} == {"BlockStored", "BlockRemoved",
                                                    "AllBlocksCleared"}
-    return events
+    assert {getattr(e, "session_id", None) for e in events} == {None, "chat-7"}
+    host = HostOffloadingManager(2, 4)
+    for keys in ([(0, a.block_hashes[0]), (1, a.block_hashes[1])], [(0, b.block_hashes[0])]):
+        out = host.prepare_store(keys)
+        assert out is not None
+        host.complete_store(out.keys_to_store)
+    cpu = host.take_events()
+    assert {e.medium for e in cpu} == {"CPU"} and len(cpu) == 4  # 2 stores, 1 eviction, 1 store
+    return [*events, *cpu]
+
+
+def _fields(e: KVCacheEvent) -> list[Any]:
+    """``FIELDS`` of ``e`` as the peer script reports vLLM's decoded values (bytes as hex)."""
+    def js(v: Any) -> Any:
+        if isinstance(v, bytes):
+            return v.hex()
+        return [js(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+    return [js(getattr(e, f, None)) for f in FIELDS]
 
 
 def _run_peer(data: bytes) -> dict[str, Any]:
@@ -89,6 +121,7 @@ def test_event_bytes_are_vllm_wire_format_both_ways() -> None:
     assert peer["types"] == [type(e).__name__ for e in events]
     assert peer["groups"] == [getattr(e, "group_id", None) for e in events]
     assert peer["kinds"] == [getattr(e, "kv_cache_spec_kind", None) for e in events]
+    assert peer["fields"] == [_fields(e) for e in events]  # session ids, media, tokens, ...
     assert peer["rank"] == 0
     # vLLM's bytes (int hashes, CPU medium, fields kvcore never sets) decode into kvcore's
     # classes and re-encode unchanged.
