@@ -336,6 +336,27 @@ def test_a_prefix_evicted_from_the_device_is_loaded_from_the_host() -> None:
     eng.assert_clean()
 
 
+def test_a_finished_request_refreshes_its_host_copies_even_after_device_hits() -> None:
+    # a's and then b's blocks fill the 8-slot tier; a2 is served from the device cache alone,
+    # and its end refreshes a's copies (as vLLM's offloading manager touches a finished
+    # request's keys), so c's stores evict b's copies, not the older a's.
+    eng = Engine(num_blocks=32, host_blocks=8)
+    a = eng.add("a", prompt(0))
+    eng.drain()
+    b = eng.add("b", prompt(500))
+    eng.drain()
+    a2 = eng.add("a2", [*prompt(0), 9])
+    eng.drain()
+    assert a2.num_cached_tokens == 16 and eng.sched.stats.external_hit_tokens == 0
+    eng.add("c", prompt(900))
+    eng.drain()
+    host = eng.connector.host
+    assert host is not None
+    assert all((0, h) in host for h in a.block_hashes[:4])
+    assert not any((0, h) in host for h in b.block_hashes[:4])
+    eng.assert_clean()
+
+
 def test_synchronous_loads_compute_in_the_same_step() -> None:
     eng = Engine(num_blocks=8, load_async=False)
     evict_a_prefix(eng)

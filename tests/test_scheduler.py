@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
 from kvcore import InvalidArgumentError, KVCacheSpec, Request, UnknownRequestError
+from kvcore.connector import KVConnectorBase, KVConnectorMetadata, KVConnectorRole
+from kvcore.manager import KVCacheBlocks
 from kvcore.request import RequestStatus
 from kvcore.scheduler import RequestRejectedError, Scheduler, SchedulerConfig, SchedulerOutput
 from tests.factories import full_spec, make_manager, swa_spec
@@ -311,3 +313,49 @@ def test_fail_step_uncaches_unwritten_blocks_and_aborts() -> None:
     assert s.kv.get_computed_blocks(again)[1] == 8
     other = s.kv.make_request("other", [60, 61, 62, 63, 64, 65, 66, 67, 68])
     assert s.kv.get_computed_blocks(other)[1] == 0
+
+
+class _LookupLater(KVConnectorBase):
+    """A user's own connector whose store answers a lookup only on the third try (``None``:
+    "not known yet"), then supplies nothing; it records the calls the scheduler makes."""
+
+    def __init__(self) -> None:
+        super().__init__(KVConnectorRole.SCHEDULER)
+        self.asked: dict[str, int] = {}
+        self.allocated: list[tuple[str, int]] = []
+        self.finished: list[str] = []
+
+    def get_num_new_matched_tokens(self, request: Request,
+                                   num_computed_tokens: int) -> tuple[int | None, bool]:
+        n = self.asked[request.request_id] = self.asked.get(request.request_id, 0) + 1
+        return (None, False) if n < 3 else (0, False)
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks,
+                                 num_external_tokens: int) -> None:
+        self.allocated.append((request.request_id, num_external_tokens))
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        return KVConnectorMetadata()
+
+    def request_finished(self, request: Request,
+                         block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
+        self.finished.append(request.request_id)
+        return False, None
+
+
+def test_a_connector_that_does_not_know_yet_keeps_the_queue_in_order() -> None:
+    conn = _LookupLater()
+    m = make_manager(full_spec(4), num_blocks=32, max_model_len=256)
+    s = Scheduler(m, SchedulerConfig(), conn)
+    a = s.kv.make_request("a", list(range(9)), max_tokens=3)
+    b = s.kv.make_request("b", list(range(50, 60)), max_tokens=3)
+    s.add_requests([a, b])
+    for _ in range(2):  # "a" is not known yet: it is not admitted, nor is "b" behind it
+        out, _ = step(s)
+        assert not out.scheduled and s.num_waiting == 2 and m.pool.num_free_blocks == 31
+    out, _ = step(s)
+    assert [x.request_id for x in out.scheduled] == ["a"]  # b's first answer is None too
+    assert conn.asked == {"a": 3, "b": 1} and conn.allocated == [("a", 0)]
+    run(s)
+    assert conn.asked["b"] == 3 and conn.allocated == [("a", 0), ("b", 0)]
+    assert sorted(conn.finished) == ["a", "b"] and m.pool.num_free_blocks == 31

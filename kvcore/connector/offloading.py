@@ -249,6 +249,10 @@ class OffloadingConnector(KVConnectorBase):
         rid = request.request_id
         self._stored_upto.pop(rid, None)
         self._match.pop(rid, None)
+        # The request used its full blocks (device hits, host loads or computed): the copies
+        # the tier holds are refreshed in its policy, group by group from the head, as vLLM's
+        # offloading manager does when a request finishes.
+        self._host().touch(self._keys(request.block_hashes))
         return any(owner == rid for owner, _ in self._store_jobs.values()), None
 
     def take_events(self) -> list[KVCacheEvent]:
