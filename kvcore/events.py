@@ -129,15 +129,43 @@ def _as_tuples(value: Any) -> Any:
     return value
 
 
+_EVENT_TYPES: dict[str, type[KVCacheEventBase]] = {
+    cls.__name__: cls for cls in (BlockStored, BlockRemoved, AllBlocksCleared)}
+
+
+def _decode_arrays(data: bytes) -> KVEventBatch:
+    """A batch whose events are positional arrays (vLLM before 0.26, kvcore's
+    ``encoding="array"``): each ``[tag, field, ...]`` in declaration order, trailing defaults
+    left out.  Raises ``msgspec.ValidationError`` for anything else."""
+    raw = msgspec.msgpack.decode(data)
+    if not (isinstance(raw, list) and 2 <= len(raw) <= 3 and isinstance(raw[1], list)):
+        raise msgspec.ValidationError("not an event batch: expected [ts, events, rank]")
+    events: list[Any] = []
+    for item in raw[1]:
+        cls = _EVENT_TYPES.get(item[0]) if isinstance(item, list) and item else None
+        if cls is None:
+            raise msgspec.ValidationError(f"not a tagged event array: {item!r:.80}")
+        names = [f.encode_name for f in msgspec.structs.fields(cls)]
+        if len(item) - 1 > len(names):
+            raise msgspec.ValidationError(f"{item[0]} has {len(item) - 1} fields, at most "
+                                          f"{len(names)} expected")
+        events.append({"type": item[0], **dict(zip(names, item[1:]))})
+    return msgspec.convert([raw[0], events, *raw[2:]], KVEventBatch)
+
+
 def decode_event_batch(data: bytes) -> KVEventBatch:
-    """Decode a batch published by kvcore or vLLM 0.32 into these classes.
+    """Decode a batch published by kvcore or vLLM (tagged maps as vLLM 0.26+ sends them, or
+    the older positional arrays) into these classes.
 
     Raises ``msgspec.DecodeError`` (a ``ValueError``) for bytes that are not such a batch.
     ``extra_keys`` entries have no fixed type on the wire, so their nested arrays (an
     ``(mm id, offset)`` pair) are turned back into tuples here: decoded events then equal, and
     hash like, the events that were encoded.
     """
-    batch = _decoder.decode(data)
+    try:
+        batch = _decoder.decode(data)
+    except msgspec.ValidationError:  # maybe the positional encoding: [tag, field, ...]
+        batch = _decode_arrays(data)
     events = batch.events
     for i, event in enumerate(events):
         if isinstance(event, BlockStored) and event.extra_keys:

@@ -115,6 +115,37 @@ def test_decode_rejects_garbage() -> None:
         decode_event_batch(msgspec.msgpack.encode({"a": 1}))
     with pytest.raises(ValueError):
         decode_event_batch(msgspec.msgpack.encode([1.0, [{"type": "Nope"}]]))
+    for events in ([["Nope", 1]], [[]], [["BlockRemoved", [1], "GPU", 0, None, None, 7]],
+                   [["BlockStored", "not hashes"]], [3]):
+        with pytest.raises(ValueError):
+            decode_event_batch(msgspec.msgpack.encode([1.0, events, 0]))
+
+
+def test_decode_reads_the_positional_encoding_too() -> None:
+    """vLLM before 0.26 (and the publisher's ``encoding="array"``) sent ``[tag, field, ...]``
+    arrays in declaration order with trailing defaults left out: they decode into the same
+    events as the tagged maps."""
+    from kvcore.publisher import encode_payload
+
+    events = _sample_events()
+    for ints in (True, False):
+        as_maps = decode_event_batch(encode_payload(events, 2.5, int_block_hashes=ints))
+        as_arrays = decode_event_batch(
+            encode_payload(events, 2.5, int_block_hashes=ints, encoding="array"))
+        assert as_arrays == as_maps and len(as_maps.events) == len(events)
+    old = [1.0, [["BlockStored", [7, 8], 6, [1, 2, 3, 4], 2, None, "CPU"],
+                 ["BlockRemoved", [7]], ["AllBlocksCleared"]], 1]
+    batch = decode_event_batch(msgspec.msgpack.encode(old))
+    stored, removed, cleared = batch.events
+    assert isinstance(stored, BlockStored) and stored.block_hashes == (7, 8)
+    assert (stored.parent_block_hash, stored.token_ids, stored.medium) == (6, (1, 2, 3, 4), "CPU")
+    assert stored.group_id is None and isinstance(removed, BlockRemoved)
+    assert removed.medium == "GPU" and type(cleared).__name__ == "AllBlocksCleared"
+    from kvcore.cluster import KVRoutingIndex
+
+    index = KVRoutingIndex()  # the routing index reads such a stream as well
+    index.apply_payload(0, msgspec.msgpack.encode([1.0, old[1][:1], 0]), seq=0)
+    assert index.holders(7) == {0: {"CPU": 1}} and index.num_blocks(0, "CPU") == 2
 
 
 def test_decode_reads_everything_vllm_publishes() -> None:
