@@ -502,6 +502,12 @@ def test_cluster_replay_indexes_host_copies() -> None:
     result = replay_cluster(reqs, cfg, ClusterConfig(2, "prefix"))
     assert result.host_hit_tokens > 0 and result.num_finished == len(reqs)
     assert sum(r.host_hit_tokens for r in result.replicas) == result.host_hit_tokens
+    # The index learned every block each replica's host tier holds from its CPU events (and
+    # forgot the ones the tier evicted), next to the device blocks.
+    for rep in result.replicas:
+        assert rep.host_blocks_held > 0
+        assert rep.indexed_blocks.get("CPU") == rep.host_blocks_held
+        assert rep.indexed_blocks.get("GPU", 0) > 0
 
 
 def test_cli_host_blocks(capsys: pytest.CaptureFixture[str]) -> None:

@@ -73,6 +73,10 @@ class ReplicaResult:
     steps: int = 0
     evicted_blocks: int = 0
     preemptions: int = 0
+    # At the end: this replica's entries in the routing index per medium, and the blocks its
+    # host tier holds (each held block was announced by a medium="CPU" event).
+    indexed_blocks: dict[str, int] = field(default_factory=dict)
+    host_blocks_held: int = 0
 
 
 @dataclass
@@ -201,6 +205,10 @@ def replay_cluster(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = 
         res.scheduled_tokens = rep.sched.stats.scheduled_tokens
         res.evicted_blocks = rep.manager.pool.num_evicted_blocks
         res.preemptions = rep.sched.stats.num_preemptions
+        res.indexed_blocks = {m: n for m in ("GPU", "CPU")
+                              if (n := index.num_blocks(rep.rid, m))}
+        host = getattr(rep.sched.connector, "host", None)
+        res.host_blocks_held = len(host) if host is not None else 0
     busy_ms = [r.result.busy_ms for r in reps]
     mean_busy = statistics.fmean(busy_ms)
     ttft.sort()
