@@ -206,15 +206,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
                        host_blocks=args.host_blocks, host_eviction_policy=args.host_policy,
                        host_admit_after=args.host_admit_after)
     num_blocks = cfg.resolve_num_blocks()
-    if args.publish_replay and not args.publish:
+    if args.publish_replay is not None and args.publish is None:
         raise InvalidArgumentError("--publish-replay needs --publish")
     clustered = args.replicas > 1 or args.router is not None
-    if clustered and args.publish:
+    if clustered and args.publish is not None:
         raise InvalidArgumentError("--publish streams one replica's events; it cannot be "
                                    "combined with --replicas/--router")
     if clustered:
         result = _replay_cluster(reqs, cfg, args, progress)
-    elif args.publish:
+    elif args.publish is not None:
         from kvcore.publisher import ZmqEventPublisher
 
         with ZmqEventPublisher(args.publish, args.publish_replay) as publisher:
@@ -226,7 +226,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     out: dict[str, Any] = {"source": source, "requests": len(reqs), "block_size": args.block_size,
                            "num_blocks": num_blocks, "eviction_policy": policy,
                            "queue_hints": cfg.queue_hints, "replay": result.to_dict()}
-    if args.publish:
+    if args.publish is not None:
         out["published"] = published
     out["replay"].pop("usage", None)
     if clustered:

@@ -104,10 +104,31 @@ def _check_int(name: str, value: object, minimum: int) -> int:
 
 
 def _check_endpoint(name: str, value: object) -> str:
-    if not isinstance(value, str) or "://" not in value:
-        raise InvalidArgumentError(f"{name} must be a ZeroMQ endpoint such as "
-                                   f"'tcp://*:5557', got {value!r}")
-    return value
+    """``value`` as a ZeroMQ endpoint: ``tcp://host:port`` (port 1-65535 or ``*``),
+    ``ipc://path`` or ``inproc://name``."""
+    ok = False
+    if isinstance(value, str):
+        scheme, sep, address = value.partition("://")
+        ok = bool(sep and address) and scheme in ("tcp", "ipc", "inproc")
+        if ok and scheme == "tcp":
+            host, colon, port = address.rpartition(":")
+            ok = bool(colon and host) and (port == "*" or (port.isdigit()
+                                                            and 0 < int(port) < 65536))
+        if ok:
+            return value
+    raise InvalidArgumentError(
+        f"{name} must be a ZeroMQ endpoint such as 'tcp://*:5557' (port 1-65535 or *), "
+        f"'ipc://path' or 'inproc://name', got {value!r}")
+
+
+def _same_address(a: str, b: str) -> bool:
+    """Whether two endpoints name the same address (a wildcard host overlaps any host of the
+    same port; wildcard ports never clash)."""
+    if a.startswith("tcp://") and b.startswith("tcp://"):
+        host_a, _, port_a = a[6:].rpartition(":")
+        host_b, _, port_b = b[6:].rpartition(":")
+        return port_a == port_b != "*" and (host_a == host_b or "*" in (host_a, host_b))
+    return a == b
 
 
 def _binds(endpoint: str) -> bool:
@@ -138,6 +159,9 @@ class ZmqEventPublisher:
         endpoint = _check_endpoint("endpoint", endpoint)
         if replay_endpoint is not None:
             replay_endpoint = _check_endpoint("replay_endpoint", replay_endpoint)
+            if _same_address(endpoint, replay_endpoint):
+                raise InvalidArgumentError(f"replay_endpoint {replay_endpoint!r} is the PUB "
+                                           f"endpoint's address ({endpoint!r})")
         self.buffer_steps = _check_int("buffer_steps", buffer_steps, 1)
         hwm = _check_int("hwm", hwm, 0)
         max_queue_size = _check_int("max_queue_size", max_queue_size, 1)
@@ -210,13 +234,16 @@ class ZmqEventPublisher:
         if self._closed:
             return
         self._closed = True
+        deadline = time.monotonic() + timeout
         self._queue.put(None)  # the sender drains the queue up to this sentinel
         self._thread.join(timeout)
         if self._thread.is_alive():
             logger.warning("kvcore publisher: %d batches still queued after %.1fs",
                            self._queue.qsize(), timeout)
         else:
-            self._close_sockets()
+            # What the sender handed to ZeroMQ may still be on its way (a connecting PUB
+            # socket's peer may not even be reached yet): give it the rest of the timeout.
+            self._close_sockets(linger_ms=max(0, int((deadline - time.monotonic()) * 1000)))
 
     def __enter__(self) -> ZmqEventPublisher:
         return self
@@ -224,8 +251,8 @@ class ZmqEventPublisher:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
-    def _close_sockets(self) -> None:
-        self._pub.close(linger=0)
+    def _close_sockets(self, linger_ms: int = 0) -> None:
+        self._pub.close(linger=linger_ms)
         if self._replay is not None:
             self._replay.close(linger=0)
 
