@@ -17,6 +17,7 @@ from kvcore.errors import (
     NullBlockError,
     UnknownHashAlgorithmError,
     UnknownRequestError,
+    UnsupportedFeatureError,
 )
 from kvcore.events import (
     AllBlocksCleared,
@@ -97,6 +98,7 @@ __all__ = [
     "SlidingWindowSpec",
     "UnknownHashAlgorithmError",
     "UnknownRequestError",
+    "UnsupportedFeatureError",
     "check_invariants",
     "check_manager_invariants",
     "decode_event_batch",

@@ -526,13 +526,29 @@ class BlockPool:
             parent_block_hash=hashes[num_cached_blocks - 1] if num_cached_blocks > 0 else None,
             token_ids=tuple(request.all_token_ids[start:end]),
             block_size=block_size,
-            lora_id=None,
+            lora_id=request.lora_id,
             medium=MEDIUM_GPU,
             lora_name=request.lora_name,
             extra_keys=tuple(extra),
             group_id=group_id,
             session_id=request.session_id,
         )
+
+    def report_cached_blocks(self, request: KVRequest, num_blocks: int, block_size: int,
+                             group_id: int, block_hashes: Sequence[BlockHash]) -> None:
+        """Record one ``BlockStored`` for the request's first ``num_blocks`` blocks of group
+        ``group_id``, already cached (a prefix hit), changing no block: vLLM's
+        ``kv_cache_report_mode="full"``, so routers learn who reuses a prefix.  ``block_hashes``
+        are the request's hashes at ``block_size``."""
+        if not 0 <= group_id < self.num_groups:
+            raise InvalidGroupError(f"group id {group_id} out of range [0, {self.num_groups})")
+        n = _check_count("num_blocks", num_blocks)
+        if n > len(block_hashes):
+            raise InvalidArgumentError(f"num_blocks={n} exceeds the {len(block_hashes)} block "
+                                       "hashes given")
+        if self.enable_events and n > 0:
+            self._events.append(self._stored_event(request, num_blocks, block_hashes, 0,
+                                                   block_size, group_id, list(range(num_blocks))))
 
     def _evict(self, block: KVCacheBlock) -> None:
         """Remove every key of ``block`` from its group's map (the block itself stays where it
@@ -656,7 +672,7 @@ class BlockPool:
                 parent_block_hash=request.block_hashes[idx - 2] if idx > 1 else None,
                 token_ids=tuple(request.all_token_ids[start:num_tokens]),
                 block_size=hash_block_size,
-                lora_id=None,
+                lora_id=request.lora_id,
                 medium=MEDIUM_GPU,
                 lora_name=request.lora_name,
                 extra_keys=(untag_extra_keys(block_extra_keys(request, start, num_tokens)),),
@@ -667,6 +683,11 @@ class BlockPool:
     def has_partial_primary(self, block: KVCacheBlock) -> bool:
         """Whether ``block``'s hash is a partial prompt-tail entry (``cache_partial_block``)."""
         return block.block_id in self._partial_primary
+
+    def partial_primary_tokens(self, block: KVCacheBlock) -> int | None:
+        """How many prefix tokens ``block``'s partial prompt-tail entry covers (``None``: its
+        hash, if any, covers the whole block)."""
+        return self._partial_primary.get(block.block_id)
 
     def secondary_keys(self, block: KVCacheBlock) -> tuple[BlockHash, ...]:
         """The partial entries ``block`` carries besides its hash."""

@@ -62,6 +62,12 @@ class UnknownRequestError(KVCoreError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class UnsupportedFeatureError(KVCoreError, ValueError):
+    """A configuration asks for a behaviour kvcore does not implement (e.g. a vLLM feature the
+    vLLM integration refuses at engine start rather than differ from vLLM silently); the
+    message names the feature and the setting that turns it off."""
+
+
 class InvariantError(KVCoreError, AssertionError):
     """A structural invariant (see DESIGN.md, "Invariants") does not hold.
 

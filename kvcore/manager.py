@@ -78,6 +78,8 @@ _ZERO: Final = 0  # the default count; see the fast path of allocate_slots
 
 def _count(name: str, value: object) -> int:
     """``value`` as a non-negative int (numpy integers accepted), else InvalidArgumentError."""
+    if type(value) is int and value >= 0:  # the common case, without the ABC check
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
         raise InvalidArgumentError(f"{name} must be a non-negative int, got {value!r}")
     return int(value)
@@ -265,6 +267,19 @@ class KVCacheManager:
                              (num_hit_tokens, pool.num_evicted_blocks, pool.num_resets))
         return hit, num_hit_tokens
 
+    def report_prefix_hit(self, request: KVRequest, hit: Sequence[Sequence[KVCacheBlock]]) -> None:
+        """Record a ``BlockStored`` event per group for the hit blocks ``get_computed_blocks``
+        returned for ``request`` (null positions included), as vLLM does for a request with
+        ``kv_cache_report_mode="full"``; nothing without events."""
+        if len(hit) != self.num_groups:
+            raise InvalidArgumentError(f"hit must hold one block list per group "
+                                       f"({self.num_groups}), got {len(hit)}")
+        for m, blocks in zip(self.coordinator.managers, hit):
+            if blocks:
+                self.pool.report_cached_blocks(
+                    request, len(blocks), m.block_size, m.group_id,
+                    hashes_at(request.block_hashes, self.hash_block_size, m.block_size))
+
     def record_prefix_cache_stats(self, request: KVRequest, num_hit_tokens: SupportsIndex) -> None:
         """Count one prefix-cache query of ``request`` that hit ``num_hit_tokens`` tokens.
 
@@ -289,10 +304,13 @@ class KVCacheManager:
         delay_cache_blocks: bool = False,
         num_encoder_tokens: SupportsIndex = 0,
         full_sequence_must_fit: bool = False,
+        reserved_blocks: SupportsIndex = 0,
     ) -> KVCacheBlocks | None:
         """Slots for ``num_new_tokens`` (+ lookahead) tokens after the computed ones (see the
         module docstring's layout).  Returns the newly allocated blocks per group, or ``None``
-        (nothing changed) when the pool cannot supply them."""
+        (nothing changed) when the pool cannot supply them while leaving ``reserved_blocks``
+        free blocks for requests already in flight (vLLM's gate for async KV loads; the
+        ``full_sequence_must_fit`` check does not count them, as in vLLM)."""
         tracked = self._requests.get(request.request_id)
         hits: Sequence[Sequence[KVCacheBlock]] = self._empty
         # A call that only adds tokens to a running request, or starts a fresh one from nothing,
@@ -301,7 +319,7 @@ class KVCacheManager:
         if not (self.fast_path and type(num_new_tokens) is int and num_new_tokens > 0
                 and num_new_computed_tokens is _ZERO and num_lookahead_tokens is _ZERO
                 and num_external_computed_tokens is _ZERO and num_encoder_tokens is _ZERO
-                and not full_sequence_must_fit
+                and reserved_blocks is _ZERO and not full_sequence_must_fit
                 and (new_computed_blocks is None or new_computed_blocks is self._empty)
                 and (not request.num_computed_tokens if tracked is None else
                      tracked[0] is request and request.num_computed_tokens <= tracked[1])):
@@ -311,9 +329,10 @@ class KVCacheManager:
                 num_external_computed_tokens, num_encoder_tokens)
             hits = self._check_allocation(request, num_new_tokens, num_new_computed_tokens,
                                           new_computed_blocks, num_external_computed_tokens)
+            reserved_blocks = _count("reserved_blocks", reserved_blocks)
         else:  # the counts the fast path found zero, as ints (for mypy and the compiled build)
             num_new_computed_tokens = num_lookahead_tokens = num_external_computed_tokens = 0
-            num_encoder_tokens = 0
+            num_encoder_tokens = reserved_blocks = 0
 
         num_local_computed = request.num_computed_tokens + num_new_computed_tokens
         total_computed = num_local_computed + num_external_computed_tokens
@@ -339,7 +358,7 @@ class KVCacheManager:
             num_slots = self.max_model_len
         new_blocks = coord.allocate(request, tracked is not None, num_slots, hits,
                                     num_local_computed, num_external_computed_tokens,
-                                    num_encoder_tokens, cache_upto)
+                                    num_encoder_tokens, cache_upto, reserved_blocks)
         if new_blocks is None:
             return None
         if tracked is None:
@@ -585,6 +604,12 @@ class KVCacheManager:
     @property
     def usage(self) -> float:
         return self.pool.usage
+
+    @property
+    def admission_caps(self) -> tuple[int | None, ...]:
+        """Per group, the most blocks ``full_sequence_must_fit`` counts for one request (types
+        that recycle blocks within a window), ``None`` where uncapped."""
+        return self._admission_caps
 
     @property
     def num_free_blocks(self) -> int:

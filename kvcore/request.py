@@ -66,6 +66,10 @@ class KVRequest(Protocol):
     cache_salt: str | None
     mm_items: tuple[MultiModalItem, ...]
     session_id: str | None  # sent in BlockStored events, as vLLM does
+    lora_id: int | None  # the LoRA adapter's int id, sent in BlockStored events as vLLM does
+    # Tokens of steps whose output is not processed yet, counted in num_computed_tokens
+    # (vLLM's async scheduling): blocks leave a window only up to num_computed_tokens minus these.
+    num_in_flight_tokens: int
 
     @property
     def num_tokens(self) -> int: ...
@@ -109,13 +113,15 @@ class Request(KVRequest):
     ``ignore_eos`` and ``stop_token_ids`` are the stop conditions ``kvcore.scheduler`` applies;
     ``sampling_params`` is carried for the engine that samples.  ``session_id`` names the
     conversation a request belongs to (multi-turn chat): a retention hint, see
-    :class:`kvcore.scheduler.SchedulerConfig` ``retain_sessions``.
+    :class:`kvcore.scheduler.SchedulerConfig` ``retain_sessions``.  ``lora_name`` keys the
+    block hashes (different adapters never share KV); ``lora_id`` is the adapter's int id, only
+    published in ``BlockStored`` events (vLLM's deprecated field).
     """
 
     __slots__ = ("_block_hasher", "all_token_ids", "arrival_time", "block_hashes", "cache_salt",
-                 "eos_token_id", "ignore_eos", "lora_name", "max_tokens", "mm_items",
-                 "num_cached_tokens", "num_computed_tokens", "num_output_placeholders",
-                 "num_preemptions",
+                 "eos_token_id", "ignore_eos", "lora_id", "lora_name", "max_tokens", "mm_items",
+                 "num_cached_tokens", "num_computed_tokens", "num_in_flight_tokens",
+                 "num_output_placeholders", "num_preemptions",
                  "num_prompt_tokens", "request_id", "sampling_params", "session_id",
                  "skip_reading_prefix_cache", "status", "stop_token_ids")
 
@@ -138,6 +144,7 @@ class Request(KVRequest):
         arrival_time: float = 0.0,
         sampling_params: object = None,
         session_id: object = None,
+        lora_id: object = None,
     ) -> None:
         if not isinstance(request_id, str) or not request_id:
             raise InvalidArgumentError(f"request_id must be a non-empty str, got {request_id!r}")
@@ -149,6 +156,8 @@ class Request(KVRequest):
         cache_salt = _check_name("cache_salt", cache_salt)
         lora_name = _check_name("lora_name", lora_name)
         session_id = _check_name("session_id", session_id)
+        if lora_id is not None and (type(lora_id) is not int or lora_id <= 0):
+            raise InvalidArgumentError(f"lora_id must be a positive int or None, got {lora_id!r}")
         items = tuple(mm_items)
         for prev, item in pairwise(items):
             if item.offset < prev.offset:
@@ -170,6 +179,7 @@ class Request(KVRequest):
         self.arrival_time = arrival_time
         self.sampling_params = sampling_params
         self.session_id = session_id
+        self.lora_id = lora_id
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prefix-hit tokens at the latest admission
@@ -177,6 +187,8 @@ class Request(KVRequest):
         # Tokens sampled by steps still in flight (async scheduling): their positions are
         # already scheduled, their ids not known yet (see kvcore.scheduler).
         self.num_output_placeholders = 0
+        # kvcore's scheduler releases window blocks at num_computed_tokens: nothing in flight.
+        self.num_in_flight_tokens = 0
         self.block_hashes: list[BlockHash] = []
         self._block_hasher = block_hasher
         if block_hasher is not None:

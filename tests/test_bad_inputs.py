@@ -161,6 +161,11 @@ CASES = [
     # -- manager ----------------------------------------------------------------------------------
     Case("manager", "allocate for a freed request", lambda w: w.m.allocate_slots(w.freed, 1),
          RequestStateError, "holds no blocks", f"{M}.allocate_slots"),
+    Case("manager", "a negative reserve", lambda w: w.m.allocate_slots(
+        w.waiting, 2, 8, w.hit, reserved_blocks=-2), InvalidArgumentError, "reserved_blocks"),
+    Case("manager", "report a hit without its groups", lambda w: w.w.report_prefix_hit(
+        w.waiting, w.hit), InvalidArgumentError, "one block list per group (2)",
+         f"{M}.report_prefix_hit"),
     Case("manager", "hit tokens without blocks",
          lambda w: w.m.allocate_slots(w.waiting, 2, 8, None), InvalidHitError,
          "num_new_computed_tokens=8"),
@@ -266,6 +271,12 @@ CASES = [
     Case("pool", "partial entry off a hash boundary", lambda w: w.m.pool.cache_partial_block(
         w.running, w.m.get_blocks("run")[0][1], 6, 4, 0), InvalidArgumentError,
          "multiple of hash_block_size", f"{P}.cache_partial_block"),
+    Case("pool", "report a hit in a group that does not exist",
+         lambda w: w.m.pool.report_cached_blocks(w.running, 1, 4, 2, w.running.block_hashes),
+         InvalidGroupError, "group id 2", f"{P}.report_cached_blocks"),
+    Case("pool", "report more hit blocks than hashes",
+         lambda w: w.m.pool.report_cached_blocks(w.running, 9, 4, 0, w.running.block_hashes),
+         InvalidArgumentError, "exceeds the 2 block hashes"),
     Case("pool", "lookup in a group that does not exist",
          lambda w: w.m.pool.get_cached_block(w.running.block_hashes[0], [5]), InvalidGroupError,
          "group id 5", f"{P}.get_cached_block"),
@@ -390,6 +401,7 @@ CANNOT_FAIL = {
     f"{P}.iter_cached": "read-only",
     f"{P}.num_cached_blocks": "read-only",
     f"{P}.has_partial_primary": "read-only",
+    f"{P}.partial_primary_tokens": "read-only",
     f"{P}.secondary_keys": "read-only",
     f"{S}.schedule": "allocates only through calls whose inputs it computes itself",
     f"{S}.fail_step": "aborts what its output scheduled (tested in test_scheduler)",

@@ -81,6 +81,8 @@ class _SeqRequest:
     cache_salt: str | None = None
     mm_items: tuple[MultiModalItem, ...] = ()
     session_id: str | None = None
+    lora_id: int | None = None
+    num_in_flight_tokens = 0
 
     def __init__(self, seq: Sequence) -> None:
         self.request_id = str(seq.seq_id)

@@ -85,26 +85,28 @@ class KVCacheCoordinator:
     def allocate(self, request: KVRequest, running: bool, num_slots: int,
                  hits: Sequence[Sequence[KVCacheBlock]], num_local_computed_tokens: int,
                  num_external_computed_tokens: int, num_encoder_tokens: int,
-                 num_tokens_to_cache: int | None) -> GroupBlocks | None:
+                 num_tokens_to_cache: int | None, reserved_blocks: int = 0) -> GroupBlocks | None:
         """Give ``request`` slots for ``num_slots`` tokens in every group, or return ``None``
         having changed nothing.
 
         A new request starts with its prefix hit ``hits`` (one block list per group, covering
         ``num_local_computed_tokens``) plus fresh blocks for ``num_external_computed_tokens``
         computed elsewhere; a ``running`` one (``hits`` empty) first releases the blocks that
-        left its attention window.  Then every group grows to
-        ``num_slots`` tokens (encoder groups: ``num_encoder_tokens``) and, unless
+        left its attention window (up to its computed tokens not in flight).  Then every group
+        grows to ``num_slots`` tokens (encoder groups: ``num_encoder_tokens``) and, unless
         ``num_tokens_to_cache`` is ``None``, caches its blocks that are full within that many
-        tokens.  Returns the new blocks per group.
+        tokens.  ``reserved_blocks`` free blocks must stay free afterwards.  Returns the new
+        blocks per group.
         """
         rid = request.request_id
         managers = self.managers
         total_computed = num_local_computed_tokens + num_external_computed_tokens
+        available = self.pool.num_free_blocks - reserved_blocks
         if total_computed and not running:
             # A new request bringing computed tokens: each type counts and takes its own hits.
             need = self.num_blocks_to_allocate(rid, num_slots, hits, num_encoder_tokens,
                                                total_computed)
-            if need > self.pool.num_free_blocks:
+            if need > available:
                 return None
             # Phase 1: every group takes its hit before any group allocates.
             for i, m in enumerate(managers):
@@ -122,21 +124,26 @@ class KVCacheCoordinator:
                 n = -(-num_slots // m.block_size) - len(m.req_to_blocks[rid])
                 if n > 0:
                     need += n
-            if need and need > self.pool.num_free_blocks:
+            # Blocks leave the window on the processed tokens only: a step in flight still
+            # reads below its optimistic boundary (and rejected drafts can roll it back).
+            processed = total_computed - request.num_in_flight_tokens
+            if processed < 0:
+                processed = 0
+            if need and need > available:
                 # Blocks that left the window count as free: they are released first.
                 freeable = 0
                 for m in self._releasing:
-                    freeable += m.get_num_freeable_skipped_blocks(rid, total_computed)
-                if need > self.pool.num_free_blocks + freeable:
+                    freeable += m.get_num_freeable_skipped_blocks(rid, processed)
+                if need > available + freeable:
                     return None
             for m in self._releasing:  # phase 1: release what left the window
-                m.remove_skipped_blocks(rid, total_computed)
+                m.remove_skipped_blocks(rid, processed)
         else:
             # A new request starting from nothing: one fresh table per group.
             need = 0
             for m, sized_by_encoder in zip(managers, self._encoder):
                 need += -(-(num_encoder_tokens if sized_by_encoder else num_slots) // m.block_size)
-            if need > self.pool.num_free_blocks:
+            if need > available:
                 return None
         # Phase 2: every group grows to its size.
         if need:

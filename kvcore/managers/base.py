@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import ClassVar
 
 from kvcore._mypyc import mypyc_attr
@@ -164,7 +165,9 @@ class SingleTypeKVCacheManager:
         num_skipped = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
         num_new = max(num_required - max(num_skipped, len(new_computed_blocks)), 0)
         evictable = 0
-        for block in new_computed_blocks[num_skipped:]:
+        # Hit blocks that are free leave the free queue (the null block reads ref_cnt 0).
+        for block in (islice(new_computed_blocks, num_skipped, None) if num_skipped
+                      else new_computed_blocks):
             if block.ref_cnt == 0 and not block.is_null:
                 evictable += 1
         return num_new + evictable
@@ -288,8 +291,8 @@ class SingleTypeKVCacheManager:
         blocks = self.req_to_blocks.pop(request_id, None)
         self.num_cached_block.pop(request_id, None)
         if blocks:
-            blocks.reverse()
-            self.pool._free_blocks(blocks)
+            # A reversed copy: a caller may still hold the list (get_blocks) and read it in order.
+            self.pool._free_blocks(blocks[::-1])
 
     def new_step(self) -> None:
         """A scheduling step ended (types with per-step state reset it here)."""

@@ -1,0 +1,129 @@
+"""vLLM's ``KVCacheConfig`` as kvcore's, and every vLLM setting kvcore refuses.
+
+kvcore manages what vLLM's full-attention, sliding-window and chunked-local managers manage.
+Anything else a vLLM 0.32 configuration can ask of its KV-cache manager — Mamba states,
+copy-on-write partial hits, block zeroing, context parallelism, sparse retention, scratch or
+host-resident groups, ... — is refused here, at engine start, with an
+:class:`~kvcore.errors.UnsupportedFeatureError` that names it and the setting that turns it
+off: kvcore never runs a configuration in which it would behave differently from vLLM.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.v1.core.single_type_kv_cache_manager import (
+    ChunkedLocalAttentionManager,
+    FullAttentionManager,
+    SlidingWindowManager,
+)
+from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec as VllmChunkedLocalSpec,
+)
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec as VllmFullAttentionSpec,
+)
+from vllm.v1.kv_cache_interface import (
+    KVCacheGroupRole,
+)
+from vllm.v1.kv_cache_interface import (
+    SlidingWindowSpec as VllmSlidingWindowSpec,
+)
+from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
+
+from kvcore.errors import UnsupportedFeatureError
+from kvcore.specs import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroup,
+    KVCacheSpec,
+    SlidingWindowSpec,
+)
+
+
+def refuse(feature: str, how: str) -> UnsupportedFeatureError:
+    """The error for a vLLM ``feature`` kvcore does not implement (``how``: turning it off)."""
+    return UnsupportedFeatureError(f"kvcore does not implement {feature} (vLLM's own KV-cache "
+                                   f"manager does); {how}, or run vLLM without kvcore")
+
+
+def _spec(group_id: int, group: Any) -> KVCacheSpec:
+    """kvcore's spec for vLLM group ``group``, or raise naming what kvcore lacks."""
+    spec = group.kv_cache_spec
+    name = type(spec).__name__
+    if getattr(group, "host_resident", False):
+        raise refuse(f"host-resident KV-cache groups (group {group_id}, {name})",
+                     "disable the feature that places it on the host")
+    role = getattr(group, "role", KVCacheGroupRole.DEFAULT)
+    if role != KVCacheGroupRole.DEFAULT:
+        raise refuse(f"KV-cache group role {role!s} (group {group_id}, {name})",
+                     "disable sparse attention for this model")
+    if not spec.prefix_cacheable:
+        raise refuse(f"scratch KV-cache groups that are never prefix cached (group {group_id}, "
+                     f"{name})", "use a model without them")
+    if spec.prefix_replay_tokens:
+        raise refuse(f"sliding-window bounded replay (group {group_id}, {name}: "
+                     f"{spec.prefix_replay_tokens} replay tokens)", "use a model without it")
+    manager = KVCacheSpecRegistry.get_manager_class(spec, None)
+    common = dict(block_size=spec.block_size, num_kv_heads=getattr(spec, "num_kv_heads", 1) or 1,
+                  head_size=getattr(spec, "head_size", 1) or 1)
+    dtype = getattr(spec, "dtype", None)
+    if dtype is not None:
+        common["dtype"] = dtype
+    if manager is FullAttentionManager and isinstance(spec, VllmFullAttentionSpec):
+        return FullAttentionSpec(**common)
+    if manager is SlidingWindowManager and isinstance(spec, VllmSlidingWindowSpec):
+        if getattr(spec, "extra_retained_tokens", 0):
+            raise refuse(f"sliding windows that retain extra tokens (group {group_id}, {name})",
+                         "use a model without them")
+        return SlidingWindowSpec(sliding_window=spec.sliding_window, **common)
+    if manager is ChunkedLocalAttentionManager and isinstance(spec, VllmChunkedLocalSpec):
+        return ChunkedLocalAttentionSpec(attention_chunk_size=spec.attention_chunk_size, **common)
+    what = "Mamba state groups" if name.startswith("Mamba") else "this attention type"
+    raise refuse(f"{what} (group {group_id}: {name}, managed in vLLM by "
+                 f"{getattr(manager, '__name__', manager)})",
+                 "use a model with only full, sliding-window or chunked-local attention")
+
+
+def kvcore_config(kv_cache_config: Any, *, scheduler_block_size: int, hash_block_size: int,
+                  enable_caching: bool) -> KVCacheConfig:
+    """kvcore's :class:`~kvcore.specs.KVCacheConfig` for vLLM's ``kv_cache_config`` (same groups
+    in the same order, same pool size: block ids are vLLM's), or raise
+    :class:`UnsupportedFeatureError` for anything kvcore would manage differently."""
+    groups = list(kv_cache_config.kv_cache_groups)
+    if not groups:
+        raise refuse("models without KV-cache groups (encoder-only or attention-free)",
+                     "serve this model")
+    eagle = [bool(getattr(g, "is_eagle_group", False)) for g in groups]
+    if any(eagle) and not all(eagle):
+        flagged = [i for i, e in enumerate(eagle) if e]
+        raise refuse(f"an EAGLE block drop in some KV-cache groups only (groups {flagged})",
+                     "use speculative decoding without EAGLE or a model with one group")
+    config = KVCacheConfig(
+        kv_cache_config.num_blocks,
+        tuple(KVCacheGroup(tuple(g.layer_names), _spec(i, g)) for i, g in enumerate(groups)))
+    if getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
+        raise refuse("zeroing newly allocated blocks (mixed KV-cache precisions)",
+                     "use one KV-cache dtype for every layer")
+    retention = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
+    if retention is not None and any(isinstance(g.spec, SlidingWindowSpec)
+                                     for g in config.groups):
+        raise refuse(f"sparse prefix-cache retention of sliding-window blocks "
+                     f"(prefix_cache_retention_interval={retention})",
+                     "set prefix_cache_retention_interval=None (cache every block)")
+    if config.alignment_tokens != scheduler_block_size:
+        raise refuse(f"a scheduler block size of {scheduler_block_size} tokens for groups whose "
+                     f"block sizes have lcm {config.alignment_tokens} (context parallelism "
+                     "scales blocks)", "turn decode/prefill context parallelism off")
+    if enable_caching and config.hash_block_size != hash_block_size:
+        raise refuse(f"hashing blocks of {hash_block_size} tokens for groups whose block sizes "
+                     f"have gcd {config.hash_block_size} (prefix_match_unit: partial-block hits "
+                     "with copy-on-write)", "leave cache_config.prefix_match_unit unset")
+    return config
+
+
+def eagle_groups(kv_cache_config: Any) -> bool:
+    """Whether vLLM flags every group for the EAGLE last-block drop (``kvcore_config`` refuses a
+    partial flagging)."""
+    return any(getattr(g, "is_eagle_group", False) for g in kv_cache_config.kv_cache_groups)

@@ -1,0 +1,424 @@
+"""kvcore's KV-cache manager with vLLM 0.32's ``KVCacheManager`` surface.
+
+:class:`KVCacheManagerAdapter` is what ``Scheduler.kv_cache_manager`` holds when kvcore runs
+inside vLLM.  It takes vLLM's constructor arguments and requests and returns vLLM's own types
+(``KVCacheBlocks``, ``KVCacheEvent``, ``PrefixCacheStats``); every decision is made by a
+:class:`kvcore.manager.KVCacheManager` over the same groups and the same pool size, so block ids
+are vLLM's (0 is the null block) and vLLM's workers need no change.
+
+Where vLLM's manager surface and kvcore's differ, the adapter speaks vLLM:
+
+* ``free`` of a request that holds no blocks (aborted before its first allocation) does
+  nothing, as in vLLM (kvcore's own manager refuses it: a double free there is a bug);
+* before a running request grows, blocks that left its window are released on vLLM's
+  processed-token boundary even if the allocation then fails, as vLLM does;
+* ``get_computed_blocks`` returns vLLM's 3-tuple; the shared-prefix boundary is always 0,
+  which nothing kvcore accepts reads (Mamba splits and sparse retention are refused);
+* the hooks of features kvcore refuses at start (zeroing, copy-on-write, boundary-state
+  offloads, deferred frees) report nothing or raise if reached anyway.
+
+Requests are seen through :class:`~kvcore.integrations.vllm.request.VllmRequestView`, made once
+per admission, so kvcore hashes nothing itself: its prefix cache and events use vLLM's hashes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, cast
+
+import vllm.envs as envs
+from vllm.distributed.kv_events import AllBlocksCleared as VllmAllBlocksCleared
+from vllm.distributed.kv_events import BlockRemoved as VllmBlockRemoved
+from vllm.distributed.kv_events import BlockStored as VllmBlockStored
+from vllm.distributed.kv_events import KVCacheEvent as VllmKVCacheEvent
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks as VllmKVCacheBlocks
+from vllm.v1.metrics.stats import PrefixCacheStats as VllmPrefixCacheStats
+
+from kvcore.blocks import BlockHash, KVCacheBlock
+from kvcore.errors import InvariantError
+from kvcore.events import BlockRemoved, BlockStored, KVCacheEvent
+from kvcore.hashing import BlockHasher
+from kvcore.integrations.vllm.config import eagle_groups, kvcore_config, refuse
+from kvcore.integrations.vllm.request import VllmRequestView
+from kvcore.integrations.vllm.settings import KvcoreSettings
+from kvcore.manager import KVCacheManager
+from kvcore.request import KVRequest
+
+
+class _VllmHashesOnly(BlockHasher):
+    """kvcore never hashes a vLLM request: vLLM's engine keeps ``block_hashes`` complete.  Being
+    asked to means that assumption broke, which must not pass silently."""
+
+    __slots__ = ()
+
+    def hash_block(self, parent: BlockHash | None, token_ids: Sequence[int],
+                   extra_keys: Any = None) -> BlockHash:
+        raise InvariantError("vllm-block-hashes", "a vLLM request reached kvcore with fewer "
+                             "block hashes than full blocks: vLLM's engine did not hash it")
+
+
+class _GroupView:
+    """The part of vLLM's ``SingleTypeKVCacheManager`` that vLLM's scheduler and engine read
+    (block size, spec, group id)."""
+
+    __slots__ = ("block_pool", "block_size", "kv_cache_group_id", "kv_cache_spec")
+
+    retains_longer_hit = False
+    records_new_block_ids = False
+
+    def __init__(self, group_id: int, spec: Any, block_pool: Any) -> None:
+        self.kv_cache_group_id = group_id
+        self.kv_cache_spec = spec
+        self.block_size: int = spec.block_size
+        self.block_pool = block_pool
+
+
+class _CoordinatorView:
+    """The part of vLLM's ``KVCacheCoordinator`` that vLLM's scheduler and engine read."""
+
+    enable_partial_hash_hits = False
+    num_reprefillable_tokens = 0
+
+    def __init__(self, adapter: KVCacheManagerAdapter, vllm_config: Any) -> None:
+        kv = adapter.kv
+        self._adapter = adapter
+        self.kv_cache_config = vllm_config
+        self.block_pool = kv.pool
+        self.single_type_managers = tuple(
+            _GroupView(i, g.kv_cache_spec, kv.pool)
+            for i, g in enumerate(vllm_config.kv_cache_groups))
+        self.eagle_group_ids = (set(range(len(self.single_type_managers)))
+                                if adapter.use_eagle else set())
+
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
+                                   new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
+                                   num_encoder_tokens: int, total_computed_tokens: int,
+                                   num_local_computed_tokens: int, num_tokens_main_model: int,
+                                   apply_admission_cap: bool = False,
+                                   prefill_end: int = 0) -> int:
+        """Free blocks the request needs to hold ``num_tokens`` tokens (vLLM's reservation of
+        in-flight prefills reads it)."""
+        kv = self._adapter.kv
+        return kv.coordinator.num_blocks_to_allocate(
+            request_id, num_tokens, new_computed_blocks, num_encoder_tokens,
+            total_computed_tokens, kv.admission_caps if apply_admission_cap else None)
+
+
+class KVCacheManagerAdapter:
+    """vLLM 0.32's ``KVCacheManager``, implemented by kvcore (see the module docstring).
+
+    Constructed by vLLM's ``Scheduler.__init__`` with its own keyword arguments (the integration
+    binds ``settings``); raises :class:`~kvcore.errors.UnsupportedFeatureError` for any
+    configuration kvcore would manage differently from vLLM.
+    """
+
+    def __init__(self, kv_cache_config: Any, max_model_len: int, scheduler_block_size: int,
+                 hash_block_size: int, max_in_flight_tokens: int | None = None,
+                 enable_caching: bool = True, use_eagle: bool = False,
+                 num_prefill_lookahead: int = 0, log_stats: bool = False,
+                 enable_kv_cache_events: bool = False, dcp_world_size: int = 1,
+                 pcp_world_size: int = 1, metrics_collector: Any = None, watermark: float = 0.0,
+                 enable_mamba_shared_prefix_checkpoint: bool = False, *,
+                 settings: KvcoreSettings | None = None) -> None:
+        settings = settings if settings is not None else KvcoreSettings()
+        if dcp_world_size > 1 or pcp_world_size > 1:
+            raise refuse(f"context parallelism (decode {dcp_world_size}, prefill "
+                         f"{pcp_world_size} ranks)", "set decode_context_parallel_size=1")
+        if num_prefill_lookahead > 1:
+            raise refuse(f"multi-module MTP prefill lookahead ({num_prefill_lookahead} tokens)",
+                         "use at most one speculative token per step with prefix caching")
+        if metrics_collector is not None:
+            raise refuse("KV-cache residency metrics (kv_cache_metrics)",
+                         "turn observability_config.kv_cache_metrics off")
+        if watermark:
+            raise refuse(f"the admission watermark (watermark={watermark})",
+                         "leave scheduler_config.watermark at 0")
+        if enable_mamba_shared_prefix_checkpoint:
+            raise refuse("Mamba shared-prefix checkpoints",
+                         "turn enable_mamba_shared_prefix_checkpoint off")
+        config = kvcore_config(kv_cache_config, scheduler_block_size=scheduler_block_size,
+                               hash_block_size=hash_block_size, enable_caching=enable_caching)
+        self.settings = settings
+        self.kv_cache_config = kv_cache_config
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.use_eagle = use_eagle or eagle_groups(kv_cache_config)
+        self.log_stats = log_stats
+        self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
+        self.watermark_blocks = 0
+        self.mamba_shared_prefix_checkpoint = False
+        self.retained_hit_group_ids: tuple[int, ...] = ()
+        # Prefix-cache stats are kept here, in vLLM's own type (as vLLM's manager keeps them).
+        self.kv = KVCacheManager(
+            config, max_model_len, enable_caching=enable_caching,
+            verify_hits=settings.verify_hits, enable_events=enable_kv_cache_events,
+            log_stats=False,
+            max_num_batched_tokens=max_in_flight_tokens or max_model_len,
+            block_hasher=_VllmHashesOnly(), use_eagle=self.use_eagle,
+            eviction_policy=settings.eviction_policy)
+        self.block_pool = self.kv.pool
+        self.coordinator = _CoordinatorView(self, kv_cache_config)
+        self.empty_kv_cache_blocks = VllmKVCacheBlocks(
+            tuple(() for _ in range(self.num_kv_cache_groups)))
+        # Published hashes: 64-bit ints (vLLM's default) or the bytes.  Read once, as vLLM's
+        # environment is fixed once its engine has started.
+        self._convert_hash = _int_hash if envs.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES else None
+        self.prefix_cache_stats: VllmPrefixCacheStats | None = (
+            VllmPrefixCacheStats() if log_stats else None)
+        # Requests holding blocks, by id: the view kvcore's manager tracks them by.
+        self._views: dict[str, VllmRequestView] = {}
+        # The view of the latest lookup, reused when that request is admitted next (kvcore's
+        # manager then knows the hit it returned and need not check it again).
+        self._lookup: VllmRequestView | None = None
+        self._releases = any(m.releases_blocks for m in self.kv.coordinator.managers)
+        self._steps = 0
+
+    # -- requests -------------------------------------------------------------------------
+    def _view(self, request: Any) -> VllmRequestView:
+        view = self._views.get(request.request_id)
+        if view is not None and view.vllm is request:
+            return view
+        view = self._lookup
+        if view is not None and view.vllm is request:
+            return view
+        view = VllmRequestView(request)
+        self._lookup = view
+        return view
+
+    def _blocks(self, groups: Sequence[Sequence[KVCacheBlock]]) -> VllmKVCacheBlocks:
+        return VllmKVCacheBlocks(tuple(groups)) if any(groups) else self.empty_kv_cache_blocks
+
+    # -- vLLM's KVCacheManager ----------------------------------------------------------------
+    @property
+    def usage(self) -> float:
+        return self.kv.usage
+
+    def make_prefix_cache_stats(self) -> VllmPrefixCacheStats | None:
+        stats = self.prefix_cache_stats
+        if stats is None:
+            return None
+        self.prefix_cache_stats = VllmPrefixCacheStats()
+        return stats
+
+    def prefix_cache_lookup_enabled(self, request: Any) -> bool:
+        return self.enable_caching and not request.skip_reading_prefix_cache
+
+    def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
+        """Count one admission's lookup (none for a request that skipped the cache)."""
+        stats = self.prefix_cache_stats
+        if stats is not None and self.enable_caching and not request.skip_reading_prefix_cache:
+            stats.record(num_tokens=request.num_tokens, num_hits=num_hits,
+                         preempted=request.num_preemptions > 0)
+
+    def get_computed_blocks(self, request: Any) -> tuple[VllmKVCacheBlocks, int, int]:
+        """(hit blocks per group, hit tokens, shared-prefix boundary: always 0)."""
+        if not self.enable_caching or request.skip_reading_prefix_cache:
+            return self.empty_kv_cache_blocks, 0, 0
+        view = self._view(request)
+        hit, num_hit_tokens = self.kv.get_computed_blocks(cast(KVRequest, view))
+        if (num_hit_tokens and self.enable_kv_cache_events
+                and getattr(request, "kv_cache_report_mode", "incremental") == "full"):
+            self.kv.report_prefix_hit(cast(KVRequest, view), hit)
+        if not num_hit_tokens and not any(hit):
+            return self.empty_kv_cache_blocks, 0, 0
+        # kvcore's own hit object rides along: allocate_slots hands it back unchanged.
+        return VllmKVCacheBlocks(hit), num_hit_tokens, 0
+
+    def get_computed_blocks_for_connector(
+            self, request: Any) -> tuple[VllmKVCacheBlocks, int, int, bool]:
+        """As vLLM for every model without Mamba layers: the plain lookup, never diverged."""
+        return (*self.get_computed_blocks(request), False)
+
+    def allocate_slots(self, request: Any, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                       new_computed_blocks: VllmKVCacheBlocks | None = None,
+                       num_lookahead_tokens: int = 0, num_external_computed_tokens: int = 0,
+                       delay_cache_blocks: bool = False, num_encoder_tokens: int = 0,
+                       full_sequence_must_fit: bool = False, reserved_blocks: int = 0,
+                       has_scheduled_reqs: bool = True,
+                       skip_zeroing_group_ids: tuple[int, ...] = ()) -> VllmKVCacheBlocks | None:
+        """vLLM's ``allocate_slots``; ``has_scheduled_reqs`` only gates vLLM's watermark and
+        ``skip_zeroing_group_ids`` only its zeroing (both refused at start)."""
+        rid = request.request_id
+        view = self._views.get(rid)
+        running = view is not None and view.vllm is request
+        if running and self._releases:
+            # vLLM releases what left the window before it checks for space, on the tokens
+            # whose step was processed.
+            processed = request.num_computed_tokens - request.num_in_flight_tokens
+            self.kv.remove_skipped_blocks(rid, processed if processed > 0 else 0)
+        if not running:
+            view = self._view(request)
+        hits = None
+        if (new_computed_blocks is not None
+                and new_computed_blocks is not self.empty_kv_cache_blocks):
+            hits = new_computed_blocks.blocks
+        new = self.kv.allocate_slots(
+            cast(KVRequest, view), num_new_tokens, num_new_computed_tokens, hits,
+            num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks,
+            num_encoder_tokens, full_sequence_must_fit, reserved_blocks)
+        if new is None:
+            return None
+        if not running:
+            assert view is not None
+            self._views[rid] = view
+            if self._lookup is view:
+                self._lookup = None
+        # kvcore's KVCacheBlocks is a tuple of per-group lists: vLLM's ``blocks`` as it is.
+        return VllmKVCacheBlocks(new) if any(new) else self.empty_kv_cache_blocks
+
+    def free(self, request: Any) -> None:
+        """Release the request's blocks, tail first; nothing for a request without blocks."""
+        view = self._views.pop(request.request_id, None)
+        if view is None:
+            return
+        self.kv.free(cast(KVRequest, view))
+
+    def pop_blocks_for_free(self, request: Any) -> list[KVCacheBlock]:
+        raise refuse("deferred block frees (a KV consumer connector with async scheduling or "
+                     "pipeline parallelism)", "turn async scheduling off")
+
+    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int,
+                              num_prompt_tokens: int | None = None) -> None:
+        if request_id in self._views:
+            self.kv.remove_skipped_blocks(request_id, max(0, processed_computed_tokens))
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        self.kv.evict_blocks(block_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        if not self.kv.reset_prefix_cache():
+            return False
+        if self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.reset = True
+        return True
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        """Always 0 per group, as vLLM 0.32 (cascade attention was removed)."""
+        return [0] * self.num_kv_cache_groups
+
+    def take_events(self) -> list[VllmKVCacheEvent]:
+        """kvcore's events as vLLM's (hashes converted as vLLM converts its own)."""
+        events = self.kv.take_events()
+        if not events:
+            return events
+        convert = self._convert_hash
+        return [_vllm_event(e, convert) for e in events]
+
+    def get_blocks(self, request_id: str) -> VllmKVCacheBlocks:
+        return self._blocks(self.kv.coordinator.get_blocks(request_id))
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        return tuple([b.block_id for b in g] for g in self.kv.coordinator.get_blocks(request_id))
+
+    def get_block_ids_for_computed_tokens(self, request_id: str,
+                                          num_computed_tokens: int) -> tuple[list[int], ...]:
+        """The block ids covering the first ``num_computed_tokens`` tokens, per group."""
+        out = []
+        for m, blocks in zip(self.kv.coordinator.managers,
+                             self.kv.coordinator.get_blocks(request_id)):
+            n = -(-num_computed_tokens // m.block_size)
+            out.append([b.block_id for b in blocks[:n]])
+        return tuple(out)
+
+    def estimate_cached_tokens(self, request: Any) -> int:
+        """The prefix tokens the request's cached blocks cover, least over the caching groups
+        (vLLM's prefill statistic)."""
+        pool = self.kv.pool
+        least: int | None = None
+        for m, blocks in zip(self.kv.coordinator.managers,
+                             self.kv.coordinator.get_blocks(request.request_id)):
+            if not m.enable_caching:
+                continue
+            covered = 0
+            for i, block in enumerate(blocks):
+                if block.block_hash is not None:
+                    partial = pool.partial_primary_tokens(block)
+                    covered = max(covered, (i + 1) * m.block_size if partial is None else partial)
+            least = covered if least is None else min(least, covered)
+        return least or 0
+
+    def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
+        if self.enable_caching:
+            view = self._views.get(request.request_id)
+            self.kv.cache_blocks(cast(KVRequest, view if view is not None else
+                                      VllmRequestView(request)), num_computed_tokens)
+
+    def create_kv_cache_blocks(self, blocks: Sequence[Sequence[KVCacheBlock]]) -> VllmKVCacheBlocks:
+        return self._blocks(blocks)
+
+    def truncate_computed_blocks(self, blocks: VllmKVCacheBlocks,
+                                 num_computed_tokens: int) -> VllmKVCacheBlocks:
+        """The first ``num_computed_tokens`` tokens' worth of a lookup result (no ref counts
+        change)."""
+        out = []
+        for m, group in zip(self.kv.coordinator.managers, blocks.blocks):
+            if num_computed_tokens % m.block_size:
+                raise refuse("a hit truncated inside a block", "use whole-block hits")
+            out.append(list(group[:num_computed_tokens // m.block_size]))
+        return self._blocks(out)
+
+    def take_new_block_ids(self) -> list[int]:
+        return []  # no block zeroing (refused at start)
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        raise refuse("zeroing newly allocated blocks", "use one KV-cache dtype for every layer")
+
+    def take_kv_cache_block_copies(self) -> tuple[list[Any], list[KVCacheBlock]]:
+        return [], []  # no copy-on-write (partial-block hits are refused at start)
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        return {}  # Mamba "align" boundary states only (refused at start)
+
+    def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
+        return []  # Mamba "align" partial tails only (refused at start)
+
+    def new_step_starts(self) -> None:
+        """A scheduling step starts; checks kvcore's invariants every
+        ``check_invariants_every`` steps."""
+        self.kv.new_step()
+        every = self.settings.check_invariants_every
+        if every:
+            self._steps += 1
+            if self._steps % every == 0:
+                self.kv.check_invariants()
+
+    # -- kvcore's additions ---------------------------------------------------------------------
+    def declare_upcoming(self, requests: Iterable[Any]) -> None:
+        """Scheduler hint: the waiting requests about to run, most urgent first (vLLM requests
+        carry what :meth:`kvcore.manager.KVCacheManager.declare_upcoming` reads)."""
+        self.kv.declare_upcoming(requests)
+
+    def check_invariants(self) -> None:
+        self.kv.check_invariants()
+
+
+def _int_hash(h: bytes) -> int:
+    """A block hash as vLLM publishes it by default: its bytes read big-endian, cut to 64 bits
+    (``maybe_convert_block_hash`` with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``, without
+    reading the environment once per hash)."""
+    return int.from_bytes(h, "big") & 0xFFFF_FFFF_FFFF_FFFF
+
+
+def _vllm_event(e: KVCacheEvent, convert: Callable[[Any], Any] | None) -> VllmKVCacheEvent:
+    """One kvcore event as vLLM's; ``convert`` turns hashes into what vLLM publishes (``None``:
+    the bytes themselves, vLLM's default)."""
+    if isinstance(e, BlockStored):
+        hashes: list[Any] = list(e.block_hashes)
+        parent: Any = e.parent_block_hash
+        if convert is not None:
+            hashes = [convert(h) for h in hashes]
+            parent = None if parent is None else convert(parent)
+        return VllmBlockStored(
+            block_hashes=hashes, parent_block_hash=parent, token_ids=list(e.token_ids),
+            block_size=e.block_size, lora_id=e.lora_id, medium=e.medium, lora_name=e.lora_name,
+            extra_keys=None if e.extra_keys is None else list(e.extra_keys),
+            group_idx=e.group_id, kv_cache_spec_kind=e.kv_cache_spec_kind,
+            kv_cache_spec_sliding_window=e.kv_cache_spec_sliding_window,
+            session_id=e.session_id)
+    if isinstance(e, BlockRemoved):
+        removed: list[Any] = list(e.block_hashes)
+        if convert is not None:
+            removed = [convert(h) for h in removed]
+        return VllmBlockRemoved(block_hashes=removed, medium=e.medium, group_idx=e.group_id)
+    return VllmAllBlocksCleared()

@@ -1,0 +1,432 @@
+"""vLLM's real scheduler driven through a trace without a model, with vLLM's or kvcore's manager.
+
+::
+
+    python -m kvcore.integrations.vllm.replay shared-prefix --num-blocks 512
+    python -m kvcore.integrations.vllm.replay TRACE.jsonl --block-size 512 --num-blocks 4096 \\
+        --engines vllm,kvcore,kvcore:recommended --repeats 3 --json
+
+As vLLM's own scheduler tests do, the engine's model runner is replaced by fabricated outputs:
+every step's ``SchedulerOutput`` is answered with one sampled token per request whose prefill is
+done (a deterministic function of request and position), and requests stop at their trace
+output length.  Everything else is vLLM's ``Scheduler`` (``--async``: ``AsyncScheduler``, the
+outputs of step N reported after step N+1 was scheduled, as vLLM's engine core overlaps them).
+
+Each engine reports the prefix-cache hit rate (vLLM's ``PrefixCacheStats``), preemptions, and
+the scheduler's CPU time per step (``schedule`` + ``update_from_output``; median over steps,
+then median, min and max over repeats), and, measured in separate runs that time every call
+into ``scheduler.kv_cache_manager``, the KV manager's share of it.  Repeats of all engines are
+interleaved in one process.  Every kvcore engine that runs LRU is checked against vLLM's: the
+same schedule (tokens per request, preemptions and new block ids, step by step), the same
+prefix-cache stats and byte-identical KV-event batches (timestamps zeroed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import msgspec
+
+from kvcore.integrations.vllm.settings import KvcoreSettings, parse_settings
+from kvcore.sim.traces import TraceRequest
+
+VOCAB = 32_000
+
+
+@dataclass(frozen=True)
+class Engine:
+    """``vllm`` (vLLM's own manager) or ``kvcore`` with ``settings``; named as on the command
+    line: ``vllm``, ``kvcore`` (LRU), ``kvcore:recommended``, ``kvcore:slru:protected_share=0.7``."""
+
+    name: str
+    settings: KvcoreSettings | None
+
+    @staticmethod
+    def parse(text: str) -> Engine:
+        name = text.strip()
+        if name == "vllm":
+            return Engine(name, None)
+        kind, _, policy = name.partition(":")
+        if kind != "kvcore":
+            raise ValueError(f"unknown engine {text!r}: vllm, kvcore or kvcore:POLICY")
+        return Engine(name, parse_settings({"eviction_policy": policy or "lru"}))
+
+    @property
+    def lru(self) -> bool:
+        return self.settings is None or (self.settings.eviction_policy == "lru" and not (
+            self.settings.queue_hints))
+
+
+@dataclass
+class ReplayRun:
+    """What one run of one engine produced."""
+
+    engine: str
+    steps: int
+    preemptions: int
+    queries: int
+    hits: int
+    finished: int
+    step_cpu_us: list[float] = field(default_factory=list, repr=False)
+    manager_cpu_us: list[float] = field(default_factory=list, repr=False)
+    schedule: list[tuple[Any, ...]] = field(default_factory=list, repr=False)
+    event_batches: list[bytes] = field(default_factory=list, repr=False)
+    stats: list[tuple[Any, ...]] = field(default_factory=list, repr=False)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+class _EventRecorder:
+    """Stands in for vLLM's event publisher: keeps each batch's bytes, timestamp zeroed."""
+
+    def __init__(self) -> None:
+        self.batches: list[bytes] = []
+        self._encoder = msgspec.msgpack.Encoder()
+
+    def publish(self, batch: Any) -> None:
+        self.batches.append(self._encoder.encode(msgspec.structs.replace(batch, ts=0.0)))
+
+    def shutdown(self) -> None:
+        pass
+
+
+class _ManagerTimer:
+    """Times every call made into a KV-cache manager object from outside it (nested calls
+    count once), by shadowing its public methods on the instance.  ``net`` subtracts what the
+    timing itself adds to each call (calibrated on a call that does nothing)."""
+
+    def __init__(self, manager: Any) -> None:
+        self.total = 0.0
+        self.calls = 0
+        self._depth = 0
+        noop = self._wrap(lambda: None)
+        for _ in range(20_000):
+            noop()
+        self.per_call = self.total / self.calls
+        self.total = 0.0
+        self.calls = 0
+        for name in dir(type(manager)):
+            if name.startswith("_"):
+                continue
+            attr = getattr(type(manager), name, None)
+            if callable(attr) and not isinstance(attr, type):
+                setattr(manager, name, self._wrap(getattr(manager, name)))
+
+    def _wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        clock = time.thread_time
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if self._depth:
+                return fn(*args, **kwargs)
+            self._depth = 1
+            t0 = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.total += clock() - t0
+                self.calls += 1
+                self._depth = 0
+        return timed
+
+    @property
+    def net(self) -> float:
+        return self.total - self.calls * self.per_call
+
+
+def _model_dir() -> str:
+    """A model directory with only a tiny config.json (the scheduler never loads weights)."""
+    from transformers import LlamaConfig
+
+    path = os.path.join(tempfile.gettempdir(), "kvcore-vllm-replay-model")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+                    num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                    head_dim=32, max_position_embeddings=1 << 20).save_pretrained(path)
+    return path
+
+
+@dataclass(frozen=True)
+class ReplaySetup:
+    """The scheduler configuration shared by every engine of a run."""
+
+    block_size: int = 16
+    num_blocks: int = 1024
+    max_model_len: int = 8192
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    enable_caching: bool = True
+    async_scheduling: bool = False
+    kv_cache_groups: Callable[[], list[Any]] | None = None  # default: one full-attention group
+
+
+def make_scheduler(setup: ReplaySetup, engine: Engine) -> Any:
+    """vLLM's Scheduler (or AsyncScheduler) for ``setup``, with vLLM's manager or kvcore's."""
+    import torch
+    from vllm.config import (
+        CacheConfig,
+        KVEventsConfig,
+        ModelConfig,
+        SchedulerConfig,
+        VllmConfig,
+    )
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    model_config = ModelConfig(model=_model_dir(), skip_tokenizer_init=True, dtype="float16",
+                               max_model_len=setup.max_model_len, seed=0)
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=setup.max_num_seqs, max_num_batched_tokens=setup.max_num_batched_tokens,
+        max_model_len=setup.max_model_len, is_encoder_decoder=False,
+        enable_chunked_prefill=True, async_scheduling=setup.async_scheduling)
+    cache_config = CacheConfig(block_size=setup.block_size,
+                               enable_prefix_caching=setup.enable_caching)
+    additional = {} if engine.settings is None else {"kvcore": asdict(engine.settings)}
+    vllm_config = VllmConfig(
+        model_config=model_config, scheduler_config=scheduler_config, cache_config=cache_config,
+        kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"),
+        additional_config=additional)
+    cache_config.num_gpu_blocks = setup.num_blocks
+    groups = (setup.kv_cache_groups() if setup.kv_cache_groups is not None else
+              [KVCacheGroupSpec(["layer.0"], FullAttentionSpec(
+                  block_size=setup.block_size, num_kv_heads=1, head_size=32,
+                  dtype=torch.float16))])
+    kv_cache_config = KVCacheConfig(num_blocks=setup.num_blocks, kv_cache_tensors=[],
+                                    kv_cache_groups=groups)
+    from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from kvcore.integrations.vllm import scheduler as kvcore_scheduler
+
+    if engine.settings is None:
+        cls: type = AsyncScheduler if setup.async_scheduling else Scheduler
+    else:
+        cls = (kvcore_scheduler.AsyncScheduler if setup.async_scheduling
+               else kvcore_scheduler.Scheduler)
+
+    block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
+    return cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+               structured_output_manager=StructuredOutputManager(vllm_config),
+               block_size=block_size, hash_block_size=hash_block_size, log_stats=True)
+
+
+def _token(rid: str, position: int) -> int:
+    x = (zlib.crc32(rid.encode()) * 6364136223846793005 + position * 1442695040888963407)
+    return ((x & (2**64 - 1)) >> 33) % VOCAB
+
+
+def run(requests: Sequence[TraceRequest], setup: ReplaySetup, engine: Engine, *,
+        time_manager: bool = False, record: bool = False) -> ReplayRun:
+    """Drive one scheduler through ``requests`` (all queued at once, in arrival order).  As
+    vLLM's engine core does once it has started, everything made before the first step is
+    moved out of the garbage collector's sight for the run."""
+    gc.collect()
+    gc.freeze()
+    try:
+        return _run(requests, setup, engine, time_manager, record)
+    finally:
+        gc.unfreeze()
+
+
+def _run(requests: Sequence[TraceRequest], setup: ReplaySetup, engine: Engine,
+         time_manager: bool, record: bool) -> ReplayRun:
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request
+
+    sched = make_scheduler(setup, engine)
+    recorder = _EventRecorder()
+    sched.kv_event_publisher = recorder
+    timer = _ManagerTimer(sched.kv_cache_manager) if time_manager else None
+    hash_fn = get_hash_fn_by_name("sha256")
+    init_none_hash(hash_fn)
+    hasher = get_request_block_hasher(sched.hash_block_size, hash_fn)
+    for tr in sorted(requests, key=lambda r: r.arrival_ms):
+        params = SamplingParams(max_tokens=max(tr.output_len, 1), ignore_eos=True)
+        sched.add_request(Request(tr.request_id, tr.prompt_token_ids(), params, None,
+                                  arrival_time=tr.arrival_ms / 1000, block_hasher=hasher,
+                                  session_id=tr.session_id))
+    gc.freeze()
+    out = ReplayRun(engine.name, 0, 0, 0, 0, 0)
+    depth = 2 if setup.async_scheduling else 1
+    in_flight: deque[tuple[Any, Any]] = deque()
+    clock = time.thread_time
+    step_cpu = 0.0
+
+    def report() -> None:
+        nonlocal step_cpu
+        so, mro = in_flight.popleft()
+        t0 = clock()
+        outputs = sched.update_from_output(so, mro)
+        step_cpu += clock() - t0
+        for eco in outputs.values():
+            out.finished += sum(1 for o in eco.outputs if o.finish_reason is not None)
+            stats = eco.scheduler_stats.prefix_cache_stats if eco.scheduler_stats else None
+            if stats is not None:
+                out.queries += stats.queries
+                out.hits += stats.hits
+                if record:
+                    out.stats.append((stats.requests, stats.queries, stats.hits,
+                                      stats.preempted_requests, stats.preempted_queries,
+                                      stats.preempted_hits, stats.reset))
+
+    while sched.has_unfinished_requests() or in_flight:
+        manager_before = timer.net if timer is not None else 0.0
+        step_cpu = 0.0
+        if sched.has_unfinished_requests():
+            t0 = clock()
+            so = sched.schedule()
+            step_cpu += clock() - t0
+            ids = list(so.num_scheduled_tokens)
+            sampled = []
+            for rid in ids:
+                req = sched.requests[rid]
+                sampled.append([] if req.num_computed_tokens < req.num_tokens
+                               else [_token(rid, req.num_computed_tokens)])
+            mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                    sampled_token_ids=sampled)
+            in_flight.append((so, mro))
+            out.steps += 1
+            out.preemptions += len(so.preempted_req_ids or ())
+            if record:
+                out.schedule.append(_step_record(so))
+            if len(in_flight) >= depth or not so.total_num_scheduled_tokens:
+                report()
+        else:
+            report()
+        out.step_cpu_us.append(step_cpu * 1e6)
+        if timer is not None:
+            out.manager_cpu_us.append((timer.net - manager_before) * 1e6)
+    out.event_batches = recorder.batches if record else []
+    return out
+
+
+def _step_record(so: Any) -> tuple[Any, ...]:
+    new = tuple(sorted((r.req_id, tuple(map(tuple, r.block_ids))) for r in so.scheduled_new_reqs))
+    cached = so.scheduled_cached_reqs
+    grown = tuple(sorted((rid, tuple(map(tuple, ids)) if ids is not None else None)
+                         for rid, ids in zip(cached.req_ids, cached.new_block_ids)))
+    return (tuple(sorted(so.num_scheduled_tokens.items())), new, grown,
+            tuple(sorted(so.preempted_req_ids or ())))
+
+
+def differences(a: ReplayRun, b: ReplayRun) -> list[str]:
+    """Where two recorded runs differ (schedule, prefix-cache stats, KV-event bytes)."""
+    diffs = []
+    for what in ("schedule", "stats", "event_batches"):
+        x, y = getattr(a, what), getattr(b, what)
+        if x != y:
+            step = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+            diffs.append(f"{what} differs from step {step} ({len(x)} vs {len(y)} entries)")
+    return diffs
+
+
+def _load(source: str, block_size: int) -> list[TraceRequest]:
+    from kvcore.sim.traces import load_mooncake
+    from kvcore.sim.workloads import make_workload
+
+    if os.path.exists(source):
+        return load_mooncake(source)
+    return make_workload(source)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kvcore.integrations.vllm.replay",
+                                 description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("trace", help="a Mooncake-format trace file or a built-in workload "
+                    "(shared-prefix, multi-turn, few-shot, random)")
+    ap.add_argument("--engines", default="vllm,kvcore,kvcore:recommended",
+                    help="comma-separated: vllm, kvcore (LRU), kvcore:POLICY "
+                    "(default: %(default)s)")
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--num-blocks", type=int, default=1024)
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    ap.add_argument("--max-requests", type=int, default=0, help="replay only the first N")
+    ap.add_argument("--async", dest="async_scheduling", action="store_true",
+                    help="vLLM's AsyncScheduler (step N+1 scheduled before N is reported)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = ap.parse_args(argv)
+    from vllm.envs import enable_envs_cache
+
+    enable_envs_cache()  # as vLLM's engine core does once it has started
+    try:
+        engines = [Engine.parse(e) for e in args.engines.split(",") if e.strip()]
+    except ValueError as exc:
+        ap.error(str(exc))
+    requests = _load(args.trace, args.block_size)
+    if args.max_requests:
+        requests = requests[:args.max_requests]
+    longest = max(r.num_prompt_tokens + r.output_len for r in requests)
+    setup = ReplaySetup(block_size=args.block_size, num_blocks=args.num_blocks,
+                        max_model_len=-(-(longest + 1) // args.block_size) * args.block_size,
+                        max_num_seqs=args.max_num_seqs,
+                        max_num_batched_tokens=max(args.max_num_batched_tokens, args.max_num_seqs),
+                        async_scheduling=args.async_scheduling)
+    recorded = {e.name: run(requests, setup, e, record=True) for e in engines}
+    step_us: dict[str, list[float]] = {e.name: [] for e in engines}
+    manager_us: dict[str, list[float]] = {e.name: [] for e in engines}
+    for _ in range(args.repeats):  # interleaved: every engine once per round
+        for e in engines:
+            step_us[e.name].append(statistics.median(run(requests, setup, e).step_cpu_us))
+            manager_us[e.name].append(statistics.median(
+                run(requests, setup, e, time_manager=True).manager_cpu_us))
+    reference = recorded.get("vllm")
+    rows = []
+    for e in engines:
+        r = recorded[e.name]
+        same = None
+        if reference is not None and e.settings is not None and e.lru:
+            same = not differences(reference, r)
+        rows.append({
+            "engine": e.name, "requests": len(requests), "finished": r.finished,
+            "steps": r.steps, "preemptions": r.preemptions, "hit_rate": r.hit_rate,
+            "step_us": _spread(step_us[e.name]), "manager_us": _spread(manager_us[e.name]),
+            "identical_to_vllm": same})
+    if args.json:
+        print(json.dumps({"setup": asdict(setup) | {"kv_cache_groups": None},
+                          "trace": args.trace, "results": rows}, indent=2))
+    else:
+        _print_table(rows, reference is not None)
+    return 0 if all(row["identical_to_vllm"] is not False for row in rows) else 1
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _print_table(rows: list[dict[str, Any]], with_ratio: bool) -> None:
+    base = next((r for r in rows if r["engine"] == "vllm"), None)
+    print(f"{'engine':<24} {'hit rate':>8} {'steps':>6} {'preempt':>7} "
+          f"{'sched µs/step (min–max)':>26} {'KV mgr µs/step (min–max)':>27} "
+          f"{'mgr ratio':>9} {'same as vLLM':>12}")
+    for r in rows:
+        s, m = r["step_us"], r["manager_us"]
+        ratio = (f"{m['median'] / base['manager_us']['median']:.2f}×"
+                 if base is not None and with_ratio else "")
+        same = {None: "", True: "yes", False: "NO"}[r["identical_to_vllm"]]
+        print(f"{r['engine']:<24} {r['hit_rate']:>8.2%} {r['steps']:>6} {r['preemptions']:>7} "
+              f"{s['median']:>9.1f} ({s['min']:.1f}–{s['max']:.1f})".ljust(84)
+              + f"{m['median']:>9.1f} ({m['min']:.1f}–{m['max']:.1f})".ljust(28)
+              + f"{ratio:>9} {same:>12}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""vLLM's own schedulers, with kvcore as their KV-cache manager.
+
+``LLM(..., scheduler_cls="kvcore.integrations.vllm.Scheduler")`` (or ``AsyncScheduler``) runs
+vLLM's ``Scheduler`` / ``AsyncScheduler`` unchanged except for ``self.kv_cache_manager``: a
+:class:`~kvcore.integrations.vllm.manager.KVCacheManagerAdapter` built, with the settings of
+``additional_config["kvcore"]``, where vLLM builds its own manager.  Everything else — queues,
+preemption, chunked prefill, speculative decoding, connectors, KV-event publishing, metrics —
+is vLLM's code.  The ``kvcore`` general plugin (:mod:`kvcore.integrations.vllm.plugin`) puts the
+same mix-in under whatever scheduler class vLLM chose.
+
+vLLM's ``Scheduler.__init__`` constructs its ``KVCacheManager`` inline by module-level name, so
+the mix-in rebinds that one name for the duration of its own ``super().__init__()`` (under a
+lock, restored on exit, error or not): nothing else of vLLM is patched.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Iterator
+from itertools import chain, islice
+from operator import attrgetter
+from typing import Any, ClassVar, cast
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+from vllm.v1.core.sched import scheduler as vllm_scheduler_module
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler as VllmAsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
+
+from kvcore.integrations.vllm.config import refuse
+from kvcore.integrations.vllm.manager import KVCacheManagerAdapter
+from kvcore.integrations.vllm.settings import KvcoreSettings, settings_from_additional_config
+
+_CONSTRUCTION_LOCK = threading.Lock()
+_block_hashes = attrgetter("block_hashes")
+
+
+def _check_vllm_config(vllm_config: Any) -> None:
+    """Refuse what only the whole vLLM config shows (the manager refuses the rest)."""
+    events = vllm_config.kv_events_config
+    if (getattr(vllm_config.model_config, "enable_prompt_embeds", False)
+            and events is not None and events.enable_kv_cache_events):
+        raise refuse("prompt-embedding digests in KV events' extra keys",
+                     "disable prompt embeddings or KV events")
+
+
+def _connectors(connector: Any) -> Iterator[Any]:
+    yield connector
+    for child in getattr(connector, "_connectors", ()) or ():  # MultiConnector's
+        yield from _connectors(child)
+
+
+def _check_connector(connector: Any, defer_block_free: bool) -> None:
+    """Refuse a KV connector that reaches into vLLM's block pool or coordinator (it would read
+    vLLM's internals, which kvcore does not have), and deferred block frees."""
+    if connector is None:
+        return
+    if defer_block_free:
+        raise refuse("deferred block frees (a KV consumer connector with async scheduling or "
+                     "pipeline parallelism)", "turn async scheduling off")
+    for c in _connectors(connector):
+        cls = type(c)
+        if c is connector and getattr(c, "_connectors", None) is not None:
+            continue  # MultiConnector forwards the binds to its children, checked next
+        if (cls.bind_gpu_block_pool is not KVConnectorBase_V1.bind_gpu_block_pool
+                or cls.bind_kv_cache_manager is not KVConnectorBase_V1.bind_kv_cache_manager
+                or getattr(c, "supports_divergent_local_hybrid_hits", False)):
+            raise refuse(f"the KV connector {cls.__name__}, which reads vLLM's own block pool "
+                         "or cache coordinator", "use a connector that only uses the "
+                         "KVConnectorBase_V1 scheduler interface (e.g. NixlConnector)")
+
+
+class KvcoreSchedulerMixin:
+    """Mixed in before a vLLM ``Scheduler`` class: kvcore manages its KV cache.
+
+    ``kvcore_required`` (the ``scheduler_cls`` route): kvcore always, with defaults when
+    ``additional_config`` has no ``"kvcore"`` entry.  The general plugin's classes set it to
+    ``False``: kvcore only when that entry is present (the opt-in), vLLM's manager otherwise.
+    """
+
+    kvcore_required: ClassVar[bool] = True
+    kvcore_settings: KvcoreSettings | None
+    kv_cache_manager: Any
+    waiting: Any
+    kv_holding_waiting: Any
+
+    def __init__(self, vllm_config: Any, kv_cache_config: Any, *args: Any,
+                 **kwargs: Any) -> None:
+        settings = settings_from_additional_config(vllm_config.additional_config)
+        if settings is None and self.kvcore_required:
+            settings = KvcoreSettings()
+        self.kvcore_settings = settings
+        self._kvcore_declared: list[Any] = []
+        self._kvcore_declared_hashes = 0
+        vllm_init = cast(Any, super()).__init__  # the vLLM scheduler class mixed in after
+        if settings is None:
+            vllm_init(vllm_config, kv_cache_config, *args, **kwargs)
+            return
+        _check_vllm_config(vllm_config)
+        factory = functools.partial(KVCacheManagerAdapter, settings=settings)
+        with _CONSTRUCTION_LOCK:
+            # The one name vLLM's __init__ constructs its manager by, restored right after.
+            vllm_class = vllm_scheduler_module.KVCacheManager
+            vllm_scheduler_module.KVCacheManager = factory
+            try:
+                vllm_init(vllm_config, kv_cache_config, *args, **kwargs)
+            finally:
+                vllm_scheduler_module.KVCacheManager = vllm_class
+        _check_connector(getattr(self, "connector", None),
+                         bool(getattr(self, "defer_block_free", False)))
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's ``schedule``, after declaring the head of the waiting queues to kvcore's pool
+        (``queue_hints``) when it changed."""
+        settings = self.kvcore_settings
+        if settings is not None and settings.queue_hints:
+            head = list(islice(chain(self.kv_holding_waiting, self.waiting), settings.queue_hints))
+            # The same requests (compared by identity, in C) with as many hashes (a waiting
+            # request's only grow: in-flight output of a preempted one) declare the same.
+            num_hashes = sum(map(len, map(_block_hashes, head)))
+            if head != self._kvcore_declared or num_hashes != self._kvcore_declared_hashes:
+                self.kv_cache_manager.declare_upcoming(head)
+                self._kvcore_declared = head
+                self._kvcore_declared_hashes = num_hashes
+        return cast(Any, super()).schedule(*args, **kwargs)
+
+
+class Scheduler(KvcoreSchedulerMixin, VllmScheduler):
+    """vLLM's synchronous ``Scheduler`` with kvcore as its KV-cache manager."""
+
+
+class AsyncScheduler(KvcoreSchedulerMixin, VllmAsyncScheduler):
+    """vLLM's ``AsyncScheduler`` with kvcore as its KV-cache manager."""
+
+
+@functools.cache
+def with_kvcore(scheduler_cls: type) -> type:
+    """``scheduler_cls`` with kvcore as its KV-cache manager when ``additional_config`` has a
+    ``"kvcore"`` entry (the general plugin's route); a class that already mixes kvcore in is
+    returned as it is."""
+    if issubclass(scheduler_cls, KvcoreSchedulerMixin):
+        return scheduler_cls
+    return type(f"Kvcore{scheduler_cls.__name__}", (KvcoreSchedulerMixin, scheduler_cls),
+                {"kvcore_required": False, "__module__": __name__,
+                 "__doc__": f"{scheduler_cls.__qualname__} with kvcore as its KV-cache manager "
+                            "when additional_config has a 'kvcore' entry."})

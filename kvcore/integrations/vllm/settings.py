@@ -1,0 +1,102 @@
+"""kvcore's settings inside vLLM: the ``"kvcore"`` entry of vLLM's ``additional_config``.
+
+::
+
+    LLM(..., additional_config={"kvcore": {"eviction_policy": "recommended"}})
+    vllm serve MODEL --additional-config '{"kvcore": {"eviction_policy": "slru", "queue_hints": 64}}'
+
+Keys (all optional):
+
+``eviction_policy``
+    ``"lru"`` (vLLM's order, the default), ``"slru"``, ``"s3fifo"``, ``"arc"`` with options
+    (``"slru:protected_share=0.7"``), or ``"recommended"`` (:data:`kvcore.eviction.RECOMMENDED`,
+    which also sets ``queue_hints`` unless it is given).
+``queue_hints``
+    Declare the first this many waiting requests to the pool every step, so free blocks caching
+    their prefixes are evicted last (``KVCacheManager.declare_upcoming``); ``0`` = off.
+``verify_hits``
+    Confirm every prefix hit against the request's own tokens (no wrong-KV hit even under a hash
+    collision); cached blocks then keep their token ids.
+``check_invariants_every``
+    Check every pool and manager invariant at the start of every N-th scheduler step (``0`` =
+    never); a broken one raises :class:`~kvcore.errors.InvariantError` naming the rule.
+
+This module does not import vLLM: it is what the vLLM integration and its tests share with
+kvcore's own command line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kvcore.errors import InvalidArgumentError
+from kvcore.eviction import RECOMMENDED, parse_policy
+
+CONFIG_KEY = "kvcore"
+"""The key of kvcore's settings in vLLM's ``additional_config``."""
+
+RECOMMENDED_NAME = "recommended"
+
+_KEYS = ("eviction_policy", "queue_hints", "verify_hits", "check_invariants_every")
+
+
+def _count(name: str, value: object) -> int:
+    if type(value) is not int or value < 0:
+        raise InvalidArgumentError(f"additional_config['kvcore'][{name!r}] must be an int >= 0, "
+                                   f"got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class KvcoreSettings:
+    """Validated settings (see the module docstring); build them with :func:`parse_settings`."""
+
+    eviction_policy: str = "lru"
+    queue_hints: int = 0
+    verify_hits: bool = False
+    check_invariants_every: int = 0
+
+
+def parse_settings(raw: object) -> KvcoreSettings:
+    """The settings in ``raw`` (the value of ``additional_config["kvcore"]``: a mapping, or
+    ``None`` for all defaults).  Raises :class:`InvalidArgumentError` naming the key and value of
+    anything wrong: an unknown key, a wrong type, an unknown eviction policy or option."""
+    if raw is None:
+        return KvcoreSettings()
+    if not isinstance(raw, Mapping):
+        raise InvalidArgumentError(f"additional_config['kvcore'] must be a mapping of settings, "
+                                   f"got {raw!r}")
+    unknown = sorted(str(k) for k in raw if k not in _KEYS)
+    if unknown:
+        raise InvalidArgumentError(f"unknown additional_config['kvcore'] setting(s) "
+                                   f"{', '.join(map(repr, unknown))}; known: {', '.join(_KEYS)}")
+    policy = raw.get("eviction_policy", "lru")
+    hints = raw.get("queue_hints")
+    if policy == RECOMMENDED_NAME:
+        policy = RECOMMENDED.policy
+        if hints is None:
+            hints = RECOMMENDED.queue_hints
+    try:
+        parse_policy(policy)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"additional_config['kvcore']['eviction_policy']: {exc} "
+                                   f"(or {RECOMMENDED_NAME!r})") from None
+    verify = raw.get("verify_hits", False)
+    if not isinstance(verify, bool):
+        raise InvalidArgumentError(f"additional_config['kvcore']['verify_hits'] must be a bool, "
+                                   f"got {verify!r}")
+    return KvcoreSettings(
+        eviction_policy=str(policy).strip(),
+        queue_hints=_count("queue_hints", 0 if hints is None else hints),
+        verify_hits=verify,
+        check_invariants_every=_count("check_invariants_every",
+                                      raw.get("check_invariants_every", 0)))
+
+
+def settings_from_additional_config(additional_config: object) -> KvcoreSettings | None:
+    """kvcore's settings from vLLM's ``additional_config``, or ``None`` when it has no
+    ``"kvcore"`` entry (the opt-in of the ``vllm.general_plugins`` route)."""
+    if not isinstance(additional_config, Mapping) or CONFIG_KEY not in additional_config:
+        return None
+    return parse_settings(additional_config[CONFIG_KEY])

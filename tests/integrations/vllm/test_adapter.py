@@ -1,0 +1,223 @@
+"""kvcore's adapter against vLLM's own KVCacheManager, call for call (no scheduler, no model):
+the same block ids, hits, stats and byte-identical KV events, for requests with LoRA adapters,
+multimodal items, cache salts, sessions and vLLM's "full" report mode; vLLM's calling
+conventions (free of a request that never got blocks, lists that stay in order); and every
+configuration the adapter refuses, by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from vllm.lora.request import LoRARequest
+from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+from vllm.sampling_params import SamplingParams
+from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    KVCacheGroupSpec,
+    MambaSpec,
+)
+
+from kvcore.errors import InvalidArgumentError, InvariantError, UnsupportedFeatureError
+from kvcore.integrations.vllm.manager import KVCacheManagerAdapter, _int_hash
+from kvcore.integrations.vllm.settings import KvcoreSettings, parse_settings
+from tests.integrations.vllm.helpers import (
+    admit,
+    event_bytes,
+    full,
+    kv_config,
+    managers,
+    request,
+    scenario,
+    swa,
+)
+
+
+def _make(**kwargs):  # type: ignore[no-untyped-def]
+    return lambda rid, tokens: request(rid, tokens, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {},
+    {"lora_request": LoRARequest("adapter-a", 3, "/nowhere")},
+    {"cache_salt": "tenant-1", "session_id": "chat-9"},
+    {"mm_features": [MultiModalFeatureSpec(None, "image", "img-hash-1",
+                                           PlaceholderRange(offset=5, length=20)),
+                     MultiModalFeatureSpec(None, "image", "img-hash-2",
+                                           PlaceholderRange(offset=30, length=4))]},
+    {"sampling_params": SamplingParams(max_tokens=100, ignore_eos=True,
+                                       extra_args={"kv_cache_report_mode": "full"})},
+], ids=["plain", "lora", "salt+session", "multimodal", "report-full"])
+@pytest.mark.parametrize("int_hashes", ["1", "0"])
+def test_adapter_matches_vllm_call_for_call(kwargs: dict, int_hashes: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", int_hashes)
+    theirs, ours = managers(kv_config(num_blocks=12))
+    expected = scenario(theirs, _make(**kwargs))
+    got = scenario(ours, _make(**kwargs))
+    assert got == expected
+    assert any(isinstance(x, bytes) and len(x) > 20 for x in got)  # events were compared
+    ours.check_invariants()
+
+
+def test_hybrid_sliding_window_matches_vllm() -> None:
+    theirs, ours = managers(kv_config(full(), swa(32), num_blocks=24))
+    assert scenario(ours, _make()) == scenario(theirs, _make())
+
+
+def test_int_hash_is_vllms_conversion(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+    monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1")
+    for h in (b"\x00" * 32, bytes(range(32)), b"\xff" * 16, b"\x01\x02"):
+        assert _int_hash(h) == maybe_convert_block_hash(h)
+
+
+def test_free_of_a_request_without_blocks_does_nothing_and_lists_stay_in_order() -> None:
+    theirs, ours = managers(kv_config())
+    for m in (theirs, ours):
+        m.free(request("never-admitted", range(20)))  # vLLM frees aborted waiting requests
+    a = request("a", range(50))
+    admit(ours, a)
+    held = ours.get_blocks("a").blocks[0]
+    ids = [b.block_id for b in held]
+    ours.free(a)
+    assert [b.block_id for b in held] == ids
+    ours.check_invariants()
+
+
+def test_computed_token_views_match_vllm() -> None:
+    theirs, ours = managers(kv_config(num_blocks=32))
+    for m in (theirs, ours):
+        r = request("r", range(70))
+        admit(m, r)
+        m.free(r)
+    got = []
+    for m in (theirs, ours):
+        r = request("s", [*range(64), 1, 2, 3])
+        blocks, hit, _ = m.get_computed_blocks(r)
+        got.append((hit, m.truncate_computed_blocks(blocks, 32).get_block_ids()))
+        m.allocate_slots(r, r.num_tokens - hit, hit, blocks)
+        r.num_computed_tokens = r.num_tokens
+        got.append((m.get_block_ids_for_computed_tokens("s", 40), m.estimate_cached_tokens(r),
+                    m.get_computed_blocks_for_connector(request("t", range(40)))[1:]))
+    assert got[:2] == got[2:]
+
+
+def test_verify_hits_refuses_a_hash_collision_vllm_would_serve() -> None:
+    """Two prompts made to share their (vLLM-computed) block hashes: vLLM and kvcore without
+    verification serve the second one the first one's KV; with ``verify_hits`` kvcore does not."""
+    served = []
+    for settings in (None, KvcoreSettings(verify_hits=True)):
+        _, m = managers(kv_config(), settings=settings)
+        a = request("a", range(48))
+        admit(m, a)
+        m.free(a)
+        b = request("b", range(1000, 1048))
+        b.block_hashes[:] = a.block_hashes  # a collision on every block
+        served.append(m.get_computed_blocks(b)[1])
+        m.check_invariants()
+    assert served == [32, 0]
+
+
+def test_invariants_are_checked_every_n_steps() -> None:
+    _, m = managers(kv_config(), settings=KvcoreSettings(check_invariants_every=2))
+    a = request("a", range(40))
+    admit(m, a)
+    m.new_step_starts()  # step 1: not checked
+    m.get_blocks("a").blocks[0][0].ref_cnt += 1  # a leak the invariants see
+    with pytest.raises(InvariantError, match="ref-count"):
+        m.new_step_starts()  # step 2: checked
+
+
+def test_every_vllm_manager_method_the_scheduler_calls_exists() -> None:
+    """The names vLLM 0.32's Scheduler, AsyncScheduler and engine core read on
+    ``kv_cache_manager`` (found with grep over vLLM's source) all exist on the adapter."""
+    _, m = managers(kv_config())
+    for name in ("get_computed_blocks", "get_computed_blocks_for_connector", "allocate_slots",
+                 "new_step_starts", "get_blocks", "get_block_ids",
+                 "get_block_ids_for_computed_tokens", "free", "pop_blocks_for_free",
+                 "cache_blocks", "record_prefix_cache_stats", "make_prefix_cache_stats",
+                 "estimate_cached_tokens", "take_events", "take_new_block_ids",
+                 "take_kv_cache_block_copies", "take_boundary_state_offloads",
+                 "remove_skipped_blocks", "truncate_computed_blocks", "evict_blocks",
+                 "reset_prefix_cache", "usage", "empty_kv_cache_blocks", "coordinator",
+                 "block_pool", "kv_cache_config", "max_model_len", "record_blocks_for_zeroing",
+                 "finalize_partial_tail_offloads", "mamba_shared_prefix_checkpoint"):
+        assert hasattr(m, name), name
+    c = m.coordinator
+    assert c.enable_partial_hash_hits is False and c.num_reprefillable_tokens == 0
+    assert [g.block_size for g in c.single_type_managers] == [16]
+    assert c.get_num_blocks_to_allocate("x", 40, m.empty_kv_cache_blocks.blocks, 0, 0, 0, 40,
+                                        apply_admission_cap=True) == 3
+
+
+def _mamba() -> MambaSpec:
+    return MambaSpec(block_size=16, shapes=((2, 4),), dtypes=(torch.float32,))
+
+
+@pytest.mark.parametrize(("config", "kwargs", "names"), [
+    (lambda: kv_config(_mamba()), {}, "Mamba state groups"),
+    (lambda: kv_config(CrossAttentionSpec(block_size=16, num_kv_heads=1, head_size=32,
+                                          dtype=torch.float16)), {}, "CrossAttentionSpec"),
+    (lambda: kv_config(full(), swa(32), prefix_cache_retention_interval=0), {},
+     "sparse prefix-cache retention"),
+    (lambda: kv_config(full(32), swa(32, block_size=32)), {"hash_block_size": 16},
+     "prefix_match_unit"),
+    (lambda: kv_config(full(dtype=torch.float16), full(dtype=torch.bfloat16)), {}, "zeroing"),
+    (lambda: kv_config(num_blocks=16).__class__(
+        num_blocks=16, kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["a"], full(), is_eagle_group=True),
+                         KVCacheGroupSpec(["b"], swa(32))]), {}, "EAGLE block drop"),
+    (lambda: kv_config(), {"dcp_world_size": 2}, "context parallelism"),
+    (lambda: kv_config(), {"watermark": 0.05}, "watermark"),
+    (lambda: kv_config(), {"metrics_collector": object()}, "kv_cache_metrics"),
+    (lambda: kv_config(), {"num_prefill_lookahead": 3}, "multi-module MTP"),
+], ids=["mamba", "cross-attention", "swa-retention", "partial-hash-hits", "mixed-precision",
+        "partial-eagle", "dcp", "watermark", "kv-metrics", "mtp"])
+def test_refused_configurations_name_the_feature(config, kwargs, names) -> None:  # type: ignore[no-untyped-def]
+    args = dict(kv_cache_config=config(), max_model_len=4096, scheduler_block_size=16,
+                hash_block_size=16, enable_caching=True)
+    if "hash_block_size" in kwargs:
+        args["scheduler_block_size"] = 32
+    args.update(kwargs)
+    with pytest.raises(UnsupportedFeatureError, match=names) as info:
+        KVCacheManagerAdapter(**args, settings=KvcoreSettings())
+    assert "kvcore does not implement" in str(info.value)
+
+
+def test_supported_attention_types_are_accepted() -> None:
+    chunked = ChunkedLocalAttentionSpec(block_size=16, num_kv_heads=1, head_size=32,
+                                        dtype=torch.float16, attention_chunk_size=64)
+    for config in (kv_config(), kv_config(full(), swa(32)), kv_config(chunked),
+                   kv_config(full(), swa(32), prefix_cache_retention_interval=None)):
+        _, m = managers(config)
+        assert m.kv.config.num_groups == len(config.kv_cache_groups)
+
+
+@pytest.mark.parametrize(("raw", "match"), [
+    ({"eviction_policy": "mru"}, "unknown eviction policy"),
+    ({"queue_hints": -1}, "queue_hints"),
+    ({"verify_hits": "yes"}, "verify_hits"),
+    ({"check_invariants_every": 1.5}, "check_invariants_every"),
+    ({"evictoin_policy": "lru"}, "unknown additional_config"),
+    ("lru", "mapping"),
+])
+def test_bad_settings_are_refused(raw: object, match: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=match):
+        parse_settings(raw)
+
+
+def test_an_eviction_option_the_policy_lacks_fails_at_construction() -> None:
+    with pytest.raises(InvalidArgumentError, match="takes no option"):
+        managers(kv_config(), settings=parse_settings({"eviction_policy": "slru:bogus=1"}))
+
+
+def test_events_bytes_cover_stores_and_evictions() -> None:
+    theirs, ours = managers(kv_config(num_blocks=6))
+    for m in (theirs, ours):
+        for i in range(4):  # 5 usable blocks: later requests evict earlier prefixes
+            r = request(f"r{i}", range(i * 100, i * 100 + 40))
+            admit(m, r)
+            m.free(r)
+    assert event_bytes(ours) == event_bytes(theirs)

@@ -1,0 +1,135 @@
+"""vLLM 0.32 manager behaviours kvcore's core adopted for running inside vLLM's scheduler (the
+integration in kvcore.integrations.vllm relies on each; its own tests run in the full vLLM venv).
+
+* ``free`` leaves a block list a caller got from ``get_blocks`` in order;
+* ``BlockStored`` carries the request's LoRA int id (``lora_id``);
+* ``allocate_slots(reserved_blocks=...)`` keeps blocks free for requests in flight;
+* blocks leave a window only up to the computed tokens not in flight (``num_in_flight_tokens``);
+* ``report_prefix_hit`` records vLLM's ``kv_cache_report_mode="full"`` events.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcore import BlockStored, InvalidArgumentError, Request
+from kvcore.specs import FullAttentionSpec, KVCacheConfig, KVCacheGroup, SlidingWindowSpec
+from tests.factories import admit, make_manager, manager_snapshot
+
+
+def test_free_leaves_a_block_list_from_get_blocks_in_order() -> None:
+    m = make_manager(num_blocks=16)
+    r = m.make_request("r", list(range(10)))
+    admit(m, r)
+    held = m.get_blocks("r")[0]
+    before = [b.block_id for b in held]
+    assert before == [1, 2, 3]
+    m.free(r)
+    assert [b.block_id for b in held] == before  # not reversed in place
+    # ... while the pool still frees tail first: the prefix is evicted last (the unhashed
+    # partial block 3 is reused first).
+    order = [b.block_id for b in m.pool.free_queue]
+    assert order[0] == 3 and order[-2:] == [2, 1]
+    m.check_invariants()
+
+
+def test_block_stored_carries_the_lora_int_id() -> None:
+    m = make_manager(num_blocks=16, enable_events=True)
+    r = m.make_request("r", list(range(9)), lora_name="adapter-a", lora_id=7)
+    admit(m, r)
+    stored = [e for e in m.take_events() if isinstance(e, BlockStored)]
+    assert stored and all((e.lora_id, e.lora_name) == (7, "adapter-a") for e in stored)
+    plain = m.make_request("p", list(range(20, 29)))
+    admit(m, plain)
+    assert all(e.lora_id is None for e in m.take_events() if isinstance(e, BlockStored))
+
+
+@pytest.mark.parametrize("bad", [0, -1, "7", 1.0, True])
+def test_lora_id_must_be_a_positive_int(bad: object) -> None:
+    with pytest.raises(InvalidArgumentError, match="lora_id"):
+        Request("r", [1, 2, 3], lora_id=bad)
+
+
+def test_reserved_blocks_stay_free_and_a_refusal_changes_nothing() -> None:
+    m = make_manager(num_blocks=9)  # 8 usable blocks
+    a = m.make_request("a", list(range(16)))
+    assert m.allocate_slots(a, 16) is not None  # 4 blocks, 4 free
+    b = m.make_request("b", list(range(100, 116)))
+    snap = manager_snapshot(m)
+    assert m.allocate_slots(b, 16, reserved_blocks=1) is None  # would leave 0 of 1 reserved
+    assert manager_snapshot(m) == snap
+    # full_sequence_must_fit counts the whole prompt against the free blocks, not the reserve
+    # (vLLM's order): it passes, the reserve then refuses.
+    assert m.allocate_slots(b, 8, full_sequence_must_fit=True, reserved_blocks=3) is None
+    assert manager_snapshot(m) == snap
+    assert m.allocate_slots(b, 8, reserved_blocks=2) is not None  # 2 blocks, 2 stay free
+    assert m.num_free_blocks == 2
+    with pytest.raises(InvalidArgumentError, match="reserved_blocks"):
+        m.allocate_slots(b, 4, reserved_blocks=-1)
+    m.check_invariants()
+
+
+def _swa_step(num_in_flight_tokens: int) -> list[int]:
+    """A sliding-window (4 tokens, blocks of 4) request of 24 computed tokens: step A (4 tokens)
+    is scheduled, then step B while A's output is ``num_in_flight_tokens`` in flight; returns
+    the block table after B's allocation."""
+    from kvcore import KVCacheManager
+
+    spec = SlidingWindowSpec(block_size=4, num_kv_heads=1, head_size=8, sliding_window=4)
+    m = KVCacheManager(KVCacheConfig(32, (KVCacheGroup(("swa",), spec),)), 256)
+    r = m.make_request("r", list(range(24)))
+    assert m.allocate_slots(r, 24) is not None
+    r.num_computed_tokens = 24
+    assert m.allocate_slots(r, 4) is not None  # step A
+    r.num_computed_tokens = 28
+    r.num_in_flight_tokens = num_in_flight_tokens
+    assert m.allocate_slots(r, 4) is not None  # step B
+    m.check_invariants()
+    return m.get_block_ids("r")[0]
+
+
+def test_window_blocks_leave_only_up_to_the_tokens_not_in_flight() -> None:
+    # Processed: 24 tokens, whose window (tokens 21..) still reads the block of 20..23.
+    assert _swa_step(4)[:6] == [0] * 5 + [6]
+    # Nothing in flight: 28 processed, tokens 25.. read; the block of 20..23 left too.
+    assert _swa_step(0)[:6] == [0] * 6
+
+
+def test_report_prefix_hit_records_stored_events_and_changes_no_block() -> None:
+    m = make_manager(num_blocks=16, enable_events=True)
+    a = m.make_request("a", list(range(13)), session_id="s1")
+    admit(m, a)
+    m.free(a)
+    m.take_events()
+    b = m.make_request("b", [*range(12), 99], session_id="s2")
+    hit, n = m.get_computed_blocks(b)
+    assert n == 12
+    snap = manager_snapshot(m)
+    m.report_prefix_hit(b, hit)
+    (e,) = m.take_events()
+    assert manager_snapshot(m) == snap  # an event, and nothing else
+    assert isinstance(e, BlockStored)
+    assert (e.block_hashes, e.parent_block_hash, e.token_ids) == (
+        tuple(b.block_hashes[:3]), None, tuple(range(12)))
+    assert (e.block_size, e.group_id, e.session_id) == (4, 0, "s2")
+    with pytest.raises(InvalidArgumentError, match="one block list per group"):
+        m.report_prefix_hit(b, ())
+    quiet = make_manager(num_blocks=16)
+    quiet.report_prefix_hit(b, hit)  # no events recorded without events
+    assert quiet.take_events() == []
+
+
+def test_partial_primary_tokens_names_what_a_partial_entry_covers() -> None:
+    full = FullAttentionSpec(block_size=8, num_kv_heads=1, head_size=8)
+    swa = SlidingWindowSpec(block_size=4, num_kv_heads=1, head_size=8, sliding_window=4)
+    config = KVCacheConfig(16, (KVCacheGroup(("f",), full), KVCacheGroup(("s",), swa)))
+    from kvcore import KVCacheManager
+
+    # Under EAGLE a hybrid caches one block past its aligned boundary: the prompt's last hash
+    # boundary (12) inside the full-attention block [8, 16) becomes that block's entry.
+    m = KVCacheManager(config, 128, use_eagle=True)
+    r = m.make_request("r", list(range(13)))
+    assert m.allocate_slots(r, 13) is not None
+    full_blocks = m.get_blocks("r")[0]
+    assert [m.pool.partial_primary_tokens(b) for b in full_blocks] == [None, 12]
+    assert all(b.block_hash is not None for b in full_blocks)
