@@ -2,8 +2,10 @@
 
 Run as a script in either implementation's environment::
 
-    python replay.py --impl vllm   < traces.json > observations.json   (vLLM's own venv)
-    python replay.py --impl kvcore < traces.json > observations.json
+    python replay.py --impl vllm    < traces.json > observations.json   (vLLM's own venv)
+    python replay.py --impl kvcore  < traces.json > observations.json
+    python replay.py --impl adapter < traces.json > observations.json   (the full vLLM venv:
+                                                kvcore behind kvcore.integrations.vllm)
 
 or import :func:`replay_all` (kvcore side, in-process).  The module imports only the
 implementation under test, so it runs in the vLLM peer venv without kvcore.
@@ -351,6 +353,26 @@ class VllmImpl(_Impl):
         return self.m.make_prefix_cache_stats()
 
 
+class AdapterImpl(VllmImpl):
+    """kvcore behind vLLM's manager surface (kvcore.integrations.vllm): built with exactly the
+    arguments vLLM's own manager gets, driven with vLLM's requests.  Needs the full vLLM venv."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__(cfg)
+        from kvcore.integrations.vllm.manager import KVCacheManagerAdapter
+
+        vllm = self.m
+        sched_bs, hash_bs = vllm_block_sizes(cfg)
+        self.m = KVCacheManagerAdapter(
+            vllm.kv_cache_config, cfg["max_model_len"], scheduler_block_size=sched_bs,
+            hash_block_size=hash_bs, enable_caching=cfg.get("caching", True),
+            max_in_flight_tokens=cfg.get("budget"), use_eagle=bool(cfg.get("eagle")),
+            log_stats=True, enable_kv_cache_events=True)
+
+    def free_queue(self) -> list[int]:
+        return [b.block_id for b in self.m.kv.pool.free_queue]
+
+
 class Replayer:
     """Applies ops to one implementation and records one observation per op."""
 
@@ -424,7 +446,7 @@ class Replayer:
 
 
 def make_impl(name: str, cfg: dict[str, Any]) -> Any:
-    return (KvcoreImpl if name == "kvcore" else VllmImpl)(cfg)
+    return {"kvcore": KvcoreImpl, "vllm": VllmImpl, "adapter": AdapterImpl}[name](cfg)
 
 
 def replay(impl_name: str, trace: dict[str, Any]) -> list[dict[str, Any]]:
@@ -450,7 +472,7 @@ def replay_all(impl_name: str, traces: list[dict[str, Any]]) -> list[list[dict[s
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--impl", choices=["kvcore", "vllm"], required=True)
+    ap.add_argument("--impl", choices=["kvcore", "vllm", "adapter"], required=True)
     args = ap.parse_args()
     traces = json.load(sys.stdin)
     json.dump(replay_all(args.impl, traces), sys.stdout)

@@ -171,14 +171,22 @@ class ReplaySetup:
     enable_caching: bool = True
     async_scheduling: bool = False
     kv_cache_groups: Callable[[], list[Any]] | None = None  # default: one full-attention group
+    # vLLM's CacheConfig.prefix_cache_retention_interval (sliding-window groups: kvcore needs
+    # None, every block cached; vLLM's default 0 keeps only replay-boundary tails).
+    prefix_cache_retention_interval: int | None = 0
+    kv_transfer_config: dict[str, Any] | None = None  # a KV connector (vLLM's KVTransferConfig)
 
 
-def make_scheduler(setup: ReplaySetup, engine: Engine) -> Any:
-    """vLLM's Scheduler (or AsyncScheduler) for ``setup``, with vLLM's manager or kvcore's."""
+def make_scheduler(setup: ReplaySetup, engine: Engine, scheduler_cls: type | None = None,
+                   additional_config: dict[str, Any] | None = None) -> Any:
+    """vLLM's Scheduler (or AsyncScheduler) for ``setup``, with vLLM's manager or kvcore's
+    (``scheduler_cls``: this class instead, e.g. the general plugin's; ``additional_config``:
+    vLLM's, instead of the engine's settings)."""
     import torch
     from vllm.config import (
         CacheConfig,
         KVEventsConfig,
+        KVTransferConfig,
         ModelConfig,
         SchedulerConfig,
         VllmConfig,
@@ -192,28 +200,35 @@ def make_scheduler(setup: ReplaySetup, engine: Engine) -> Any:
         max_num_seqs=setup.max_num_seqs, max_num_batched_tokens=setup.max_num_batched_tokens,
         max_model_len=setup.max_model_len, is_encoder_decoder=False,
         enable_chunked_prefill=True, async_scheduling=setup.async_scheduling)
-    cache_config = CacheConfig(block_size=setup.block_size,
-                               enable_prefix_caching=setup.enable_caching)
-    additional = {} if engine.settings is None else {"kvcore": asdict(engine.settings)}
+    cache_config = CacheConfig(
+        block_size=setup.block_size, enable_prefix_caching=setup.enable_caching,
+        prefix_cache_retention_interval=setup.prefix_cache_retention_interval)
+    additional = ({} if engine.settings is None else {"kvcore": asdict(engine.settings)}
+                  ) if additional_config is None else additional_config
+    transfer = (None if setup.kv_transfer_config is None
+                else KVTransferConfig(**setup.kv_transfer_config))
     vllm_config = VllmConfig(
         model_config=model_config, scheduler_config=scheduler_config, cache_config=cache_config,
         kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"),
-        additional_config=additional)
+        kv_transfer_config=transfer, additional_config=additional)
     cache_config.num_gpu_blocks = setup.num_blocks
     groups = (setup.kv_cache_groups() if setup.kv_cache_groups is not None else
               [KVCacheGroupSpec(["layer.0"], FullAttentionSpec(
                   block_size=setup.block_size, num_kv_heads=1, head_size=32,
                   dtype=torch.float16))])
-    kv_cache_config = KVCacheConfig(num_blocks=setup.num_blocks, kv_cache_tensors=[],
-                                    kv_cache_groups=groups)
+    kv_cache_config = KVCacheConfig(
+        num_blocks=setup.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups,
+        prefix_cache_retention_interval=cache_config.prefix_cache_retention_interval)
     from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
 
     from kvcore.integrations.vllm import scheduler as kvcore_scheduler
 
-    if engine.settings is None:
-        cls: type = AsyncScheduler if setup.async_scheduling else Scheduler
+    if scheduler_cls is not None:
+        cls: type = scheduler_cls
+    elif engine.settings is None:
+        cls = AsyncScheduler if setup.async_scheduling else Scheduler
     else:
         cls = (kvcore_scheduler.AsyncScheduler if setup.async_scheduling
                else kvcore_scheduler.Scheduler)
@@ -247,8 +262,8 @@ def _run(requests: Sequence[TraceRequest], setup: ReplaySetup, engine: Engine,
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.outputs import ModelRunnerOutput
-    from vllm.v1.request import Request
+    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+    from vllm.v1.request import Request, RequestStatus
 
     sched = make_scheduler(setup, engine)
     recorder = _EventRecorder()
@@ -286,7 +301,12 @@ def _run(requests: Sequence[TraceRequest], setup: ReplaySetup, engine: Engine,
                                       stats.preempted_requests, stats.preempted_queries,
                                       stats.preempted_hits, stats.reset))
 
+    # A scheduler that stops making progress must not hang the replay.
+    max_steps = 4 * sum(r.num_prompt_tokens + r.output_len for r in requests) + 1000
     while sched.has_unfinished_requests() or in_flight:
+        if out.steps > max_steps:
+            raise RuntimeError(f"{engine.name}: no end after {out.steps} steps "
+                               f"({out.finished} of {len(requests)} requests finished)")
         manager_before = timer.net if timer is not None else 0.0
         step_cpu = 0.0
         if sched.has_unfinished_requests():
@@ -301,6 +321,11 @@ def _run(requests: Sequence[TraceRequest], setup: ReplaySetup, engine: Engine,
                                else [_token(rid, req.num_computed_tokens)])
             mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                     sampled_token_ids=sampled)
+            if sched.connector is not None:  # KV loads finish within the step that started them
+                loaded = {r.request_id for r in sched.requests.values()
+                          if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS}
+                if loaded:
+                    mro.kv_connector_output = KVConnectorOutput(finished_recving=loaded)
             in_flight.append((so, mro))
             out.steps += 1
             out.preemptions += len(so.preempted_req_ids or ())
