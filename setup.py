@@ -29,6 +29,10 @@ COMPILED_MODULES = [
     "kvcore/manager.py",
     *sorted(str(p.relative_to(HERE)) for p in (HERE / "kvcore" / "managers").glob("*.py")),
     *sorted(str(p.relative_to(HERE)) for p in (HERE / "kvcore" / "coordinator").glob("*.py")),
+    # kvcore's manager inside vLLM: the adapter vLLM's scheduler calls and the request view it
+    # reads (vLLM's types are opaque to the compiler: vLLM is imported when the adapter is).
+    "kvcore/integrations/vllm/manager.py",
+    "kvcore/integrations/vllm/request.py",
 ]
 
 

@@ -312,6 +312,7 @@ class KVCacheManager:
         free blocks for requests already in flight (vLLM's gate for async KV loads; the
         ``full_sequence_must_fit`` check does not count them, as in vLLM)."""
         tracked = self._requests.get(request.request_id)
+        num_computed = request.num_computed_tokens
         hits: Sequence[Sequence[KVCacheBlock]] = self._empty
         # A call that only adds tokens to a running request, or starts a fresh one from nothing,
         # cannot fail validation (`is _ZERO`, identity with the int 0, keeps this cheap: a bool,
@@ -321,8 +322,8 @@ class KVCacheManager:
                 and num_external_computed_tokens is _ZERO and num_encoder_tokens is _ZERO
                 and reserved_blocks is _ZERO and not full_sequence_must_fit
                 and (new_computed_blocks is None or new_computed_blocks is self._empty)
-                and (not request.num_computed_tokens if tracked is None else
-                     tracked[0] is request and request.num_computed_tokens <= tracked[1])):
+                and (not num_computed if tracked is None else
+                     tracked[0] is request and num_computed <= tracked[1])):
             (num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
              num_external_computed_tokens, num_encoder_tokens) = _counts(
                 num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
@@ -334,7 +335,7 @@ class KVCacheManager:
             num_new_computed_tokens = num_lookahead_tokens = num_external_computed_tokens = 0
             num_encoder_tokens = reserved_blocks = 0
 
-        num_local_computed = request.num_computed_tokens + num_new_computed_tokens
+        num_local_computed = num_computed + num_new_computed_tokens
         total_computed = num_local_computed + num_external_computed_tokens
         if total_computed + num_new_tokens > self.max_model_len:
             self._too_long(request, total_computed, num_new_tokens)

@@ -24,7 +24,7 @@ per admission, so kvcore hashes nothing itself: its prefix cache and events use 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, cast
+from typing import Any
 
 import vllm.envs as envs
 from vllm.distributed.kv_events import AllBlocksCleared as VllmAllBlocksCleared
@@ -42,7 +42,6 @@ from kvcore.integrations.vllm.config import eagle_groups, kvcore_config, refuse
 from kvcore.integrations.vllm.request import VllmRequestView
 from kvcore.integrations.vllm.settings import KvcoreSettings
 from kvcore.manager import KVCacheManager
-from kvcore.request import KVRequest
 
 
 class _VllmHashesOnly(BlockHasher):
@@ -216,10 +215,10 @@ class KVCacheManagerAdapter:
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return self.empty_kv_cache_blocks, 0, 0
         view = self._view(request)
-        hit, num_hit_tokens = self.kv.get_computed_blocks(cast(KVRequest, view))
+        hit, num_hit_tokens = self.kv.get_computed_blocks(view)
         if (num_hit_tokens and self.enable_kv_cache_events
                 and getattr(request, "kv_cache_report_mode", "incremental") == "full"):
-            self.kv.report_prefix_hit(cast(KVRequest, view), hit)
+            self.kv.report_prefix_hit(view, hit)
         if not num_hit_tokens and not any(hit):
             return self.empty_kv_cache_blocks, 0, 0
         # kvcore's own hit object rides along: allocate_slots hands it back unchanged.
@@ -240,27 +239,25 @@ class KVCacheManagerAdapter:
         """vLLM's ``allocate_slots``; ``has_scheduled_reqs`` only gates vLLM's watermark and
         ``skip_zeroing_group_ids`` only its zeroing (both refused at start)."""
         rid = request.request_id
-        view = self._views.get(rid)
-        running = view is not None and view.vllm is request
+        tracked = self._views.get(rid)
+        running = tracked is not None and tracked.vllm is request
         if running and self._releases:
             # vLLM releases what left the window before it checks for space, on the tokens
             # whose step was processed.
             processed = request.num_computed_tokens - request.num_in_flight_tokens
             self.kv.remove_skipped_blocks(rid, processed if processed > 0 else 0)
-        if not running:
-            view = self._view(request)
+        view = tracked if running and tracked is not None else self._view(request)
         hits = None
         if (new_computed_blocks is not None
                 and new_computed_blocks is not self.empty_kv_cache_blocks):
             hits = new_computed_blocks.blocks
         new = self.kv.allocate_slots(
-            cast(KVRequest, view), num_new_tokens, num_new_computed_tokens, hits,
+            view, num_new_tokens, num_new_computed_tokens, hits,
             num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks,
             num_encoder_tokens, full_sequence_must_fit, reserved_blocks)
         if new is None:
             return None
         if not running:
-            assert view is not None
             self._views[rid] = view
             if self._lookup is view:
                 self._lookup = None
@@ -272,7 +269,7 @@ class KVCacheManagerAdapter:
         view = self._views.pop(request.request_id, None)
         if view is None:
             return
-        self.kv.free(cast(KVRequest, view))
+        self.kv.free(view)
 
     def pop_blocks_for_free(self, request: Any) -> list[KVCacheBlock]:
         raise refuse("deferred block frees (a KV consumer connector with async scheduling or "
@@ -341,8 +338,8 @@ class KVCacheManagerAdapter:
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
         if self.enable_caching:
             view = self._views.get(request.request_id)
-            self.kv.cache_blocks(cast(KVRequest, view if view is not None else
-                                      VllmRequestView(request)), num_computed_tokens)
+            self.kv.cache_blocks(view if view is not None else VllmRequestView(request),
+                                 num_computed_tokens)
 
     def create_kv_cache_blocks(self, blocks: Sequence[Sequence[KVCacheBlock]]) -> VllmKVCacheBlocks:
         return self._blocks(blocks)

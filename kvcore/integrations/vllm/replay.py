@@ -105,11 +105,14 @@ class _EventRecorder:
 
 
 class _ManagerTimer:
-    """Times every call made into a KV-cache manager object from outside it (nested calls
-    count once), by shadowing its public methods on the instance.  ``net`` subtracts what the
-    timing itself adds to each call (calibrated on a call that does nothing)."""
+    """Times every call made into a KV-cache manager from outside it, as a stand-in for it (the
+    scheduler's ``kv_cache_manager``): methods are timed (nested calls count once), everything
+    else is the manager's own.  ``net`` subtracts what the timing itself adds to each call
+    (calibrated on a call that does nothing)."""
 
     def __init__(self, manager: Any) -> None:
+        self._manager = manager
+        self._timed: dict[str, Callable[..., Any]] = {}
         self.total = 0.0
         self.calls = 0
         self._depth = 0
@@ -119,12 +122,16 @@ class _ManagerTimer:
         self.per_call = self.total / self.calls
         self.total = 0.0
         self.calls = 0
-        for name in dir(type(manager)):
-            if name.startswith("_"):
-                continue
-            attr = getattr(type(manager), name, None)
-            if callable(attr) and not isinstance(attr, type):
-                setattr(manager, name, self._wrap(getattr(manager, name)))
+
+    def __getattr__(self, name: str) -> Any:
+        timed = self._timed.get(name)
+        if timed is not None:
+            return timed
+        value = getattr(self._manager, name)
+        if callable(value) and not name.startswith("_") and not isinstance(value, type):
+            timed = self._timed[name] = self._wrap(value)
+            return timed
+        return value
 
     def _wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         clock = time.thread_time
@@ -268,7 +275,10 @@ def _run(requests: Sequence[TraceRequest], setup: ReplaySetup, engine: Engine,
     sched = make_scheduler(setup, engine)
     recorder = _EventRecorder()
     sched.kv_event_publisher = recorder
-    timer = _ManagerTimer(sched.kv_cache_manager) if time_manager else None
+    timer = None
+    if time_manager:
+        timer = _ManagerTimer(sched.kv_cache_manager)
+        sched.kv_cache_manager = timer
     hash_fn = get_hash_fn_by_name("sha256")
     init_none_hash(hash_fn)
     hasher = get_request_block_hasher(sched.hash_block_size, hash_fn)

@@ -221,3 +221,25 @@ def test_events_bytes_cover_stores_and_evictions() -> None:
             admit(m, r)
             m.free(r)
     assert event_bytes(ours) == event_bytes(theirs)
+
+
+def test_the_request_view_follows_vllms_in_place_changes() -> None:
+    """A streaming-input session truncates and extends vLLM's token and hash lists in place and
+    adds multimodal items: the view sees each change."""
+    from kvcore.integrations.vllm.request import VllmRequestView
+
+    r = request("s", range(40), mm_features=[MultiModalFeatureSpec(
+        None, "image", "a", PlaceholderRange(offset=2, length=4))])
+    view = VllmRequestView(r)
+    assert (view.num_tokens, len(view.block_hashes), len(view.mm_items)) == (40, 2, 1)
+    del r._all_token_ids[20:]
+    del r.block_hashes[1:]
+    r._all_token_ids.extend(range(100, 130))
+    r.mm_features.append(MultiModalFeatureSpec(None, "image", "b",
+                                               PlaceholderRange(offset=30, length=4)))
+    r.update_block_hashes()
+    r.num_computed_tokens = 16
+    assert view.num_tokens == 50 and view.all_token_ids[20] == 100
+    assert view.block_hashes == r.block_hashes and len(view.block_hashes) == 3
+    assert [m.identifier for m in view.mm_items] == ["a", "b"]
+    assert view.num_computed_tokens == 16
