@@ -396,7 +396,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-requests", type=int, default=0, help="replay only the first N")
     ap.add_argument("--async", dest="async_scheduling", action="store_true",
                     help="vLLM's AsyncScheduler (step N+1 scheduled before N is reported)")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="timed runs of every engine, interleaved (0: hit rates and the "
+                    "comparison with vLLM only)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     args = ap.parse_args(argv)
     from vllm.envs import enable_envs_cache
@@ -433,7 +435,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append({
             "engine": e.name, "requests": len(requests), "finished": r.finished,
             "steps": r.steps, "preemptions": r.preemptions, "hit_rate": r.hit_rate,
-            "step_us": _spread(step_us[e.name]), "manager_us": _spread(manager_us[e.name]),
+            "step_us": _spread(step_us[e.name]) if args.repeats else None,
+            "manager_us": _spread(manager_us[e.name]) if args.repeats else None,
             "identical_to_vllm": same})
     if args.json:
         print(json.dumps({"setup": asdict(setup) | {"kv_cache_groups": None},
@@ -447,20 +450,25 @@ def _spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def _cell(spread: dict[str, float] | None) -> str:
+    if spread is None:
+        return "—"
+    return f"{spread['median']:.1f} ({spread['min']:.1f}–{spread['max']:.1f})"
+
+
 def _print_table(rows: list[dict[str, Any]], with_ratio: bool) -> None:
     base = next((r for r in rows if r["engine"] == "vllm"), None)
     print(f"{'engine':<24} {'hit rate':>8} {'steps':>6} {'preempt':>7} "
           f"{'sched µs/step (min–max)':>26} {'KV mgr µs/step (min–max)':>27} "
           f"{'mgr ratio':>9} {'same as vLLM':>12}")
     for r in rows:
-        s, m = r["step_us"], r["manager_us"]
-        ratio = (f"{m['median'] / base['manager_us']['median']:.2f}×"
-                 if base is not None and with_ratio else "")
+        m = r["manager_us"]
+        ratio = ""
+        if base is not None and with_ratio and m is not None:
+            ratio = f"{m['median'] / base['manager_us']['median']:.2f}×"
         same = {None: "", True: "yes", False: "NO"}[r["identical_to_vllm"]]
         print(f"{r['engine']:<24} {r['hit_rate']:>8.2%} {r['steps']:>6} {r['preemptions']:>7} "
-              f"{s['median']:>9.1f} ({s['min']:.1f}–{s['max']:.1f})".ljust(84)
-              + f"{m['median']:>9.1f} ({m['min']:.1f}–{m['max']:.1f})".ljust(28)
-              + f"{ratio:>9} {same:>12}")
+              f"{_cell(r['step_us']):>26} {_cell(m):>27} {ratio:>9} {same:>12}")
 
 
 if __name__ == "__main__":

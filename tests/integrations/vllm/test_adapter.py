@@ -243,3 +243,19 @@ def test_the_request_view_follows_vllms_in_place_changes() -> None:
     assert view.block_hashes == r.block_hashes and len(view.block_hashes) == 3
     assert [m.identifier for m in view.mm_items] == ["a", "b"]
     assert view.num_computed_tokens == 16
+
+
+def test_the_expected_build_runs() -> None:
+    """CI runs this suite against both builds (KVCORE_EXPECT_BUILD=compiled for the mypyc one,
+    where the adapter and the request view are compiled too)."""
+    import os
+    from importlib.machinery import EXTENSION_SUFFIXES
+
+    import kvcore
+    from kvcore.integrations.vllm import manager, request
+
+    expected = os.environ.get("KVCORE_EXPECT_BUILD")
+    if expected is not None:
+        assert kvcore.__compiled__ is (expected == "compiled")
+    for module in (manager, request):
+        assert (module.__file__ or "").endswith(tuple(EXTENSION_SUFFIXES)) is kvcore.__compiled__
