@@ -94,7 +94,10 @@ def main() -> None:
     llm = LLM(job["model"], skip_tokenizer_init=True, block_size=32, max_model_len=512,
               num_gpu_blocks_override=job["num_blocks"], enable_prefix_caching=True,
               max_num_batched_tokens=64, max_num_seqs=8, dtype="float32", seed=0,
-              async_scheduling=job["async"], **kw)
+              async_scheduling=job["async"],
+              # On the CPU this is the share of the NUMA node's memory the engine must find
+              # free at start (the pool's size is overridden above): keep it small.
+              gpu_memory_utilization=0.2, **kw)
     sched = llm.llm_engine.engine_core.engine_core.scheduler
     recorder = Recorder()
     if job["events"] == "record":

@@ -127,7 +127,7 @@ def test_the_openai_server_serves_with_kvcore(model: str, runs: dict[str, dict[s
              "--port", str(port), "--skip-tokenizer-init", "--dtype", "float32",
              "--block-size", "32", "--max-model-len", "512", "--max-num-batched-tokens", "64",
              "--max-num-seqs", "8", "--num-gpu-blocks-override", str(NUM_BLOCKS),
-             "--gpu-memory-utilization", "0.3",
+             "--gpu-memory-utilization", "0.2",
              "--scheduler-cls", "kvcore.integrations.vllm.Scheduler",
              "--additional-config", json.dumps({"kvcore": {"eviction_policy": "recommended"}})],
             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
