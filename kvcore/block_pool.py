@@ -416,7 +416,9 @@ class BlockPool:
         ``block_mask`` (aligned with the new blocks) is false.  A block already cached under the
         same hash in the same group is left as it is; a block cached elsewhere (another group or
         another hash) is rejected with :class:`InvalidGroupError` / :class:`BlockStateError`
-        before anything changes.  Emits one ``BlockStored`` for the call.
+        before anything changes.  Emits one ``BlockStored`` for the call, as vLLM does: its
+        hashes are the blocks stored now (none when all were skipped), its tokens the whole
+        range.
 
         With ``verify_hits``, ``prefix_nodes`` (aligned with ``block_hashes``) give each block the
         exact prefix its KV belongs to.
@@ -432,12 +434,14 @@ class BlockPool:
         nodes = prefix_nodes if self.verify_hits else None
         partial = self._partial_primary
         stored: list[int] = []  # indices into new_blocks
+        num_already_cached = 0
         for i, block in enumerate(new_blocks):
             if block.is_null or (block_mask is not None and not block_mask[i]):
                 continue
             if block.block_hash is not None:
                 if not partial or block.block_id not in partial:
-                    continue  # already cached under this hash (checked above)
+                    num_already_cached += 1  # under this hash (checked above): idempotent
+                    continue
                 self._drop_partial_primary(block, group_id)
             idx = num_cached_blocks + i
             h = hashes[idx]
@@ -450,7 +454,9 @@ class BlockPool:
             else:
                 cached[h] = block
             stored.append(i)
-        if self.enable_events and stored:
+        # An event also when every new block was null or masked out, as vLLM sends it; none
+        # for a call that only repeats what is cached.
+        if self.enable_events and num_already_cached < len(new_blocks):
             self._events.append(self._stored_event(
                 request, len(new_blocks), hashes, num_cached_blocks, block_size, group_id, stored))
 
@@ -529,7 +535,7 @@ class BlockPool:
             lora_id=request.lora_id,
             medium=MEDIUM_GPU,
             lora_name=request.lora_name,
-            extra_keys=tuple(extra),
+            extra_keys=tuple(extra) if extra else None,  # vLLM: None for no block
             group_id=group_id,
             session_id=request.session_id,
         )

@@ -215,7 +215,8 @@ def check_invariants(pool: BlockPool, owners: Mapping[object, BlockLists] | None
 def check_manager_invariants(manager: KVCacheManager) -> None:
     """Pool invariants with exact ownership, plus per-request block-table rules:
 
-    ``request-registry``  a request has blocks in some group iff the manager tracks it
+    ``request-registry``  a request has blocks in some group iff the manager tracks it (and only
+                          tracked requests have prefix chains or shared-prefix boundaries)
     ``null-placement``    null blocks only in groups whose type allows them, as a leading run
     ``block-count``       every computed token has a slot; no table exceeds max_model_len
     ``cached-count``      the cached-block watermark lies within the table and the full blocks
@@ -240,6 +241,10 @@ def check_manager_invariants(manager: KVCacheManager) -> None:
         if stale:
             raise InvariantError("request-registry", f"prefix chains kept for untracked "
                                  f"requests {stale}")
+    stale = sorted(set(coord.shared_prefix_boundaries) - set(requests))
+    if stale:
+        raise InvariantError("request-registry", f"shared-prefix boundaries kept for untracked "
+                             f"requests {stale}")
 
     hbs = manager.hash_block_size
     verify = manager.pool.verify_hits

@@ -161,7 +161,8 @@ class KVCacheManager:
 
     # Fixed attributes, as in the compiled build (whose instances have no __dict__): the two
     # builds' objects have the same layout, which kvcore.testing's checked() relies on.
-    __slots__ = ("_admission_caps", "_empty", "_event_metadata", "_last_lookup", "_requests",
+    __slots__ = ("_admission_caps", "_empty", "_event_metadata", "_last_boundary",
+                 "_last_lookup", "_requests", "_sparse_retention",
                  "block_hasher", "config", "coordinator", "enable_caching", "fast_path",
                  "hash_block_size", "log_stats", "max_model_len", "max_num_batched_tokens",
                  "num_groups", "pool", "prefix_cache_stats", "verify_hits")
@@ -216,6 +217,10 @@ class KVCacheManager:
         # The latest hit get_computed_blocks returned: (blocks, request, (hit tokens, pool
         # evictions, pool resets)); see allocate_slots.
         self._last_lookup: tuple[KVCacheBlocks, KVRequest, tuple[int, int, int]] | None = None
+        # The latest lookup's request and shared-prefix boundary (see shared_prefix_boundary);
+        # kept for the request's admission only where sparse retention reads it.
+        self._last_boundary: tuple[KVRequest, int] | None = None
+        self._sparse_retention = config.prefix_cache_retention_interval is not None
         self._empty = KVCacheBlocks(() for _ in range(self.num_groups))
         self._event_metadata = tuple(
             (g.spec.kind if g.spec.kind != "abstract" else "unknown",
@@ -251,11 +256,13 @@ class KVCacheManager:
         covers the last token, whose logits must be computed.
         """
         if not self.enable_caching or request.skip_reading_prefix_cache:
+            self._last_boundary = None
             return self._empty, 0
         self._sync_hashes(request)
         blocks, num_hit_tokens = self.coordinator.find_longest_cache_hit(
             request.block_hashes, request.num_tokens - 1,
             HitVerifier(request) if self.verify_hits else None)
+        self._last_boundary = (request, self.coordinator.last_shared_prefix_boundary)
         if not any(blocks):
             return self._empty, num_hit_tokens
         # Immutable per-group tuples, remembered with the pool's eviction counters: handed back
@@ -266,6 +273,15 @@ class KVCacheManager:
         self._last_lookup = (hit, request,
                              (num_hit_tokens, pool.num_evicted_blocks, pool.num_resets))
         return hit, num_hit_tokens
+
+    def shared_prefix_boundary(self, request: KVRequest) -> int:
+        """The shared-prefix boundary of ``request``'s latest lookup (vLLM's
+        ``shared_prefix_boundary``, 0 if the latest lookup was another request's): with several
+        groups, the longest prefix one group found cached when it is longer than the hit they
+        all agree on.  Under sparse retention the request, once admitted, keeps its
+        sliding-window blocks before that boundary cached, so a sibling can resume there."""
+        last = self._last_boundary
+        return last[1] if last is not None and last[0] is request else 0
 
     def report_prefix_hit(self, request: KVRequest, hit: Sequence[Sequence[KVCacheBlock]]) -> None:
         """Record a ``BlockStored`` event per group for the hit blocks ``get_computed_blocks``
@@ -357,10 +373,17 @@ class KVCacheManager:
         num_slots = total_computed + num_new_tokens + num_lookahead_tokens
         if num_slots > self.max_model_len:
             num_slots = self.max_model_len
+        boundary = 0
+        if self._sparse_retention and tracked is None:
+            boundary = self.shared_prefix_boundary(request)
+            if boundary:
+                coord.shared_prefix_boundaries[request.request_id] = boundary
         new_blocks = coord.allocate(request, tracked is not None, num_slots, hits,
                                     num_local_computed, num_external_computed_tokens,
                                     num_encoder_tokens, cache_upto, reserved_blocks)
         if new_blocks is None:
+            if boundary:
+                del coord.shared_prefix_boundaries[request.request_id]
             return None
         if tracked is None:
             self._requests[request.request_id] = [request, num_slots]

@@ -177,10 +177,19 @@ class KVCacheGroup:
 
 @dataclass(frozen=True)
 class KVCacheConfig:
-    """The groups of a model and the number of blocks in their shared pool (null block included)."""
+    """The groups of a model and the number of blocks in their shared pool (null block included).
+
+    ``prefix_cache_retention_interval`` (vLLM 0.32's setting of the same name) sparsifies what
+    sliding-window groups put in the prefix cache: ``None`` caches every block a hit could end
+    on (dense); ``0`` only the window's tail before the prompt's replay boundaries and before a
+    shared prefix some group has cached but this one has not (where a sibling request can
+    resume); ``k > 0`` also one tail per ``k`` tokens.  It must be a multiple of the hit
+    alignment; other attention types cache densely whatever it is (Mamba groups refuse it).
+    """
 
     num_blocks: int
     groups: tuple[KVCacheGroup, ...] = field(default=())
+    prefix_cache_retention_interval: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_blocks.__class__ is not int or self.num_blocks < 2:
@@ -193,6 +202,18 @@ class KVCacheConfig:
             if not isinstance(g, KVCacheGroup):
                 raise InvalidArgumentError(f"KVCacheConfig.groups must hold KVCacheGroup "
                                            f"objects, got {g!r}")
+        retention = self.prefix_cache_retention_interval
+        if retention is not None:
+            if type(retention) is not int or retention < 0:
+                raise InvalidArgumentError(f"prefix_cache_retention_interval must be None or an "
+                                           f"int >= 0, got {retention!r}")
+            if retention % self.alignment_tokens:
+                raise InvalidArgumentError(
+                    f"prefix_cache_retention_interval={retention} must be a multiple of the hit "
+                    f"alignment ({self.alignment_tokens} tokens)")
+            if any(g.spec.kind == "mamba" for g in self.groups):
+                raise InvalidArgumentError("prefix_cache_retention_interval is not implemented "
+                                           "for Mamba groups (leave it None)")
 
     @property
     def num_groups(self) -> int:

@@ -396,6 +396,7 @@ CANNOT_FAIL = {
     f"{M}.make_prefix_cache_stats": "starts a new interval",
     f"{M}.reset_prefix_cache": "refuses with False, changing nothing (tested in test_manager)",
     f"{M}.new_step": "clears a per-step set",
+    f"{M}.shared_prefix_boundary": "read-only",
     f"{P}.reset_prefix_cache": "refuses with False, changing nothing",
     f"{P}.take_events": "drains a list",
     f"{P}.iter_cached": "read-only",

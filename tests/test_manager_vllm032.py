@@ -133,3 +133,41 @@ def test_partial_primary_tokens_names_what_a_partial_entry_covers() -> None:
     full_blocks = m.get_blocks("r")[0]
     assert [m.pool.partial_primary_tokens(b) for b in full_blocks] == [None, 12]
     assert all(b.block_hash is not None for b in full_blocks)
+
+
+def _cached_positions(retention: int | None) -> list[int]:
+    spec = SlidingWindowSpec(block_size=4, num_kv_heads=1, head_size=8, sliding_window=8)
+    from kvcore import KVCacheManager
+
+    m = KVCacheManager(KVCacheConfig(32, (KVCacheGroup(("swa",), spec),), retention), 256)
+    r = m.make_request("r", list(range(40)))
+    assert m.allocate_slots(r, 40) is not None
+    m.check_invariants()
+    return [i for i, b in enumerate(m.get_blocks("r")[0]) if b.block_hash is not None]
+
+
+def test_sparse_retention_caches_only_window_tails_a_request_can_resume_at() -> None:
+    """Window 8, blocks of 4: a hit needs the 2 blocks before its end.  Dense caching keeps every
+    full block; retention 0 only the tail before the prompt's replay boundary (token 39 ->
+    blocks 7, 8); an interval of 16 tokens also one tail per 16 (blocks 2-3, 6-7)."""
+    assert _cached_positions(None) == list(range(10))
+    assert _cached_positions(0) == [7, 8]
+    assert _cached_positions(16) == [2, 3, 6, 7, 8]
+
+
+@pytest.mark.parametrize(("retention", "match"), [(-1, "int >= 0"), (6, "multiple"),
+                                                  (True, "int >= 0")])
+def test_retention_interval_must_fit_the_alignment(retention: object, match: str) -> None:
+    spec = SlidingWindowSpec(block_size=4, num_kv_heads=1, head_size=8, sliding_window=8)
+    with pytest.raises(InvalidArgumentError, match=match):
+        KVCacheConfig(8, (KVCacheGroup(("s",), spec),), retention)  # type: ignore[arg-type]
+
+
+def test_retention_is_refused_for_mamba_groups() -> None:
+    import torch
+
+    from kvcore.specs import MambaSpec
+
+    spec = MambaSpec(block_size=4, shapes=((2, 4),), dtypes=(torch.float32,))
+    with pytest.raises(InvalidArgumentError, match="Mamba"):
+        KVCacheConfig(8, (KVCacheGroup(("m",), spec),), 0)

@@ -47,7 +47,11 @@ class KVCacheCoordinator:
         self.cache_alignment = cache_alignment
         self.prefix_chains = PrefixChains() if self.verify_hits else None
         ctx = ManagerContext(self.pool, enable_caching, self.hash_block_size, alignment_tokens,
-                             use_eagle, self.prefix_chains)
+                             use_eagle, self.prefix_chains, config.prefix_cache_retention_interval)
+        # Per running request, the shared-prefix boundary of its admission lookup (read by
+        # sparse-retention caching); the latest lookup's, set by find_longest_cache_hit.
+        self.shared_prefix_boundaries = ctx.shared_prefix_boundaries
+        self.last_shared_prefix_boundary = 0
         self.managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
             make_manager(g.spec, i, ctx, overrides=manager_classes)
             for i, g in enumerate(config.groups))
@@ -64,7 +68,9 @@ class KVCacheCoordinator:
     # -- hits -------------------------------------------------------------------------------------
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int,
                                verifier: HitVerifier | None) -> tuple[GroupBlocks, int]:
-        """Per-group hit blocks and the hit length in tokens (at most ``max_length``)."""
+        """Per-group hit blocks and the hit length in tokens (at most ``max_length``); sets
+        ``last_shared_prefix_boundary`` (hybrid: the longest hit a group found, when longer
+        than the hit all groups agree on; else 0)."""
         raise NotImplementedError
 
     # -- allocation -------------------------------------------------------------------------------
@@ -206,6 +212,7 @@ class KVCacheCoordinator:
     def free(self, request_id: str) -> None:
         for manager in self.managers:
             manager.free(request_id)
+        self.shared_prefix_boundaries.pop(request_id, None)
         if self.prefix_chains is not None:
             self.prefix_chains.drop(request_id)
 

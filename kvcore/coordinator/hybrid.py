@@ -68,6 +68,7 @@ class HybridCoordinator(KVCacheCoordinator):
         # EAGLE: each spec group drops its last block once per candidate length; it looks one
         # block past the candidate (except types that never drop) so the drop lands on it.
         eagle_done: set[int] = set()
+        longest = 0  # the longest hit any group found (vLLM's uncached shared prefix)
         while True:
             curr = hit_length
             for idx, sg in enumerate(self._spec_groups):
@@ -87,6 +88,8 @@ class HybridCoordinator(KVCacheCoordinator):
                 elif length < curr:
                     eagle_done.clear()
                 curr = length
+                if length > longest:
+                    longest = length
                 for gid, group_blocks in zip(sg.group_ids, blocks):
                     hit_blocks[gid] = group_blocks
                     hit_lengths[gid] = length
@@ -102,4 +105,5 @@ class HybridCoordinator(KVCacheCoordinator):
                     trimmed = hit_blocks[gid]
                     if trimmed is not None:
                         del trimmed[keep:]
+        self.last_shared_prefix_boundary = longest if longest > hit_length else 0
         return tuple(b if b is not None else [] for b in hit_blocks), hit_length

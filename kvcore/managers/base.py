@@ -13,7 +13,7 @@ leading run.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 from typing import ClassVar
 
@@ -37,7 +37,10 @@ def cdiv(a: int, b: int) -> int:
 class ManagerContext:
     """What the single-type managers of one KV-cache manager share: the pool, whether prefix
     caching is on, the hash granularity and the hit alignment (tokens), EAGLE/MTP drafting
-    (hits drop their last block), and the verify-mode prefix chains."""
+    (hits drop their last block), the verify-mode prefix chains, the sparse-retention interval
+    (``KVCacheConfig.prefix_cache_retention_interval``) and, per running request, the shared
+    prefix its admission lookup found some group holding beyond the common hit (a token
+    position; the coordinator keeps it)."""
 
     pool: BlockPool
     enable_caching: bool
@@ -45,6 +48,8 @@ class ManagerContext:
     alignment_tokens: int
     use_eagle: bool = False
     prefix_chains: PrefixChains | None = None
+    retention_interval: int | None = None
+    shared_prefix_boundaries: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -143,9 +148,11 @@ class SingleTypeKVCacheManager:
         """Leading tokens whose KV the next token no longer reads (0: keep everything)."""
         return 0
 
-    def cache_mask(self, start_block: int, end_block: int) -> list[bool] | None:
-        """Which of the newly full blocks ``[start_block, end_block)`` to put in the prefix cache
-        (``None``: all).  Types whose hits only use some blocks keep the others out."""
+    def cache_mask(self, request: KVRequest, start_block: int,
+                   end_block: int) -> list[bool] | None:
+        """Which of the request's newly full blocks ``[start_block, end_block)`` to put in the
+        prefix cache (``None``: all).  Types whose hits only use some blocks keep the others
+        out."""
         return None
 
     # -- accounting -------------------------------------------------------------------------------
@@ -242,7 +249,8 @@ class SingleTypeKVCacheManager:
             nodes = None if chains is None else chains.nodes(request, self.block_size, num_full)
             self.pool.cache_full_blocks(request, self.req_to_blocks[rid], num_cached, num_full,
                                         self.block_size, self.group_id, hashes,
-                                        block_mask=self.cache_mask(num_cached, num_full),
+                                        block_mask=self.cache_mask(request, num_cached,
+                                                                   num_full),
                                         prefix_nodes=nodes)
             self.num_cached_block[rid] = num_full
         if self.caches_partial_tail:

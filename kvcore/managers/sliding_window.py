@@ -3,13 +3,15 @@
 A hit needs only the last ``cdiv(w - 1, block_size)`` blocks before the hit boundary, so the
 search runs right to left for the right-most run of that many contiguous cached blocks; earlier
 positions become the null block.  Blocks wholly outside the window are released as the request
-advances.
+advances.  Only blocks a hit can end on are cached (``cache_mask``), sparser still under a
+retention interval (``KVCacheConfig.prefix_cache_retention_interval``).
 """
 
 from __future__ import annotations
 
 from kvcore._mypyc import mypyc_attr
 from kvcore.managers.base import HitBlocks, HitQuery, ManagerContext, SingleTypeKVCacheManager, cdiv
+from kvcore.request import KVRequest
 from kvcore.specs import KVCacheSpec, SlidingWindowSpec
 
 
@@ -22,6 +24,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         assert isinstance(spec, SlidingWindowSpec)
         super().__init__(spec, group_id, ctx)
         self.sliding_window = spec.sliding_window
+        self.retention_interval = ctx.retention_interval
+        self.shared_prefix_boundaries = ctx.shared_prefix_boundaries
 
     @classmethod
     def find_longest_cache_hit(cls, query: HitQuery) -> tuple[HitBlocks, int]:
@@ -69,20 +73,51 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return max(0, num_computed_tokens - self.sliding_window + 1)
 
-    def cache_mask(self, start_block: int, end_block: int) -> list[bool] | None:
-        # With hybrid alignment (a hit must end on a multiple of alignment_tokens), only the
-        # `need` blocks before each aligned boundary can ever be part of a hit (under EAGLE:
-        # the run ends one block past the boundary).
+    def cache_mask(self, request: KVRequest, start_block: int,
+                   end_block: int) -> list[bool] | None:
+        """Only blocks a hit can end on are cached (vLLM 0.32's reachable-block mask): a hit
+        ends on a multiple of the hit alignment (under EAGLE one block past it) and needs the
+        ``need`` blocks before that end.  Dense (no retention interval): every aligned end;
+        with an interval ``k``: one end per ``k`` tokens; with any interval, also the ends a
+        later request can resume at — the prompt's replay boundaries and the shared prefix the
+        request's admission found some other group holding."""
         bs = self.block_size
-        if self.alignment_tokens == bs or self.alignment_tokens % bs:
+        align = self.alignment_tokens
+        if align % bs:
             return None
+        retention = self.retention_interval
         need = _contiguous_blocks(self.sliding_window, bs, self.use_eagle)
-        per_segment = self.alignment_tokens // bs
-        if need >= per_segment:
-            return None
         shift = 1 if self.use_eagle else 0
-        return [i >= shift and (i - shift) % per_segment >= per_segment - need
-                for i in range(start_block, end_block)]
+        mask = [False] * (end_block - start_block)
+        segment = align if retention is None else retention
+        if segment:
+            per_segment = segment // bs
+            if need >= per_segment:
+                return None
+            for i in range(start_block, end_block):
+                if i >= shift and (i - shift) % per_segment >= per_segment - need:
+                    mask[i - start_block] = True
+        if retention is not None:
+            boundaries = replay_boundaries(request.num_prompt_tokens, align, self.use_eagle)
+            shared = self.shared_prefix_boundaries.get(request.request_id, 0)
+            for boundary in (*boundaries, shared) if shared else boundaries:
+                end = boundary // align * align // bs + shift
+                for j in range(max(start_block, end - need), min(end_block, end)):
+                    mask[j - start_block] = True
+        return mask
+
+
+def replay_boundaries(num_prompt_tokens: int, alignment_tokens: int,
+                      use_eagle: bool) -> tuple[int, ...]:
+    """Where a later request replaying this prompt can resume (vLLM's ``replay_boundaries``):
+    a resend of the same prompt at ``num_prompt_tokens - 1`` (its last token is recomputed);
+    under EAGLE, the aligned block below a resend and below a longer sibling's match."""
+    if not use_eagle:
+        return (num_prompt_tokens - 1,)
+    resend = (num_prompt_tokens - 1) // alignment_tokens * alignment_tokens
+    extension = num_prompt_tokens // alignment_tokens * alignment_tokens
+    return tuple(sorted({max(resend - alignment_tokens, 0),
+                         max(extension - alignment_tokens, 0)}))
 
 
 def _contiguous_blocks(window: int, block_size: int, drop_last: bool) -> int:

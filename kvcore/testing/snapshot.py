@@ -49,7 +49,8 @@ def manager_snapshot(manager: KVCacheManager) -> tuple[object, ...]:
             for rid, per_size in coord.prefix_chains._chains.items()
             for bs, chain in per_size.items()))
     stats = manager.prefix_cache_stats
-    return (pool_snapshot(coord.pool), tables, cached, mamba, chains,
+    boundaries = tuple(sorted(coord.shared_prefix_boundaries.items()))
+    return (pool_snapshot(coord.pool), tables, cached, mamba, chains, boundaries,
             tuple(sorted((rid, id(t[0]), t[1])
                          for rid, t in manager._requests.items())),
             None if stats is None else astuple(stats))

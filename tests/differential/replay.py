@@ -11,7 +11,8 @@ or import :func:`replay_all` (kvcore side, in-process).  The module imports only
 implementation under test, so it runs in the vLLM peer venv without kvcore.
 
 A trace is ``{"config": {...}, "ops": [...]}``.  The config names the groups (``full``, ``swa``,
-``chunked``, ``mamba``, ``cross``), the pool size, ``caching``, ``eagle`` (``use_eagle``) and
+``chunked``, ``mamba``, ``cross``), the pool size, ``caching``, ``eagle`` (``use_eagle``),
+``retention`` (``prefix_cache_retention_interval``: sliding-window blocks cached sparsely) and
 ``pending``: kvcore divergences not fixed yet, which the replay masks (see traces.py).  Ops act
 on requests by id, the way a scheduler does:
 
@@ -39,7 +40,9 @@ on requests by id, the way a scheduler does:
                                      previous step become hittable)
     stats     {}                     make_prefix_cache_stats()
 
-After every op the observation records the op's result (hit tokens and hit block ids, the new
+After every op the observation records the op's result (hit tokens and hit block ids, the
+shared-prefix boundary of a lookup when it is not 0 (vLLM's scheduler keeps it on the request,
+and sparse retention keeps the window before it cached), the new
 block ids or None, the request's block table), the whole free queue in eviction order and the KV
 events the op produced.  Events are normalised so that the two implementations' different hash
 functions compare: every hash becomes the label ``"<rid>@<n>"`` of the token prefix it chains
@@ -190,7 +193,7 @@ class KvcoreImpl(_Impl):
                    "cross": CrossAttentionSpec}
         specs = _specs(cfg, classes, {})
         groups = [KVCacheGroup((f"layer{i}",), spec) for i, spec in enumerate(specs)]
-        config = KVCacheConfig(cfg["num_blocks"], tuple(groups))
+        config = KVCacheConfig(cfg["num_blocks"], tuple(groups), cfg.get("retention"))
         extra: dict[str, Any] = {"use_eagle": True} if cfg.get("eagle") else {}
         if cfg.get("general_path"):  # kvcore only: every allocate_slots call fully validated
             extra["fast_path"] = False
@@ -202,8 +205,9 @@ class KvcoreImpl(_Impl):
     def make_request(self, rid: str, prompt: list[int]) -> Any:
         return self.m.make_request(rid, prompt)
 
-    def get_computed_blocks(self, req: Any) -> tuple[Any, int]:
-        return self.m.get_computed_blocks(req)
+    def get_computed_blocks(self, req: Any) -> tuple[Any, int, int]:
+        blocks, hit = self.m.get_computed_blocks(req)
+        return blocks, hit, self.m.shared_prefix_boundary(req)
 
     def allocate(self, req: Any, n: int, hit: int = 0, blocks: Any = None, look: int = 0,
                  ext: int = 0, delay: bool = False, enc: int = 0, fit: bool = False) -> Any:
@@ -292,7 +296,9 @@ class VllmImpl(_Impl):
         self.hash_block_size = hash_bs
         self._convert = maybe_convert_block_hash
         self.m = KVCacheManager(KVCacheConfig(num_blocks=cfg["num_blocks"], kv_cache_tensors=[],
-                                              kv_cache_groups=groups),
+                                              kv_cache_groups=groups,
+                                              prefix_cache_retention_interval=cfg.get(
+                                                  "retention")),
                                 cfg["max_model_len"], scheduler_block_size=sched_bs,
                                 hash_block_size=hash_bs, enable_caching=cfg.get("caching", True),
                                 max_in_flight_tokens=cfg.get("budget"),
@@ -307,9 +313,10 @@ class VllmImpl(_Impl):
     def make_request(self, rid: str, prompt: list[int]) -> Any:
         return self._request_cls(rid, prompt, self._params, None, block_hasher=self.hasher)
 
-    def get_computed_blocks(self, req: Any) -> tuple[Any, int]:
-        blocks, hit, _ = self.m.get_computed_blocks(req)
-        return blocks.blocks, hit
+    def get_computed_blocks(self, req: Any) -> tuple[Any, int, int]:
+        blocks, hit, boundary = self.m.get_computed_blocks(req)
+        req.shared_prefix_boundary = boundary  # as vLLM's scheduler does with every lookup
+        return blocks.blocks, hit, boundary
 
     def allocate(self, req: Any, n: int, hit: int = 0, blocks: Any = None, look: int = 0,
                  ext: int = 0, delay: bool = False, enc: int = 0, fit: bool = False) -> Any:
@@ -390,7 +397,9 @@ class Replayer:
             impl.label_hashes(rid, req)
         elif kind == "admit":
             req = self.requests[rid]
-            blocks, hit = impl.get_computed_blocks(req)
+            blocks, hit, boundary = impl.get_computed_blocks(req)
+            if boundary:
+                o["boundary"] = boundary
             rest = req.num_tokens - hit
             delay = bool(op.get("delay"))
             ext = max(min(op.get("ext", 0), rest if delay else rest - 1), 0)

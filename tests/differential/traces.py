@@ -17,6 +17,7 @@ repro of each.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 from typing import Any
@@ -75,9 +76,15 @@ def random_config(rng: random.Random, pending: list[str] | None = None) -> dict[
     num_blocks = rng.randint(8, 48) * len(groups)
     eagle = rng.random() < 0.3 and kind in EAGLE_KINDS and "use_eagle" not in pending
     budget = rng.choice([None, 16, 32])  # per-step tokens: bounds full_sequence_must_fit
-    return {"kind": kind, "groups": groups, "num_blocks": num_blocks,
-            "max_model_len": MAX_MODEL_LEN, "caching": caching, "eagle": eagle,
-            "budget": budget, "pending": list(pending)}
+    config = {"kind": kind, "groups": groups, "num_blocks": num_blocks,
+              "max_model_len": MAX_MODEL_LEN, "caching": caching, "eagle": eagle,
+              "budget": budget, "pending": list(pending)}
+    if any(g["type"] == "swa" for g in groups):
+        # Sparse retention of sliding-window blocks (vLLM's default is 0): None = dense; the
+        # interval is a multiple of the hit alignment.
+        align = math.lcm(*(g["block_size"] for g in groups))
+        config["retention"] = rng.choice([None, 0, 0, 2 * align, 4 * align])
+    return config
 
 
 def random_prompt(rng: random.Random, families: list[list[int]]) -> list[int]:

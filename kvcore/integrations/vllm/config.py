@@ -102,16 +102,11 @@ def kvcore_config(kv_cache_config: Any, *, scheduler_block_size: int, hash_block
                      "use speculative decoding without EAGLE or a model with one group")
     config = KVCacheConfig(
         kv_cache_config.num_blocks,
-        tuple(KVCacheGroup(tuple(g.layer_names), _spec(i, g)) for i, g in enumerate(groups)))
+        tuple(KVCacheGroup(tuple(g.layer_names), _spec(i, g)) for i, g in enumerate(groups)),
+        getattr(kv_cache_config, "prefix_cache_retention_interval", None))
     if getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
         raise refuse("zeroing newly allocated blocks (mixed KV-cache precisions)",
                      "use one KV-cache dtype for every layer")
-    retention = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
-    if retention is not None and any(isinstance(g.spec, SlidingWindowSpec)
-                                     for g in config.groups):
-        raise refuse(f"sparse prefix-cache retention of sliding-window blocks "
-                     f"(prefix_cache_retention_interval={retention})",
-                     "set prefix_cache_retention_interval=None (cache every block)")
     if config.alignment_tokens != scheduler_block_size:
         raise refuse(f"a scheduler block size of {scheduler_block_size} tokens for groups whose "
                      f"block sizes have lcm {config.alignment_tokens} (context parallelism "

@@ -12,8 +12,6 @@ Where vLLM's manager surface and kvcore's differ, the adapter speaks vLLM:
   nothing, as in vLLM (kvcore's own manager refuses it: a double free there is a bug);
 * before a running request grows, blocks that left its window are released on vLLM's
   processed-token boundary even if the allocation then fails, as vLLM does;
-* ``get_computed_blocks`` returns vLLM's 3-tuple; the shared-prefix boundary is always 0,
-  which nothing kvcore accepts reads (Mamba splits and sparse retention are refused);
 * the hooks of features kvcore refuses at start (zeroing, copy-on-write, boundary-state
   offloads, deferred frees) report nothing or raise if reached anyway.
 
@@ -211,7 +209,7 @@ class KVCacheManagerAdapter:
                          preempted=request.num_preemptions > 0)
 
     def get_computed_blocks(self, request: Any) -> tuple[VllmKVCacheBlocks, int, int]:
-        """(hit blocks per group, hit tokens, shared-prefix boundary: always 0)."""
+        """(hit blocks per group, hit tokens, shared-prefix boundary)."""
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return self.empty_kv_cache_blocks, 0, 0
         view = self._view(request)
@@ -219,10 +217,11 @@ class KVCacheManagerAdapter:
         if (num_hit_tokens and self.enable_kv_cache_events
                 and getattr(request, "kv_cache_report_mode", "incremental") == "full"):
             self.kv.report_prefix_hit(view, hit)
+        boundary = self.kv.shared_prefix_boundary(view)
         if not num_hit_tokens and not any(hit):
-            return self.empty_kv_cache_blocks, 0, 0
+            return self.empty_kv_cache_blocks, 0, boundary
         # kvcore's own hit object rides along: allocate_slots hands it back unchanged.
-        return VllmKVCacheBlocks(hit), num_hit_tokens, 0
+        return VllmKVCacheBlocks(hit), num_hit_tokens, boundary
 
     def get_computed_blocks_for_connector(
             self, request: Any) -> tuple[VllmKVCacheBlocks, int, int, bool]:

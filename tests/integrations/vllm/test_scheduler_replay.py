@@ -56,15 +56,24 @@ def test_lru_gives_vllms_exact_schedule_stats_and_events(workload: str,
         assert theirs.hits > 0 and theirs.preemptions > 0  # the cache was small enough to matter
 
 
+@pytest.mark.parametrize("retention", [0, None, 128], ids=["sparse", "dense", "every-128"])
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
-def test_hybrid_sliding_window_gives_vllms_exact_schedule(async_scheduling: bool) -> None:
-    """Full + sliding-window groups (vLLM caching every block): window blocks leave on vLLM's
-    processed-token boundary, also with a step in flight."""
+def test_hybrid_sliding_window_gives_vllms_exact_schedule(async_scheduling: bool,
+                                                          retention: int | None) -> None:
+    """Full + sliding-window groups under vLLM's retention settings (0, its default: window
+    tails only where a later request can resume; None: every block a hit can end on): window
+    blocks leave on vLLM's processed-token boundary, also with a step in flight."""
     setup = _setup(kv_cache_groups=lambda: kv_config(full(), swa(48)).kv_cache_groups,
-                   prefix_cache_retention_interval=None, async_scheduling=async_scheduling,
+                   prefix_cache_retention_interval=retention, async_scheduling=async_scheduling,
                    num_blocks=160)
     theirs, _ = _same(WORKLOADS["shared-prefix"](), setup)
     assert theirs.hits > 0
+
+
+def test_a_sliding_window_only_model_gives_vllms_exact_schedule() -> None:
+    setup = _setup(kv_cache_groups=lambda: kv_config(swa(64)).kv_cache_groups)
+    theirs, _ = _same(WORKLOADS["multi-turn"](), setup)
+    assert theirs.steps > 20
 
 
 @pytest.mark.parametrize("policy", ["recommended", "slru", "s3fifo", "arc"])
@@ -142,12 +151,6 @@ def test_deferred_frees_are_refused() -> None:
         _check_connector(connector, defer_block_free=True)
 
 
-def test_sliding_window_with_vllms_default_sparse_retention_is_refused() -> None:
-    setup = _setup(kv_cache_groups=lambda: kv_config(full(), swa(48)).kv_cache_groups)
-    with pytest.raises(UnsupportedFeatureError, match="prefix_cache_retention_interval=None"):
-        make_scheduler(setup, KVCORE)
-
-
 def test_the_plugin_route_mixes_kvcore_into_the_class_vllm_picks() -> None:
     from vllm.config import SchedulerConfig
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -188,7 +191,7 @@ def test_a_refusal_leaves_vllms_module_name_restored() -> None:
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.sched import scheduler as module
 
-    setup = _setup(kv_cache_groups=lambda: kv_config(full(), swa(48)).kv_cache_groups)
+    setup = _setup(kv_transfer_config={**CONNECTOR, "kv_connector": "PoolReadingConnector"})
     with pytest.raises(UnsupportedFeatureError):
         make_scheduler(setup, KVCORE)
     assert module.KVCacheManager is KVCacheManager
