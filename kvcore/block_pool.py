@@ -553,8 +553,8 @@ class BlockPool:
             raise InvalidArgumentError(f"num_blocks={n} exceeds the {len(block_hashes)} block "
                                        "hashes given")
         if self.enable_events and n > 0:
-            self._events.append(self._stored_event(request, num_blocks, block_hashes, 0,
-                                                   block_size, group_id, list(range(num_blocks))))
+            self._events.append(self._stored_event(request, n, block_hashes, 0, block_size,
+                                                   group_id, list(range(n))))
 
     def _evict(self, block: KVCacheBlock) -> None:
         """Remove every key of ``block`` from its group's map (the block itself stays where it

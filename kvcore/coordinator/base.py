@@ -130,23 +130,20 @@ class KVCacheCoordinator:
                 n = -(-num_slots // m.block_size) - len(m.req_to_blocks[rid])
                 if n > 0:
                     need += n
+            # Blocks leave the window on the processed tokens only: a step in flight still
+            # reads below its optimistic boundary (and rejected drafts can roll it back).
+            processed = 0
             if self._releasing:
-                # Blocks leave the window on the processed tokens only: a step in flight still
-                # reads below its optimistic boundary (and rejected drafts can roll it back).
-                processed = total_computed - request.num_in_flight_tokens
-                if processed < 0:
-                    processed = 0
-                if need and need > available:
-                    # Blocks that left the window count as free: they are released first.
-                    freeable = 0
-                    for m in self._releasing:
-                        freeable += m.get_num_freeable_skipped_blocks(rid, processed)
-                    if need > available + freeable:
-                        return None
-                for m in self._releasing:  # phase 1: release what left the window
-                    m.remove_skipped_blocks(rid, processed)
-            elif need and need > available:
-                return None
+                processed = max(total_computed - request.num_in_flight_tokens, 0)
+            if need and need > available:
+                # Blocks that left the window count as free: they are released first.
+                freeable = 0
+                for m in self._releasing:
+                    freeable += m.get_num_freeable_skipped_blocks(rid, processed)
+                if need > available + freeable:
+                    return None
+            for m in self._releasing:  # phase 1: release what left the window
+                m.remove_skipped_blocks(rid, processed)
         else:
             # A new request starting from nothing: one fresh table per group.
             need = 0

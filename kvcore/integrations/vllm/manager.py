@@ -76,14 +76,14 @@ class _CoordinatorView:
     enable_partial_hash_hits = False
     num_reprefillable_tokens = 0
 
-    def __init__(self, adapter: KVCacheManagerAdapter, vllm_config: Any) -> None:
+    def __init__(self, adapter: KVCacheManagerAdapter, kv_cache_config: Any) -> None:
         kv = adapter.kv
         self._adapter = adapter
-        self.kv_cache_config = vllm_config
+        self.kv_cache_config = kv_cache_config
         self.block_pool = kv.pool
         self.single_type_managers = tuple(
             _GroupView(i, g.kv_cache_spec, kv.pool)
-            for i, g in enumerate(vllm_config.kv_cache_groups))
+            for i, g in enumerate(kv_cache_config.kv_cache_groups))
         self.eagle_group_ids = (set(range(len(self.single_type_managers)))
                                 if adapter.use_eagle else set())
 
@@ -183,8 +183,10 @@ class KVCacheManagerAdapter:
         self._lookup = view
         return view
 
-    def _blocks(self, groups: Sequence[Sequence[KVCacheBlock]]) -> VllmKVCacheBlocks:
-        return VllmKVCacheBlocks(tuple(groups)) if any(groups) else self.empty_kv_cache_blocks
+    def _blocks(self, groups: tuple[Sequence[KVCacheBlock], ...]) -> VllmKVCacheBlocks:
+        """vLLM's ``KVCacheBlocks`` over per-group lists (kvcore's ``KVCacheBlocks`` is such a
+        tuple already), or its shared empty one."""
+        return VllmKVCacheBlocks(groups) if any(groups) else self.empty_kv_cache_blocks
 
     # -- vLLM's KVCacheManager ----------------------------------------------------------------
     @property
@@ -217,11 +219,8 @@ class KVCacheManagerAdapter:
         if (num_hit_tokens and self.enable_kv_cache_events
                 and getattr(request, "kv_cache_report_mode", "incremental") == "full"):
             self.kv.report_prefix_hit(view, hit)
-        boundary = self.kv.shared_prefix_boundary(view)
-        if not num_hit_tokens and not any(hit):
-            return self.empty_kv_cache_blocks, 0, boundary
         # kvcore's own hit object rides along: allocate_slots hands it back unchanged.
-        return VllmKVCacheBlocks(hit), num_hit_tokens, boundary
+        return self._blocks(hit), num_hit_tokens, self.kv.shared_prefix_boundary(view)
 
     def get_computed_blocks_for_connector(
             self, request: Any) -> tuple[VllmKVCacheBlocks, int, int, bool]:
@@ -260,8 +259,7 @@ class KVCacheManagerAdapter:
             self._views[rid] = view
             if self._lookup is view:
                 self._lookup = None
-        # kvcore's KVCacheBlocks is a tuple of per-group lists: vLLM's ``blocks`` as it is.
-        return VllmKVCacheBlocks(new) if any(new) else self.empty_kv_cache_blocks
+        return self._blocks(new)
 
     def free(self, request: Any) -> None:
         """Release the request's blocks, tail first; nothing for a request without blocks."""
@@ -341,7 +339,7 @@ class KVCacheManagerAdapter:
                                  num_computed_tokens)
 
     def create_kv_cache_blocks(self, blocks: Sequence[Sequence[KVCacheBlock]]) -> VllmKVCacheBlocks:
-        return self._blocks(blocks)
+        return self._blocks(tuple(blocks))
 
     def truncate_computed_blocks(self, blocks: VllmKVCacheBlocks,
                                  num_computed_tokens: int) -> VllmKVCacheBlocks:
@@ -352,7 +350,7 @@ class KVCacheManagerAdapter:
             if num_computed_tokens % m.block_size:
                 raise refuse("a hit truncated inside a block", "use whole-block hits")
             out.append(list(group[:num_computed_tokens // m.block_size]))
-        return self._blocks(out)
+        return self._blocks(tuple(out))
 
     def take_new_block_ids(self) -> list[int]:
         return []  # no block zeroing (refused at start)

@@ -257,7 +257,6 @@ def run(requests: Sequence[TraceRequest], setup: ReplaySetup, engine: Engine, *,
     vLLM's engine core does once it has started, everything made before the first step is
     moved out of the garbage collector's sight for the run."""
     gc.collect()
-    gc.freeze()
     try:
         return _run(requests, setup, engine, time_manager, record)
     finally:

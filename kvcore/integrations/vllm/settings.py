@@ -28,7 +28,7 @@ kvcore's own command line.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from kvcore.errors import InvalidArgumentError
 from kvcore.eviction import RECOMMENDED, parse_policy
@@ -37,9 +37,6 @@ CONFIG_KEY = "kvcore"
 """The key of kvcore's settings in vLLM's ``additional_config``."""
 
 RECOMMENDED_NAME = "recommended"
-
-_KEYS = ("eviction_policy", "queue_hints", "verify_hits", "check_invariants_every")
-
 
 def _count(name: str, value: object) -> int:
     if type(value) is not int or value < 0:
@@ -56,6 +53,9 @@ class KvcoreSettings:
     queue_hints: int = 0
     verify_hits: bool = False
     check_invariants_every: int = 0
+
+
+_KEYS = tuple(f.name for f in fields(KvcoreSettings))
 
 
 def parse_settings(raw: object) -> KvcoreSettings:
