@@ -5,7 +5,7 @@ The names below are the public API; everything else is internal.
 """
 
 from kvcore.block_pool import BlockPool
-from kvcore.blocks import BlockHash, FreeBlockQueue, KVCacheBlock, NullBlock
+from kvcore.blocks import BlockHash, KVCacheBlock, NullBlock
 from kvcore.errors import (
     BlockStateError,
     DoubleFreeError,
@@ -28,6 +28,7 @@ from kvcore.events import (
     decode_event_batch,
     encode_event_batch,
 )
+from kvcore.eviction import FreeBlockQueue, register_policy
 from kvcore.hashing import HASH_ALGORITHMS, BlockHasher, RequestBlockHasher, random_seed
 from kvcore.invariants import check_invariants, check_manager_invariants
 from kvcore.manager import KVCacheBlocks, KVCacheManager
@@ -106,4 +107,5 @@ __all__ = [
     "kv_cache_config_from_hf",
     "num_blocks_for_memory",
     "random_seed",
+    "register_policy",
 ]

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, SupportsIndex
 
-from kvcore.blocks import BlockHash, FreeBlockQueue, KVCacheBlock, NullBlock
+from kvcore.blocks import BlockHash, KVCacheBlock, NullBlock
 from kvcore.errors import (
     BlockStateError,
     DoubleFreeError,
@@ -39,9 +39,10 @@ from kvcore.events import (
     KVCacheEvent,
     untag_extra_keys,
 )
-from kvcore.eviction import make_policy
+from kvcore.eviction.base import EvictionPolicy
+from kvcore.eviction.lru import FreeBlockQueue
+from kvcore.eviction.registry import make_policy
 from kvcore.hashing import block_extra_keys
-from kvcore.policy import EvictionPolicy
 
 if TYPE_CHECKING:
     from kvcore.blocks import PrefixNode

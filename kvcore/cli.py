@@ -4,7 +4,6 @@
                   [--eviction-policy NAME] [--queue-hints DEPTH]
                   [--policy lru,slru,s3fifo,arc,fifo,lfu,belady] [--plot FILE] [--json]
     kvcore bench pool|hash|manager [...]
-    kvcore generate [...]            (runner: a tiny model end to end)
     kvcore --version                 (and which build: compiled with mypyc, or pure Python)
 
 Bad input (a missing or malformed trace, a negative capacity, an unknown policy) is reported in
@@ -22,9 +21,7 @@ from typing import Any
 
 from kvcore.cmdline import OneLineParser, non_negative_int, positive_int
 from kvcore.errors import InvalidArgumentError, KVCoreError
-from kvcore.eviction import RECOMMENDED
-
-RECOMMENDED_NAME = "recommended"
+from kvcore.eviction import OFFLINE_BOUND, RECOMMENDED, RECOMMENDED_NAME, REGISTRY
 
 MAIN_EPILOG = """\
 examples:
@@ -38,28 +35,40 @@ examples:
 
 
 def _policies(text: str) -> list[str]:
-    from kvcore.sim.policies import POLICIES
-
     names = [p.strip() for p in text.split(",") if p.strip()]
-    bad = [p for p in names if p not in POLICIES]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(
-            f"unknown policy {', '.join(bad) or text!r}; choose from {', '.join(POLICIES)}")
+    if not names:
+        raise argparse.ArgumentTypeError(f"no policy in {text!r}; choose from "
+                                         f"{', '.join(REGISTRY.names())}")
+    for name in names:
+        try:
+            REGISTRY.parse(name, offline=True)
+        except KVCoreError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
     return names
 
 
-def _eviction_policy(text: str) -> str:
-    from kvcore.eviction import parse_policy
-    from kvcore.sim.policies import OFFLINE_BOUND
-
-    if text in (RECOMMENDED_NAME, OFFLINE_BOUND):
+def _pool_policy(text: str) -> str:
+    """A policy the pool runs, or ``recommended``."""
+    if text == RECOMMENDED_NAME:
         return text
     try:
-        parse_policy(text)
+        REGISTRY.parse(text)
     except KVCoreError as exc:
-        raise argparse.ArgumentTypeError(f"{exc}, {RECOMMENDED_NAME} or {OFFLINE_BOUND} "
-                                         "(offline bound)") from None
+        raise argparse.ArgumentTypeError(f"{exc}, or {RECOMMENDED_NAME}") from None
     return text
+
+
+def _eviction_policy(text: str) -> str:
+    """``--eviction-policy``: a pool policy, ``recommended``, or the offline bound (the replay
+    runs it with the trace's future)."""
+    return text if text == OFFLINE_BOUND else _pool_policy(text)
+
+
+def _host_policy(text: str) -> str:
+    if text == RECOMMENDED_NAME:
+        raise argparse.ArgumentTypeError(f"the host tier takes a policy name, one of "
+                                         f"{', '.join(REGISTRY.names(offline=False))}")
+    return _pool_policy(text)
 
 
 def _router(text: str) -> str:
@@ -124,16 +133,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="tokens per step (8192)")
     rp.add_argument("--limit", type=positive_int, help="replay only the first N requests")
     rp.add_argument("--eviction-policy", type=_eviction_policy, default="lru", metavar="NAME",
-                    help="the real pool's eviction policy for the replay: lru (default), slru, "
-                    "s3fifo, arc (options as slru:protected_share=0.3), belady (offline bound), or "
-                    "recommended (the README's policy and queue-hint depth)")
+                    help="the real pool's eviction policy for the replay: "
+                    f"{REGISTRY.describe(offline=False)}; options as slru:protected_share=0.3; "
+                    f"or {OFFLINE_BOUND} (offline bound, knows the trace's future), or "
+                    f"{RECOMMENDED_NAME} (the README's policy and queue-hint depth: "
+                    f"{RECOMMENDED.policy}, {RECOMMENDED.queue_hints}). Default: lru")
     rp.add_argument("--queue-hints", type=non_negative_int, metavar="DEPTH",
                     help="the scheduler declares its first DEPTH waiting requests to the cache "
                     "every step, so their cached prefixes are evicted last (0 = off; default: "
                     "0, or the recommended depth with --eviction-policy recommended)")
     rp.add_argument("--policy", type=_policies,
-                    help="also simulate these eviction policies (comma separated: "
-                    "lru,slru,s3fifo,arc,fifo,lfu,belady) at the same capacity, one request at a time")
+                    help="also simulate these eviction policies (comma separated) at the same "
+                    f"capacity, one request at a time: {REGISTRY.describe()}")
     rp.add_argument("--plot", metavar="FILE", help="write a hit-rate-vs-capacity plot "
                     "(policies from --policy, default lru,belady)")
     rp.add_argument("--publish", metavar="ENDPOINT",
@@ -147,8 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a host-memory tier of N blocks behind each device cache (an "
                     "offloading connector: write-through stores, loads before recompute; "
                     "default 0 = none)")
-    rp.add_argument("--host-policy", type=_eviction_policy, default="lru", metavar="NAME",
-                    help="the host tier's eviction policy (lru, arc, slru, s3fifo; default lru)")
+    rp.add_argument("--host-policy", type=_host_policy, default="lru", metavar="NAME",
+                    help="the host tier's eviction policy, one of "
+                    f"{', '.join(REGISTRY.names(offline=False))} (default lru)")
     rp.add_argument("--host-admit-after", type=positive_int, default=1, metavar="K",
                     help="store a block in the host tier on its K-th offer (default 1)")
     rp.add_argument("--replicas", type=positive_int, default=1, metavar="N",
@@ -167,10 +179,6 @@ def build_parser() -> argparse.ArgumentParser:
     bp = sub.add_parser("bench", help="benchmarks against vLLM (pool, hash, manager)",
                         add_help=False)
     bp.add_argument("args", nargs=argparse.REMAINDER)
-
-    gp = sub.add_parser("generate", help="run a model end to end with the runner engine",
-                        add_help=False)
-    gp.add_argument("args", nargs=argparse.REMAINDER)
     return ap
 
 
@@ -347,7 +355,7 @@ def _print_cluster(source: str, r: Any, num_blocks: int, block_size: int, policy
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("bench", "generate"):
+    if argv and argv[0] == "bench":
         # Their own parsers own every following argument (argparse.REMAINDER would not take a
         # leading option such as --no-peer).
         args = argparse.Namespace(command=argv[0], args=argv[1:])
@@ -363,10 +371,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             from kvcore.bench.__main__ import main as bench_main
 
             return bench_main(args.args)
-        if args.command == "generate":
-            from runner.generate import main as generate_main
-
-            return generate_main(args.args)
     except (KVCoreError, ValueError, OSError) as exc:
         print(f"kvcore: error: {exc}", file=sys.stderr)
         return 2

@@ -31,8 +31,9 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from kvcore.block_pool import BlockPool
-from kvcore.blocks import FreeBlockQueue, KVCacheBlock
+from kvcore.blocks import KVCacheBlock
 from kvcore.errors import InvariantError
+from kvcore.eviction.base import FreeList
 from kvcore.hashing import hashes_at
 from kvcore.verify import HitVerifier
 
@@ -93,7 +94,7 @@ def _check_free_side(pool: BlockPool) -> set[int]:
     return seen
 
 
-def _check_queue(pool: BlockPool, queue: FreeBlockQueue, seen: set[int]) -> set[int]:
+def _check_queue(pool: BlockPool, queue: FreeList, seen: set[int]) -> set[int]:
     """One intrusive list: links, ownership, no block twice (across all lists: ``seen``) and its
     cached length; returns the ids it links."""
     mine: set[int] = set()

@@ -113,7 +113,7 @@ def test_replay_trace_file(capsys: pytest.CaptureFixture[str]) -> None:
     (("replay", "."), "trace file is a directory"),
     (("replay", "--capacity-tokens", "-5"), "positive integer"),
     (("replay", "--num-blocks", "0"), "positive integer"),
-    (("replay", "--policy", "mru"), "unknown policy"),
+    (("replay", "--policy", "mru"), "unknown eviction policy"),
     (("replay", "--eviction-policy", "mru"), "unknown eviction policy 'mru'"),
     (("replay", "--eviction-policy", "slru:protected_share=7"), "protected_share"),
     (("replay", "--queue-hints", "-1"), "must be an integer >= 0, got '-1'"),

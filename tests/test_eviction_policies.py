@@ -34,9 +34,9 @@ from kvcore import (
     check_invariants,
 )
 from kvcore.block_pool import HINT_RESERVE_SHARE
-from kvcore.blocks import BlockHash, FreeBlockQueue
+from kvcore.blocks import BlockHash
 from kvcore.errors import BlockStateError, UnknownRequestError
-from kvcore.eviction import POOL_POLICIES, make_policy, parse_policy
+from kvcore.eviction import REGISTRY, FreeBlockQueue, make_policy, parse_policy
 from kvcore.eviction.arc import T1, T2, ARCPolicy
 from kvcore.eviction.s3fifo import MAIN, SMALL, S3FIFOPolicy
 from kvcore.eviction.segmented import CLEAN, NOT_FREE
@@ -527,14 +527,14 @@ def test_bad_policy_specs_are_refused_naming_the_value(spec: object,
     bystander = BlockPool(8, eviction_policy="slru")
     cached_free(bystander, 1)
     before = pool_snapshot(bystander)
-    registry = dict(POOL_POLICIES)
+    registry = REGISTRY.names()
     with pytest.raises(InvalidArgumentError) as excinfo:
         BlockPool(8, eviction_policy=spec)
     for word in words:
         assert word in str(excinfo.value)
     with pytest.raises(InvalidArgumentError):
         KVCacheManager(make_config(full_spec(), num_blocks=8), 64, eviction_policy=spec)
-    assert registry == POOL_POLICIES
+    assert registry == REGISTRY.names()
     assert pool_snapshot(bystander) == before
 
 
@@ -1323,3 +1323,32 @@ def test_the_scheduler_redeclares_when_the_waiting_head_changes_content() -> Non
     s.add_request(b)
     s.update_from_output(s.schedule(), {"run": 1})
     assert m.pool.hints[0] == frozenset(b.block_hashes)
+
+
+# -- ghosts are per group --------------------------------------------------------------------------
+
+GHOST_HOMES = {"slru": (PROBATION, PROTECTED), "s3fifo": (SMALL, MAIN), "arc": (T1, T2)}
+
+
+@pytest.mark.parametrize("name", sorted(GHOST_HOMES))
+def test_ghost_tables_are_keyed_by_group_and_hash(name: str) -> None:
+    """Two groups cache the same prefix (one hash, two blocks).  Evicting group 0's copy makes
+    only group 0's return a ghost hit: group 1's copy, freed for the first time, is new."""
+    first_time, returned = GHOST_HOMES[name]
+    pool = BlockPool(12, num_groups=2, eviction_policy=name)
+    policy = pool.free_queue
+    assert isinstance(policy, (SLRUPolicy, S3FIFOPolicy, ARCPolicy))
+    _, (in_group0,) = cache(pool, 0, group_id=0)
+    _, (in_group1,) = cache(pool, 0, group_id=1)
+    h = in_group0.block_hash
+    assert h is not None and in_group1.block_hash == h
+    release(pool, [in_group0])
+    pool.evict_blocks([in_group0.block_id])  # group 0's copy is now a ghost
+    check_invariants(pool)
+    release(pool, [in_group1])
+    assert policy.segment_of(in_group1) == first_time
+    # The same prefix cached again in group 0 is a ghost return there.
+    _, (again,) = cache(pool, 0, group_id=0)
+    release(pool, [again])
+    assert policy.segment_of(again) == returned
+    check_invariants(pool)

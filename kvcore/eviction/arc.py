@@ -23,15 +23,15 @@ from collections import deque
 from collections.abc import Sequence
 from typing import ClassVar
 
-from kvcore.blocks import BlockHash, KVCacheBlock
-from kvcore.eviction.segmented import CLEAN, SegmentedPolicy
+from kvcore.blocks import KVCacheBlock
+from kvcore.eviction.segmented import CLEAN, GhostKey, SegmentedPolicy
 
 T1 = 1
 T2 = 2
 
 
 class GhostList:
-    """An LRU list of evicted hashes: insert at the young end, drop from the old end, remove any
+    """An LRU list of evictions, keyed by (group, hash): insert at the young end, drop from the old end, remove any
     one in O(1).  A dict maps each member to its insertion stamp and a deque keeps the stamps in
     order; a removed member leaves a stale deque entry, skipped when the old end is dropped and
     compacted away once stale entries outnumber live ones (O(1) amortized).  ARC's hot paths
@@ -40,14 +40,14 @@ class GhostList:
     __slots__ = ("_members", "_order", "_stamp")
 
     def __init__(self) -> None:
-        self._members: dict[BlockHash, int] = {}
-        self._order: deque[tuple[int, BlockHash]] = deque()
+        self._members: dict[GhostKey, int] = {}
+        self._order: deque[tuple[int, GhostKey]] = deque()
         self._stamp = 0
 
     def __len__(self) -> int:
         return len(self._members)
 
-    def extend(self, hashes: Sequence[BlockHash]) -> None:
+    def extend(self, hashes: Sequence[GhostKey]) -> None:
         """Insert ``hashes`` at the young end, in order (moving any present there)."""
         members = self._members
         order = self._order
@@ -60,7 +60,7 @@ class GhostList:
         if len(order) > 2 * len(members) + 64:
             self._order = deque((n, g) for n, g in order if members.get(g) == n)
 
-    def discard_all(self, hashes: Sequence[BlockHash]) -> None:
+    def discard_all(self, hashes: Sequence[GhostKey]) -> None:
         """Remove every one of ``hashes`` that is a member."""
         members = self._members
         if members:
@@ -81,7 +81,7 @@ class GhostList:
         self._members.clear()
         self._order.clear()
 
-    def hashes(self) -> set[BlockHash]:
+    def hashes(self) -> set[GhostKey]:
         return set(self._members)
 
 
@@ -141,7 +141,7 @@ class ARCPolicy(SegmentedPolicy):
             if home:
                 to = T2 if home == T2 or marks[bid] else T1
             else:  # first free since it was cached: did its hash come back from a ghost list?
-                h: BlockHash = block.block_hash  # type: ignore[assignment]  # cached: hashed
+                h: GhostKey = (block.group_id, block.block_hash)  # type: ignore[assignment]  # cached: hashed
                 to = T2 if marks[bid] else T1  # hit while in use: a second access
                 if b1 and h in b1:
                     self.target = min(self.target + max(len(b2) / len(b1), 1.0), self.capacity)
@@ -191,8 +191,8 @@ class ARCPolicy(SegmentedPolicy):
         ghost list of the list they leave (a block never freed since caching counts as T1)."""
         homes = self._home
         sizes = self._sizes
-        recent: list[BlockHash] = []
-        frequent: list[BlockHash] = []
+        recent: list[GhostKey] = []
+        frequent: list[GhostKey] = []
         for block in blocks:
             h = block.block_hash
             if h is None:
@@ -201,7 +201,7 @@ class ARCPolicy(SegmentedPolicy):
             if home:
                 sizes[home] -= 1
                 homes[block.block_id] = 0
-            (frequent if home == T2 else recent).append(h)
+            (frequent if home == T2 else recent).append((block.group_id, h))
         if recent:
             self._b2.discard_all(recent)
             self._b1.extend(recent)

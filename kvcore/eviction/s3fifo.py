@@ -56,8 +56,8 @@ class S3FIFOPolicy(SegmentedPolicy):
             bid = block.block_id
             home = homes[bid]
             if not home:
-                h = block.block_hash
-                home = MAIN if self._recall(h) else SMALL  # type: ignore[arg-type]  # cached
+                key = (block.group_id, block.block_hash)
+                home = MAIN if self._recall(key) else SMALL  # type: ignore[arg-type]  # cached
                 homes[bid] = home
             self._link(home, (block,))
 

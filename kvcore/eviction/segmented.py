@@ -11,9 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 
-from kvcore.blocks import BlockHash, FreeBlockQueue, KVCacheBlock
+from kvcore.blocks import BlockHash, KVCacheBlock
 from kvcore.errors import InvalidArgumentError
-from kvcore.policy import EvictionPolicy
+from kvcore.eviction.base import EvictionPolicy
+from kvcore.eviction.lru import FreeBlockQueue
+
+GhostKey = tuple[int, BlockHash]
+"""A ghost table's key: the evicted block's group and hash.  Each KV-cache group caches its own
+copy of a prefix, so one group's eviction must not make another group's copy a ghost return."""
 
 NOT_FREE = -1
 CLEAN = 0  # segment of the uncached free blocks
@@ -55,8 +60,8 @@ class SegmentedPolicy(EvictionPolicy):
         self._max_mark = max_mark
         self._num_free = 0
         self.ghost_capacity = int(factor * self.capacity)
-        self._ghost: set[BlockHash] = set()  # the young generation of evicted hashes
-        self._ghost_old: set[BlockHash] = set()
+        self._ghost: set[GhostKey] = set()  # the young generation of evicted (group, hash)
+        self._ghost_old: set[GhostKey] = set()
         self._link(CLEAN, blocks)
 
     # -- queries ----------------------------------------------------------------------------------
@@ -81,9 +86,10 @@ class SegmentedPolicy(EvictionPolicy):
         """The segment ``block`` is linked in, or -1 when it is not free."""
         return self._segment_of[block.block_id]
 
-    def in_ghost(self, h: BlockHash) -> bool:
+    def in_ghost(self, h: BlockHash, group_id: int = 0) -> bool:
         """Whether ``h`` is a remembered evicted hash (see the class docstring)."""
-        return h in self._ghost or h in self._ghost_old
+        key = (group_id, h)
+        return key in self._ghost or key in self._ghost_old
 
     def mark(self, block: KVCacheBlock) -> int:
         """``block``'s access mark (hits since it was cached, capped)."""
@@ -189,7 +195,7 @@ class SegmentedPolicy(EvictionPolicy):
             if h is not None:
                 marks[block.block_id] = 0
                 if remember:
-                    ghost.add(h)
+                    ghost.add((block.group_id, h))
         if remember and len(ghost) >= self.ghost_capacity:
             self._age_ghost()
 
@@ -228,14 +234,14 @@ class SegmentedPolicy(EvictionPolicy):
         self._segment_of[bid] = index
         self._segments[index].append(block)
 
-    def _recall(self, h: BlockHash) -> bool:
-        """Whether ``h`` is a remembered evicted hash (and forget it)."""
-        if h in self._ghost:
-            self._ghost.discard(h)
-            self._ghost_old.discard(h)
+    def _recall(self, key: GhostKey) -> bool:
+        """Whether ``key`` is a remembered eviction (and forget it)."""
+        if key in self._ghost:
+            self._ghost.discard(key)
+            self._ghost_old.discard(key)
             return True
-        if h in self._ghost_old:
-            self._ghost_old.discard(h)
+        if key in self._ghost_old:
+            self._ghost_old.discard(key)
             return True
         return False
 

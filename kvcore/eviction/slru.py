@@ -63,9 +63,10 @@ class SLRUPolicy(SegmentedPolicy):
         protected: list[KVCacheBlock] = []
         for block in cached:
             bid = block.block_id
-            if marks[bid] or block.block_hash in ghost or block.block_hash in old:
+            key = (block.group_id, block.block_hash)
+            if marks[bid] or key in ghost or key in old:
                 if not marks[bid]:
-                    self._recall(block.block_hash)  # type: ignore[arg-type]  # cached
+                    self._recall(key)  # type: ignore[arg-type]  # cached: hashed
                 marks[bid] = 1
                 segment_of[bid] = PROTECTED
                 protected.append(block)
@@ -115,7 +116,7 @@ class SLRUPolicy(SegmentedPolicy):
                 segment_of[node.block_id] = NOT_FREE
                 h = node.block_hash
                 if h is not None and remember:
-                    ghost.add(h)
+                    ghost.add((node.group_id, h))
                 out.append(node)
                 node = nxt
             head.next_free = node

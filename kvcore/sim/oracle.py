@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
 from kvcore.blocks import BlockHash, KVCacheBlock
-from kvcore.sim.policies import INFINITE, PriorityPolicy
+from kvcore.eviction.offline import INFINITE, PriorityPolicy
 
 
 class ReplayBelady(PriorityPolicy):

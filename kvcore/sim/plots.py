@@ -6,7 +6,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvcore.sim.policies import OFFLINE_BOUND, PolicyResult
+from kvcore.eviction import OFFLINE_BOUND
+from kvcore.sim.policies import PolicyResult
 
 
 def _pyplot() -> Any:

@@ -1,9 +1,10 @@
 """Prefix-cache eviction policies over block-key sequences, without a scheduler.
 
-The simulator runs the same policy objects as the real pool (:mod:`kvcore.eviction`: ``lru``,
-``slru``, ``s3fifo``, ``arc``) over :class:`~kvcore.blocks.KVCacheBlock` records, plus three policies
-that exist only here: ``fifo`` (first caching order; hits do not refresh), ``lfu`` (fewest
-releases, then least recent) and ``belady``, the offline bound.  Requests run one at a time and
+The simulator runs every policy of the registry (:mod:`kvcore.eviction`) over
+:class:`~kvcore.blocks.KVCacheBlock` records: the ones the real pool runs (``lru``, ``slru``,
+``s3fifo``, ``arc``, and any registered later) and the offline ones the pool refuses
+(:mod:`kvcore.eviction.offline`: ``fifo``, first caching order, hits do not refresh; ``lfu``,
+fewest releases, then least recent; ``belady``, the offline bound).  Requests run one at a time and
 follow the real manager's lifecycle, so a pool policy here reproduces ``KVCacheManager`` with
 that policy at concurrency 1 (tested for LRU):
 
@@ -24,30 +25,32 @@ trace).  Belady's MIN is the optimum when blocks are fetched independently; here
 the rest of the request's chain to be recomputed, so it is a strong offline bound rather than a
 proven optimum: a random search finds tiny traces (8 requests, 7 blocks) where LFU beats it by a
 few blocks, while on the shipped Mooncake trace and every synthetic workload it is never below
-an online policy (tested).  The offline policies keep their order in a ``sortedcontainers``
-list (O(log n)); they are not pool policies.  Requests needing more blocks than the cache holds
+an online policy (tested).  Requests needing more blocks than the cache holds
 are skipped (counted in ``PolicyResult.skipped``), as the scheduler rejects them.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, TypeVar
+from typing import TypeVar
 
-from sortedcontainers import SortedList
-
-from kvcore.blocks import BlockHash, FreeBlockQueue, KVCacheBlock
+from kvcore.blocks import BlockHash, KVCacheBlock
 from kvcore.errors import InvalidArgumentError
-from kvcore.eviction import POOL_POLICIES, make_policy
-from kvcore.policy import EvictionPolicy
+from kvcore.eviction import REGISTRY, EvictionPolicy
+from kvcore.eviction.offline import INFINITE, BeladyPolicy
 from kvcore.sim.traces import TraceRequest
 
-OFFLINE_BOUND = "belady"
-POLICIES = (*POOL_POLICIES, "fifo", "lfu", OFFLINE_BOUND)
-INFINITE = float("inf")
 _T = TypeVar("_T")
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    """``POLICIES``: the names the simulator runs, read from the registry when asked (so it
+    includes policies registered later)."""
+    if name == "POLICIES":
+        return REGISTRY.names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -78,159 +81,10 @@ class PolicyResult:
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
-class PriorityPolicy(EvictionPolicy):
-    """An offline policy: cached free blocks ordered by a priority the subclass computes when a
-    block is freed (lowest evicted first); uncached blocks are reused first.  O(log n).
-
-    The cached free blocks are also linked, in freeing order, in an intrusive list (``_held``),
-    so that ``check_invariants`` sees every free block in some list when the policy runs in a
-    real pool (the replay's offline bound).
-    """
-
-    __slots__ = ("_clean", "_clock", "_entries", "_held", "_order")
-
-    def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
-        self._clean = FreeBlockQueue(blocks)
-        self._held = FreeBlockQueue()
-        self._order: SortedList = SortedList()
-        self._entries: dict[int, tuple[tuple[float, ...], int, KVCacheBlock]] = {}
-        self._clock = 0
-
-    def __len__(self) -> int:
-        return len(self._clean) + len(self._order)
-
-    def __iter__(self) -> Iterator[KVCacheBlock]:
-        yield from self._clean
-        for _, _, bid in self._order:
-            yield self._entries[bid][2]
-
-    def first(self) -> KVCacheBlock | None:
-        block = self._clean.first()
-        if block is None and self._order:
-            block = self._entries[self._order[0][2]][2]
-        return block
-
-    def queues(self) -> Sequence[FreeBlockQueue]:
-        return (self._clean, self._held)
-
-    def check(self) -> list[str]:
-        if not len(self._order) == len(self._entries) == len(self._held):
-            return [f"{len(self._order)} ordered, {len(self._entries)} entries, "
-                    f"{len(self._held)} linked cached free blocks"]
-        return []
-
-    def on_free(self, uncached: Sequence[KVCacheBlock], cached: Sequence[KVCacheBlock]) -> None:
-        self._clean.prepend_n(uncached)
-        for block in cached:
-            self._clock += 1
-            entry = (self._priority(block, self._clock), self._clock, block)
-            self._entries[block.block_id] = entry
-            self._order.add((entry[0], entry[1], block.block_id))
-            self._held.append(block)
-
-    def on_touch(self, blocks: Iterable[KVCacheBlock]) -> None:
-        for block in blocks:
-            if block.ref_cnt == 0 and not block.is_null:
-                self.remove(block)
-            block.ref_cnt += 1
-
-    def remove(self, block: KVCacheBlock) -> None:
-        entry = self._entries.pop(block.block_id, None)
-        if entry is None:
-            self._clean.remove(block)
-        else:
-            self._order.remove((entry[0], entry[1], block.block_id))
-            self._held.remove(block)
-
-    def on_uncache(self, block: KVCacheBlock) -> None:
-        entry = self._entries.pop(block.block_id, None)
-        if entry is not None:  # it lost its hash while free: no cache value left
-            self._order.remove((entry[0], entry[1], block.block_id))
-            self._held.remove(block)
-            self._clean.append(block)
-
-    def reset(self) -> None:
-        for block in list(self._held):
-            self.on_uncache(block)
-
-    def pick_victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
-        out = self._clean.popleft_n(min(n, len(self._clean)))
-        while len(out) < n:
-            _, _, bid = self._order.pop(0)
-            block = self._entries.pop(bid)[2]
-            self._held.remove(block)
-            out.append(block)
-        for block in out:
-            block.ref_cnt = ref_cnt
-        self.on_evict([b for b in out if b.block_hash is not None])
-        return out
-
-    def _priority(self, block: KVCacheBlock, clock: int) -> tuple[float, ...]:
-        raise NotImplementedError
-
-
-class FIFOPolicy(PriorityPolicy):
-    """``fifo``: evict in the order blocks were first cached; hits do not refresh."""
-
-    __slots__ = ("_born",)
-    name: ClassVar[str] = "fifo"
-
-    def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
-        super().__init__(blocks)
-        self._born: dict[int, int] = {}
-
-    def _priority(self, block: KVCacheBlock, clock: int) -> tuple[float, ...]:
-        return (self._born.setdefault(block.block_id, clock),)
-
-    def on_evict(self, blocks: Sequence[KVCacheBlock]) -> None:
-        for block in blocks:
-            self._born.pop(block.block_id, None)
-
-
-class LFUPolicy(PriorityPolicy):
-    """``lfu``: evict the block released fewest times since it was cached, then the least
-    recent."""
-
-    __slots__ = ("_uses",)
-    name: ClassVar[str] = "lfu"
-
-    def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
-        super().__init__(blocks)
-        self._uses: dict[int, int] = {}
-
-    def _priority(self, block: KVCacheBlock, clock: int) -> tuple[float, ...]:
-        uses = self._uses[block.block_id] = self._uses.get(block.block_id, 0) + 1
-        return (uses, clock)
-
-    def on_evict(self, blocks: Sequence[KVCacheBlock]) -> None:
-        for block in blocks:
-            self._uses.pop(block.block_id, None)
-
-
-class BeladyPolicy(PriorityPolicy):
-    """``belady`` (offline bound): evict the block whose key is needed furthest in the future;
-    the simulator sets ``next_use`` before each release."""
-
-    __slots__ = ("next_use",)
-    name: ClassVar[str] = "belady"
-
-    def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
-        super().__init__(blocks)
-        self.next_use: dict[int, float] = {}
-
-    def _priority(self, block: KVCacheBlock, clock: int) -> tuple[float, ...]:
-        return (-self.next_use.pop(block.block_id, INFINITE), clock)
-
-
-_OFFLINE = {"fifo": FIFOPolicy, "lfu": LFUPolicy, "belady": BeladyPolicy}
-
-
 def make_sim_policy(name: str, blocks: Sequence[KVCacheBlock]) -> EvictionPolicy:
-    """A policy by name: a pool policy (options as ``"slru:protected_share=0.3"``) or one of
-    the simulator's offline policies."""
-    if name in _OFFLINE:
-        return _OFFLINE[name](blocks)
-    return make_policy(name, blocks)
+    """A registered policy by name, offline ones included (options as
+    ``"slru:protected_share=0.3"``)."""
+    return REGISTRY.make(name, blocks, offline=True)
 
 
 def _next_uses(requests: Sequence[BlockRequest], block_size: int) -> list[list[float]]:
@@ -254,9 +108,7 @@ def _key_hash(key: object) -> BlockHash:
 def simulate(requests: Sequence[BlockRequest], capacity_blocks: int, policy: str,
              block_size: int) -> PolicyResult:
     """Run ``requests`` through a cache of ``capacity_blocks`` blocks under ``policy``."""
-    base = policy.partition(":")[0]
-    if base not in POLICIES:
-        raise InvalidArgumentError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    REGISTRY.parse(policy, offline=True)  # raises for an unknown name or bad options
     if capacity_blocks <= 0:
         raise InvalidArgumentError(f"capacity must be positive, got {capacity_blocks}")
     # More blocks than the whole trace ever allocates change nothing (no cached block would ever
@@ -328,8 +180,7 @@ def simulate_accesses(keys: Sequence[object], capacity_blocks: int, policy: str)
     per access of ``keys``, whether it hit.  A hit touches the block and frees it again at once;
     a miss takes a victim and caches the key there.  Used to check the policies against other
     cache simulators (libCacheSim) on the traces they read."""
-    if policy.partition(":")[0] not in POLICIES:
-        raise InvalidArgumentError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    REGISTRY.parse(policy, offline=True)  # raises for an unknown name or bad options
     if capacity_blocks <= 0:
         raise InvalidArgumentError(f"capacity must be positive, got {capacity_blocks}")
     size = min(capacity_blocks, len(keys) + 1)  # more blocks than accesses change nothing

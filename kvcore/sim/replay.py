@@ -28,11 +28,11 @@ from kvcore.blocks import BlockHash
 from kvcore.connector import KVConnectorRole, OffloadingConnector
 from kvcore.errors import InvalidArgumentError
 from kvcore.events import KVCacheEvent
+from kvcore.eviction import OFFLINE_BOUND
 from kvcore.manager import KVCacheManager
 from kvcore.request import Request
 from kvcore.scheduler import RequestRejectedError, Scheduler, SchedulerConfig, SchedulerOutput
 from kvcore.sim.oracle import ReplayBelady
-from kvcore.sim.policies import OFFLINE_BOUND
 from kvcore.sim.traces import TraceRequest
 from kvcore.specs import FullAttentionSpec, KVCacheConfig, KVCacheGroup
 

@@ -21,7 +21,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from kvcore.cmdline import OneLineParser, positive_int
-from kvcore.sim.policies import OFFLINE_BOUND
+from kvcore.eviction import OFFLINE_BOUND
 from kvcore.sim.replay import ReplayConfig, replay
 from kvcore.sim.traces import TraceRequest
 

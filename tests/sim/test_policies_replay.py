@@ -51,7 +51,7 @@ def test_policy_differences_on_a_small_trace() -> None:
 
 
 def test_bad_policy_and_capacity() -> None:
-    with pytest.raises(InvalidArgumentError, match="unknown policy"):
+    with pytest.raises(InvalidArgumentError, match="unknown eviction policy"):
         simulate([], 4, "mru", 4)
     with pytest.raises(InvalidArgumentError):
         simulate([], 0, "lru", 4)

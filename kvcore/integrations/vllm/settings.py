@@ -31,12 +31,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 from kvcore.errors import InvalidArgumentError
-from kvcore.eviction import RECOMMENDED, parse_policy
+from kvcore.eviction import RECOMMENDED, RECOMMENDED_NAME, parse_policy
 
 CONFIG_KEY = "kvcore"
 """The key of kvcore's settings in vLLM's ``additional_config``."""
 
-RECOMMENDED_NAME = "recommended"
 
 def _count(name: str, value: object) -> int:
     if type(value) is not int or value < 0:

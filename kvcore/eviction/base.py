@@ -1,4 +1,5 @@
-"""The eviction-policy interface: the free side of a :class:`~kvcore.block_pool.BlockPool`.
+"""The eviction-policy interface (the free side of a :class:`~kvcore.block_pool.BlockPool`) and
+the intrusive free list every policy links its blocks in.
 
 A policy holds every free block (``ref_cnt == 0``) and decides which one is reused next.  Blocks in
 use are not in it; the pool tells it when a block enters (``on_free``), leaves because a prefix
@@ -11,7 +12,7 @@ victims' hashes) and loses its hash while it stays (``on_evict``, for ``evict_bl
 * ``pick_victims(n)`` succeeds whenever ``n <= len(policy)``: a policy orders blocks, it never
   refuses one (so allocation never fails while free blocks exist).
 
-Policies are built from intrusive lists (:class:`~kvcore.blocks.FreeBlockQueue` threads its list
+Policies are built from intrusive lists (:class:`~kvcore.eviction.lru.FreeBlockQueue` threads its list
 through the blocks' ``prev_free`` / ``next_free``), so a block is in at most one list and every
 operation is O(1) per block (amortized where a policy re-queues blocks).  ``lru`` *is* the
 pool's historical free queue, with no extra layer.
@@ -20,12 +21,26 @@ pool's historical free queue, with no extra layer.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
 from kvcore._mypyc import mypyc_attr
+from kvcore.blocks import KVCacheBlock
 
-if TYPE_CHECKING:
-    from kvcore.blocks import FreeBlockQueue, KVCacheBlock
+
+class FreeList(Protocol):
+    """What ``check_invariants`` and snapshots read of an intrusive free list
+    (``FreeBlockQueue``): its two sentinels, between which the blocks are linked, its cached
+    length, and its blocks in order."""
+
+    @property
+    def head(self) -> KVCacheBlock: ...
+
+    @property
+    def tail(self) -> KVCacheBlock: ...
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[KVCacheBlock]: ...
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # the simulator's offline policies subclass it
@@ -54,7 +69,7 @@ class EvictionPolicy:
         """The free block ``pick_victims(1)`` would try first, or ``None`` if empty."""
         raise NotImplementedError
 
-    def queues(self) -> Sequence[FreeBlockQueue]:
+    def queues(self) -> Sequence[FreeList]:
         """The intrusive lists the policy's blocks are linked in (for ``check_invariants``)."""
         raise NotImplementedError
 

@@ -1,0 +1,117 @@
+"""The eviction-policy registry: one place names every policy, and a policy defined outside
+kvcore is one class and one ``register_policy`` call away from every entry point."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import ClassVar
+
+import pytest
+
+from kvcore import BlockPool, InvalidArgumentError, KVCacheBlock, KVCacheManager
+from kvcore.cli import build_parser
+from kvcore.cli import main as cli_main
+from kvcore.eviction import (
+    REGISTRY,
+    EvictionPolicy,
+    FreeBlockQueue,
+    make_policy,
+    register_policy,
+    unregister_policy,
+)
+from kvcore.sim.policies import BlockRequest, simulate
+from tests.factories import full_spec, make_config
+
+
+class MRUPolicy(FreeBlockQueue):
+    """most recently freed cached block first (a test policy)."""
+
+    __slots__ = ()
+    name: ClassVar[str] = "mru"
+
+    def pick_victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
+        # Uncached blocks sit at the head (reused first); cached ones at the tail: take those
+        # from the tail end.
+        out: list[KVCacheBlock] = []
+        for block in list(self):
+            if block.block_hash is None and len(out) < n:
+                out.append(block)
+        cached = [b for b in reversed(list(self)) if b.block_hash is not None]
+        out.extend(cached[:n - len(out)])
+        for block in out:
+            self.remove(block)
+            block.ref_cnt = ref_cnt
+        return out
+
+    def __iter__(self) -> Iterator[KVCacheBlock]:
+        return super().__iter__()
+
+
+@pytest.fixture
+def mru() -> Iterator[str]:
+    register_policy("mru", MRUPolicy)
+    try:
+        yield "mru"
+    finally:
+        unregister_policy("mru")
+
+
+def test_the_builtin_names_come_from_the_registry() -> None:
+    assert REGISTRY.names(offline=False) == ("lru", "slru", "s3fifo", "arc")
+    assert REGISTRY.names() == ("lru", "slru", "s3fifo", "arc", "fifo", "lfu", "belady")
+    assert all(REGISTRY.info(n).offline for n in ("fifo", "lfu", "belady"))
+
+
+def test_a_policy_registered_from_outside_reaches_every_entry_point(mru: str) -> None:
+    # The pool and the manager run it by name.
+    pool = BlockPool(6, eviction_policy=mru)
+    assert isinstance(pool.free_queue, MRUPolicy) and pool.eviction_policy == "mru"
+    mgr = KVCacheManager(make_config(full_spec(block_size=2), num_blocks=6), 64,
+                         eviction_policy=mru)
+    a = mgr.make_request("a", list(range(7)))
+    assert mgr.allocate_slots(a, 7) is not None
+    first = mgr.get_blocks("a")[0][0]
+    mgr.free(a)  # tail first: the prefix's first block is freed last, the most recent
+    mgr.check_invariants()
+    # Three blocks for another prompt: the two uncached free blocks, then one cached block,
+    # which under mru is the most recently freed one (lru would take a's last full block).
+    b = mgr.make_request("b", list(range(100, 105)))
+    blocks = mgr.allocate_slots(b, 5)
+    assert blocks is not None and first in blocks[0]
+    mgr.check_invariants()
+    assert mgr.get_computed_blocks(mgr.make_request("a2", list(range(7))))[1] == 0
+    # The simulator runs it, and the command line names it in --policy and --eviction-policy.
+    result = simulate([BlockRequest((1, 2, 3), 7, 1)], 8, mru, 2)
+    assert result.policy == "mru"
+    help_text = build_parser()._subparsers._group_actions[0].choices["replay"].format_help()  # type: ignore[union-attr]
+    assert "mru (most recently freed cached block first" in help_text
+    assert cli_main(["replay", "--eviction-policy", mru, "--limit", "4", "--no-progress",
+                     "--policy", f"lru,{mru}"]) == 0
+
+
+def test_registering_is_checked(mru: str) -> None:
+    with pytest.raises(InvalidArgumentError, match="already registered"):
+        register_policy("mru", MRUPolicy)
+    with pytest.raises(InvalidArgumentError, match="EvictionPolicy subclass"):
+        register_policy("other", dict)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="identifier"):
+        register_policy("recommended", MRUPolicy)
+    with pytest.raises(InvalidArgumentError, match="no eviction policy 'nope'"):
+        unregister_policy("nope")
+
+
+def test_the_pool_refuses_simulator_only_policies() -> None:
+    for name in ("fifo", "lfu", "belady"):
+        with pytest.raises(InvalidArgumentError, match=f"'{name}' is simulator-only"):
+            BlockPool(6, eviction_policy=name)
+        blocks: Sequence[KVCacheBlock] = [KVCacheBlock(i) for i in range(1, 4)]
+        assert isinstance(make_policy(name, blocks, offline=True), EvictionPolicy)
+
+
+def test_an_unregistered_policy_is_gone(mru: str) -> None:
+    unregister_policy(mru)
+    try:
+        with pytest.raises(InvalidArgumentError, match="unknown eviction policy 'mru'"):
+            BlockPool(6, eviction_policy=mru)
+    finally:
+        register_policy(mru, MRUPolicy)
