@@ -33,6 +33,7 @@ from kvcore.hashing import HASH_ALGORITHMS, BlockHasher, RequestBlockHasher, ran
 from kvcore.invariants import check_invariants, check_manager_invariants
 from kvcore.manager import KVCacheBlocks, KVCacheManager
 from kvcore.request import KVRequest, MultiModalItem, Request
+from kvcore.settings import CacheSettings
 from kvcore.specs import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
@@ -70,6 +71,7 @@ __all__ = [
     "BlockRemoved",
     "BlockStateError",
     "BlockStored",
+    "CacheSettings",
     "ChunkedLocalAttentionSpec",
     "CrossAttentionSpec",
     "DoubleFreeError",

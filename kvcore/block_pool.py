@@ -19,7 +19,7 @@ Block 0 is the null block, taken at construction; the first allocation returns i
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, SupportsIndex
+from typing import TYPE_CHECKING, Any, SupportsIndex
 
 from kvcore.blocks import BlockHash, KVCacheBlock, NullBlock
 from kvcore.errors import (
@@ -29,29 +29,20 @@ from kvcore.errors import (
     InvalidGroupError,
     NoFreeBlocksError,
     NullBlockError,
-    check_flag,
 )
-from kvcore.events import (
-    MEDIUM_GPU,
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    KVCacheEvent,
-    untag_extra_keys,
-)
+from kvcore.events import EventRecorder, KVCacheEvent
 from kvcore.eviction.base import EvictionPolicy
 from kvcore.eviction.lru import FreeBlockQueue
 from kvcore.eviction.registry import make_policy
-from kvcore.hashing import block_extra_keys
+from kvcore.pool.hints import HINT_RESERVE_SHARE, HintReserve
+from kvcore.pool.maps import PrefixMaps
+from kvcore.settings import CacheSettings
 
 if TYPE_CHECKING:
     from kvcore.blocks import PrefixNode
     from kvcore.request import KVRequest
 
-
-HINT_RESERVE_SHARE = 0.5
-"""The largest share of the pool that scheduler hints may hold back from the eviction policy:
-deeper hints would leave the policy nothing to choose from."""
+__all__ = ["HINT_RESERVE_SHARE", "BlockPool"]
 
 
 def _check_count(name: str, value: object) -> int:
@@ -77,63 +68,67 @@ class BlockPool:
 
     Args:
         num_blocks: total blocks, the null block included (so ``num_blocks - 1`` are usable).
-        enable_caching: keep prefix-cache maps; when off, blocks are never hashed.
         num_groups: number of KV-cache groups; each has its own hash map, so a hash cached in
             group 0 never hits in group 1.
-        enable_events: record :mod:`kvcore.events` for ``take_events``.
-        verify_hits: every cached block keeps the exact prefix its KV belongs to (a
-            :class:`~kvcore.verify.PrefixNode`, given to ``cache_full_blocks``), so lookups can
-            prove a hit instead of trusting its hash.
-        eviction_policy: the free side's policy, by name (``"lru"``, ``"slru"``, ``"s3fifo"``, ``"arc"``,
-            options as ``"slru:protected_share=0.3"``; see :mod:`kvcore.eviction`).
+        settings: the :class:`~kvcore.settings.CacheSettings` the pool reads:
+            ``enable_caching`` (keep prefix-cache maps; when off, blocks are never hashed),
+            ``eviction_policy`` (the free side's policy, see :mod:`kvcore.eviction`),
+            ``verify_hits`` (every cached block keeps the exact prefix its KV belongs to, a
+            :class:`~kvcore.verify.PrefixNode` given to ``cache_full_blocks``, so lookups can
+            prove a hit) and ``enable_events`` (record :mod:`kvcore.events` for ``take_events``).
+        events: the recorder the events go to (default: one that stamps no spec metadata; the
+            manager passes one stamped with its groups' spec kinds and windows).
+        **options: :class:`CacheSettings` fields, a shorthand for ``settings=``.
     """
 
     # Arguments are annotated with types the compiled build does not check on entry (an int
     # parameter would take True as 1): the checks below raise kvcore's typed errors in both builds.
-    def __init__(self, num_blocks: SupportsIndex, *, enable_caching: object = True,
-                 num_groups: SupportsIndex = 1, enable_events: object = False,
-                 verify_hits: object = False, eviction_policy: object = "lru") -> None:
+    def __init__(self, num_blocks: SupportsIndex, *, num_groups: SupportsIndex = 1,
+                 settings: CacheSettings | None = None, events: EventRecorder | None = None,
+                 **options: Any) -> None:
         if type(num_blocks) is not int or num_blocks < 2:
             raise InvalidArgumentError(
                 f"num_blocks must be an int >= 2 (block 0 is the null block), got {num_blocks!r}")
         if type(num_groups) is not int or num_groups < 1:
             raise InvalidArgumentError(f"num_groups must be a positive int, got {num_groups!r}")
+        settings = CacheSettings.of(settings, options)
+        if events is not None and not isinstance(events, EventRecorder):
+            raise InvalidArgumentError(f"events must be an EventRecorder, got {events!r}")
         self.num_blocks = num_blocks
         self.num_groups = num_groups
-        self.enable_caching = check_flag("enable_caching", enable_caching)
-        self.enable_events = check_flag("enable_events", enable_events)
-        self.verify_hits = check_flag("verify_hits", verify_hits) and self.enable_caching
+        self.settings = settings
+        self.enable_caching = settings.enable_caching
+        self.verify_hits = settings.verify_hits and self.enable_caching
         self.null_block: KVCacheBlock = NullBlock(0)
         self.blocks: list[KVCacheBlock] = [self.null_block]
         self.blocks.extend(KVCacheBlock(i) for i in range(1, num_blocks))
-        self.free_queue: EvictionPolicy = make_policy(eviction_policy, self.blocks[1:])
-        # Scheduler hints (set_hints): per group, the hashes declared upcoming (in declaration
-        # order), and the free blocks caching them, held out of the policy until needed.
-        self._hints: list[dict[BlockHash, None]] | None = None
-        self._reserve = FreeBlockQueue()
-        self._reserved: set[int] = set()
-        self._reserve_cap = int(HINT_RESERVE_SHARE * (num_blocks - 1))
-        # Per group: hash -> first block cached under it; further blocks with the same hash (a
-        # block table is append-only, so equal content may be cached twice) live in _dups, in
-        # insertion order.  Lookups hit only the first dict.
-        self._cached: list[dict[BlockHash, KVCacheBlock]] = [{} for _ in range(num_groups)]
-        self._dups: list[dict[BlockHash, dict[int, KVCacheBlock]]] = [{} for _ in range(num_groups)]
-        # Partial prompt-tail entries (see cache_partial_block): a block's extra keys beyond its
-        # primary hash, in insertion order, and the blocks whose primary hash is itself a partial
-        # entry (block id -> tokens it covers).  Both stay empty unless a full-attention group's
-        # blocks are larger than the hash block.
-        self._secondary: dict[int, list[BlockHash]] = {}
-        self._partial_primary: dict[int, int] = {}
-        self._events: list[KVCacheEvent] = []
+        self.free_queue: EvictionPolicy = make_policy(settings.eviction_policy, self.blocks[1:])
+        # Events go to the recorder as they happen; None when events are off.
+        self.events: EventRecorder | None = (
+            (events if events is not None else EventRecorder()) if settings.enable_events
+            else None)
+        # Scheduler hints (set_hints): the free blocks caching declared prefixes, held out of
+        # the policy until needed (_reserved aliases its id set: the hot paths test it).
+        self._hint_reserve = HintReserve(num_blocks - 1, self.free_queue)
+        self._reserved = self._hint_reserve.held
+        # The prefix-cache maps (per group: hash -> first block cached under it; duplicates and
+        # partial prompt-tail entries apart, see kvcore.pool.maps); _cached aliases their
+        # first-block maps, read on every lookup.
+        self._maps = PrefixMaps(num_groups)
+        self._cached = self._maps.cached
         self.num_evicted_blocks = 0
         self.num_resets = 0  # successful reset_prefix_cache calls
         self.num_rejected_hits = 0  # lookups whose block held another prefix (verify mode)
+
+    @property
+    def enable_events(self) -> bool:
+        return self.events is not None
 
     # -- queries --------------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
         """Blocks that ``get_new_blocks`` can hand out (cached-but-free blocks included)."""
-        return len(self.free_queue) + len(self._reserve)
+        return len(self.free_queue) + len(self._hint_reserve.queue)
 
     @property
     def usage(self) -> float:
@@ -149,14 +144,15 @@ class BlockPool:
     def reserve(self) -> FreeBlockQueue:
         """Free cached blocks held for declared upcoming prefixes (see ``set_hints``), the first
         released first."""
-        return self._reserve
+        return self._hint_reserve.queue
 
     @property
     def hints(self) -> tuple[frozenset[BlockHash], ...]:
         """Per group, the hashes currently declared upcoming (empty sets when none)."""
-        if self._hints is None:
+        hints = self._hint_reserve.hints
+        if hints is None:
             return tuple(frozenset() for _ in range(self.num_groups))
-        return tuple(frozenset(h) for h in self._hints)
+        return tuple(frozenset(h) for h in hints)
 
     def get_cached_block(self, block_hash: BlockHash,
                          group_ids: Sequence[int]) -> list[KVCacheBlock] | None:
@@ -182,16 +178,11 @@ class BlockPool:
 
     def iter_cached(self, group_id: int) -> Iterator[tuple[BlockHash, KVCacheBlock]]:
         """Every ``(hash, block)`` entry of a group's map, duplicates included."""
-        for h, block in self._cached[group_id].items():
-            yield h, block
-        for h, dups in self._dups[group_id].items():
-            for block in dups.values():
-                yield h, block
+        return self._maps.iter_group(group_id)
 
     def num_cached_blocks(self) -> int:
         """Blocks currently registered in some group's map."""
-        return (sum(len(m) for m in self._cached)
-                + sum(len(d) for dups in self._dups for d in dups.values()))
+        return len(self._maps)
 
     # -- allocation -----------------------------------------------------------------------------
     def get_new_blocks(self, num_blocks: SupportsIndex) -> list[KVCacheBlock]:
@@ -217,12 +208,10 @@ class BlockPool:
         """Return reserved blocks to the policy until it holds ``num_blocks`` (soft pins yield
         before an allocation fails); :class:`NoFreeBlocksError` if all free blocks are fewer."""
         short = num_blocks - len(self.free_queue)
-        if short > len(self._reserve):
+        if short > len(self._hint_reserve.queue):
             raise NoFreeBlocksError(
                 f"cannot allocate {num_blocks} blocks: only {self.num_free_blocks} are free")
-        released = self._reserve.popleft_n(short)
-        self._reserved.difference_update(b.block_id for b in released)
-        self.free_queue.on_free((), released)
+        self._hint_reserve.release(short)
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take one more reference on each block; a free (cached) block leaves the free queue.
@@ -250,7 +239,7 @@ class BlockPool:
                 (held if block.block_id in reserved else rest).append(block)
             if held:
                 for block in held:
-                    self._unhold(block)
+                    self._hint_reserve.unhold(block)
                     block.ref_cnt = 1
                 self.free_queue.on_hit(held)
                 blocks = rest
@@ -315,42 +304,10 @@ class BlockPool:
                     if not undo.is_null:
                         undo.ref_cnt += 1
                 raise DoubleFreeError(f"block {block.block_id} freed with ref_cnt {ref_cnt}")
-        if to_tail and self._hints is not None:
-            to_tail = self._divert_hinted(to_tail)
+        if to_tail and self._hint_reserve.hints is not None:
+            to_tail = self._hint_reserve.divert(to_tail, self._cached)
         if to_head or to_tail:
             self.free_queue.on_free(to_head, to_tail)
-
-    def _divert_hinted(self, blocks: list[KVCacheBlock]) -> list[KVCacheBlock]:
-        """Move the freed cached blocks that serve a declared prefix to the reserve; return the
-        others."""
-        hints = self._hints
-        assert hints is not None
-        cached = self._cached
-        rest: list[KVCacheBlock] = []
-        for block in blocks:
-            g = block.group_id
-            h = block.block_hash
-            if h in hints[g] and cached[g].get(h) is block:
-                self._hold(block)
-            else:
-                rest.append(block)
-        return rest
-
-    def _hold(self, block: KVCacheBlock) -> None:
-        """Append a free cached block to the reserve; past the reserve's cap, its head (the
-        least urgent) returns to the policy."""
-        self._reserve.append(block)
-        self._reserved.add(block.block_id)
-        if len(self._reserve) > self._reserve_cap:
-            released = self._reserve.first()
-            assert released is not None  # the reserve is over its cap
-            self._unhold(released)
-            self.free_queue.on_free((), (released,))
-
-    def _unhold(self, block: KVCacheBlock) -> None:
-        """Take ``block`` out of the reserve (the caller decides where it goes)."""
-        self._reserve.remove(block)
-        self._reserved.discard(block.block_id)
 
     def set_hints(self, hashes: Sequence[Iterable[BlockHash]]) -> None:
         """Declare the prefixes a scheduler is about to run: per group, the block hashes of its
@@ -368,33 +325,7 @@ class BlockPool:
                 f"set_hints needs one hash collection per group ({self.num_groups}), "
                 f"got {hashes!r:.80}")
         new = [dict.fromkeys(_check_hashes(group)) for group in hashes]
-        self._hints = new if self.enable_caching and any(new) else None
-        # Empty the reserve: blocks still declared are re-held below in the new urgency order,
-        # the others return to the policy.
-        kept: set[int] = set()
-        back: list[KVCacheBlock] = []
-        for block in list(self._reserve):
-            self._unhold(block)
-            if self._hints is not None and block.block_hash in self._hints[block.group_id]:
-                kept.add(block.block_id)
-            else:
-                back.append(block)
-        if back:
-            self.free_queue.on_free((), back)
-        if self._hints is None:
-            return
-        # Least urgent first into the reserve, so that pressure releases it first.
-        for g, declared in enumerate(self._hints):
-            cached = self._cached[g]
-            for h in reversed(declared):
-                found = cached.get(h)
-                if found is not None and found.ref_cnt == 0 and found.block_id not in (
-                        self._reserved):
-                    if found.block_id in kept:
-                        kept.discard(found.block_id)
-                    else:
-                        self.free_queue.remove(found)
-                    self._hold(found)
+        self._hint_reserve.declare(new if self.enable_caching and any(new) else None, self._cached)
 
     # -- prefix cache ---------------------------------------------------------------------------
     def cache_full_blocks(
@@ -433,7 +364,7 @@ class BlockPool:
             return
         cached = self._cached[group_id]
         nodes = prefix_nodes if self.verify_hits else None
-        partial = self._partial_primary
+        partial = self._maps.partial_primary
         stored: list[int] = []  # indices into new_blocks
         num_already_cached = 0
         for i, block in enumerate(new_blocks):
@@ -451,15 +382,16 @@ class BlockPool:
             if nodes is not None:
                 block.prefix_node = nodes[idx]
             if h in cached:
-                self._dups[group_id].setdefault(h, {})[block.block_id] = block
+                self._maps.dups[group_id].setdefault(h, {})[block.block_id] = block
             else:
                 cached[h] = block
             stored.append(i)
         # An event also when every new block was null or masked out, as vLLM sends it; none
         # for a call that only repeats what is cached.
-        if self.enable_events and num_already_cached < len(new_blocks):
-            self._events.append(self._stored_event(
-                request, len(new_blocks), hashes, num_cached_blocks, block_size, group_id, stored))
+        events = self.events
+        if events is not None and num_already_cached < len(new_blocks):
+            events.stored(request, hashes, num_cached_blocks, len(new_blocks), block_size,
+                          group_id, stored)
 
     def _blocks_to_cache(self, blocks: Sequence[KVCacheBlock], hashes: Sequence[BlockHash],
                          num_cached_blocks: int, num_full_blocks: int, group_id: int,
@@ -496,7 +428,8 @@ class BlockPool:
                 if block.ref_cnt <= 0:
                     raise BlockStateError(
                         f"block {block.block_id} is free; only blocks in use can be cached")
-                if block.block_hash is not None and block.block_id not in self._partial_primary:
+                if (block.block_hash is not None
+                        and block.block_id not in self._maps.partial_primary):
                     if block.group_id != group_id:
                         raise InvalidGroupError(
                             f"block {block.block_id} is cached in group {block.group_id}, "
@@ -512,34 +445,10 @@ class BlockPool:
     def _drop_partial_primary(self, block: KVCacheBlock, group_id: int) -> None:
         """``block``'s hash is a partial prompt-tail entry and the block is now full: drop the
         entry (and any extra keys) so the full hash replaces it, as vLLM promotes it."""
-        for h in self._drop_keys(block):
-            if self.enable_events:
-                self._events.append(BlockRemoved(block_hashes=(h,), medium=MEDIUM_GPU,
-                                                 group_id=group_id))
-
-    def _stored_event(self, request: KVRequest, num_new_blocks: int, hashes: Sequence[BlockHash],
-                      num_cached_blocks: int, block_size: int, group_id: int,
-                      stored: list[int]) -> BlockStored:
-        # Token ids cover the whole range (skipped blocks included), as vLLM publishes them;
-        # hashes and extra keys only the blocks stored now.
-        start = num_cached_blocks * block_size
-        end = (num_cached_blocks + num_new_blocks) * block_size
-        extra: list[tuple[object, ...] | None] = []
-        for i in stored:
-            s = (num_cached_blocks + i) * block_size
-            extra.append(untag_extra_keys(block_extra_keys(request, s, s + block_size)))
-        return BlockStored(
-            block_hashes=tuple(hashes[num_cached_blocks + i] for i in stored),
-            parent_block_hash=hashes[num_cached_blocks - 1] if num_cached_blocks > 0 else None,
-            token_ids=tuple(request.all_token_ids[start:end]),
-            block_size=block_size,
-            lora_id=request.lora_id,
-            medium=MEDIUM_GPU,
-            lora_name=request.lora_name,
-            extra_keys=tuple(extra) if extra else None,  # vLLM: None for no block
-            group_id=group_id,
-            session_id=request.session_id,
-        )
+        removed = self._maps.drop_keys(block)
+        if self.events is not None:
+            for h in removed:
+                self.events.removed(h, group_id)
 
     def report_cached_blocks(self, request: KVRequest, num_blocks: int, block_size: int,
                              group_id: int, block_hashes: Sequence[BlockHash]) -> None:
@@ -553,77 +462,32 @@ class BlockPool:
         if n > len(block_hashes):
             raise InvalidArgumentError(f"num_blocks={n} exceeds the {len(block_hashes)} block "
                                        "hashes given")
-        if self.enable_events and n > 0:
-            self._events.append(self._stored_event(request, n, block_hashes, 0, block_size,
-                                                   group_id, list(range(n))))
+        if self.events is not None and n > 0:
+            self.events.stored(request, block_hashes, 0, n, block_size, group_id, range(n))
 
     def _evict(self, block: KVCacheBlock) -> None:
         """Remove every key of ``block`` from its group's map (the block itself stays where it
         is): its hash, and any partial entries it also carries."""
         g = block.group_id
-        if self._secondary or self._partial_primary:
-            removed = self._drop_keys(block)
+        maps = self._maps
+        if maps.secondary or maps.partial_primary:
+            removed = maps.drop_keys(block)
         else:  # the common case, inlined (lazy eviction runs for every reused cached block)
             h = block.block_hash
             assert h is not None
             cached = self._cached[g]
-            if cached.get(h) is block and h not in self._dups[g]:
+            if cached.get(h) is block and h not in maps.dups[g]:
                 del cached[h]
             else:
-                self._unmap(g, h, block)
+                maps.unmap(g, h, block)
             block.block_hash = None
             block.group_id = -1
             block.prefix_node = None
             removed = [h]
         self.num_evicted_blocks += 1
-        if self.enable_events:
+        if self.events is not None:
             for h in removed:
-                self._events.append(BlockRemoved(block_hashes=(h,), medium=MEDIUM_GPU, group_id=g))
-
-    def _drop_keys(self, block: KVCacheBlock) -> list[BlockHash]:
-        """Unmap and clear ``block``'s hash and partial entries; returns them, primary first."""
-        h = block.block_hash
-        g = block.group_id
-        assert h is not None
-        self._unmap(g, h, block)
-        removed = [h]
-        if self._secondary:
-            extra = self._secondary.pop(block.block_id, None)
-            if extra:
-                for key in extra:
-                    self._unmap(g, key, block)
-                removed.extend(extra)
-        if self._partial_primary:
-            self._partial_primary.pop(block.block_id, None)
-        block.block_hash = None
-        block.group_id = -1
-        block.prefix_node = None
-        return removed
-
-    def _map(self, g: int, h: BlockHash, block: KVCacheBlock) -> None:
-        cached = self._cached[g]
-        if h not in cached:
-            cached[h] = block
-        else:
-            self._dups[g].setdefault(h, {})[block.block_id] = block
-
-    def _unmap(self, g: int, h: BlockHash, block: KVCacheBlock) -> None:
-        cached = self._cached[g]
-        dups = self._dups[g]
-        if cached.get(h) is block:
-            more = dups.get(h)
-            if more:
-                promoted_id = next(iter(more))
-                cached[h] = more.pop(promoted_id)
-                if not more:
-                    del dups[h]
-            else:
-                del cached[h]
-        else:
-            more = dups[h]
-            del more[block.block_id]
-            if not more:
-                del dups[h]
+                self.events.removed(h, g)
 
     def cache_partial_block(self, request: KVRequest, block: KVCacheBlock, num_tokens: int,
                             hash_block_size: int, group_id: int) -> None:
@@ -653,52 +517,27 @@ class BlockPool:
         if block.ref_cnt <= 0:
             raise BlockStateError(f"block {block.block_id} is free; only blocks in use can be "
                                   "cached")
-        key = request.block_hashes[idx - 1]
-        extra = self._secondary.get(block.block_id, ())
-        already = (block.block_hash == key and block.group_id == group_id) or key in extra
-        if already:
+        removed = self._maps.add_partial(block, request.block_hashes[idx - 1], num_tokens,
+                                         group_id)
+        events = self.events
+        if removed is None or events is None:
             return
-        covered = self._partial_primary.get(block.block_id)
-        if covered is not None and covered < num_tokens:  # an older, shorter partial entry
-            removed = self._drop_keys(block)
-            if self.enable_events:
-                for h in removed:
-                    self._events.append(BlockRemoved(block_hashes=(h,), medium=MEDIUM_GPU,
-                                                     group_id=group_id))
-        if block.block_hash is None:
-            block.block_hash = key
-            block.group_id = group_id
-            self._partial_primary[block.block_id] = num_tokens
-        else:
-            self._secondary.setdefault(block.block_id, []).append(key)
-        self._map(group_id, key, block)
-        if self.enable_events:
-            start = num_tokens - hash_block_size
-            self._events.append(BlockStored(
-                block_hashes=(key,),
-                parent_block_hash=request.block_hashes[idx - 2] if idx > 1 else None,
-                token_ids=tuple(request.all_token_ids[start:num_tokens]),
-                block_size=hash_block_size,
-                lora_id=request.lora_id,
-                medium=MEDIUM_GPU,
-                lora_name=request.lora_name,
-                extra_keys=(untag_extra_keys(block_extra_keys(request, start, num_tokens)),),
-                group_id=group_id,
-                session_id=request.session_id,
-            ))
+        for h in removed:
+            events.removed(h, group_id)
+        events.stored(request, request.block_hashes, idx - 1, 1, hash_block_size, group_id, (0,))
 
     def has_partial_primary(self, block: KVCacheBlock) -> bool:
         """Whether ``block``'s hash is a partial prompt-tail entry (``cache_partial_block``)."""
-        return block.block_id in self._partial_primary
+        return block.block_id in self._maps.partial_primary
 
     def partial_primary_tokens(self, block: KVCacheBlock) -> int | None:
         """How many prefix tokens ``block``'s partial prompt-tail entry covers (``None``: its
         hash, if any, covers the whole block)."""
-        return self._partial_primary.get(block.block_id)
+        return self._maps.partial_primary.get(block.block_id)
 
     def secondary_keys(self, block: KVCacheBlock) -> tuple[BlockHash, ...]:
         """The partial entries ``block`` carries besides its hash."""
-        return tuple(self._secondary.get(block.block_id, ()))
+        return tuple(self._maps.secondary.get(block.block_id, ()))
 
     def evict_blocks(self, block_ids: Iterable[SupportsIndex]) -> None:
         """Drop the listed blocks from the prefix cache (their reference counts are unchanged).
@@ -719,7 +558,7 @@ class BlockPool:
                 self.free_queue.on_evict((block,))
                 self._evict(block)
                 if block_id in self._reserved:  # no longer serves a prefix: back to the policy
-                    self._unhold(block)
+                    self._hint_reserve.unhold(block)
                     self.free_queue.on_free((block,), ())
                 elif block.ref_cnt == 0:
                     self.free_queue.on_uncache(block)
@@ -731,22 +570,16 @@ class BlockPool:
             return False
         self.set_hints([() for _ in range(self.num_groups)])
         self.free_queue.reset()
-        for g in range(self.num_groups):
-            self._cached[g] = {}
-            self._dups[g] = {}
-        self._secondary.clear()
-        self._partial_primary.clear()
+        self._maps.clear()
         for block in self.blocks:
             block.block_hash = None
             block.group_id = -1
             block.prefix_node = None
         self.num_resets += 1
-        if self.enable_events:
-            self._events.append(AllBlocksCleared())
+        if self.events is not None:
+            self.events.cleared()
         return True
 
     def take_events(self) -> list[KVCacheEvent]:
         """Return the events recorded since the last call, and forget them."""
-        events = self._events
-        self._events = []
-        return events
+        return self.events.take() if self.events is not None else []

@@ -25,9 +25,8 @@ import numbers
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final, NoReturn, SupportsIndex
 
-from msgspec.structs import replace
-
 from kvcore._mypyc import mypyc_attr
+from kvcore.block_pool import BlockPool
 from kvcore.blocks import BlockHash, KVCacheBlock
 from kvcore.coordinator import KVCacheCoordinator, make_coordinator
 from kvcore.errors import (
@@ -37,11 +36,11 @@ from kvcore.errors import (
     UnknownRequestError,
     check_flag,
 )
-from kvcore.events import BlockStored, KVCacheEvent
+from kvcore.events import EventRecorder, KVCacheEvent
 from kvcore.hashing import BlockHasher, RequestBlockHasher, hashes_at
-from kvcore.managers import ManagerClasses
 from kvcore.request import KVRequest, Request
-from kvcore.specs import KVCacheConfig, SlidingWindowSpec
+from kvcore.settings import CacheSettings
+from kvcore.specs import KVCacheConfig
 from kvcore.stats import PrefixCacheStats
 from kvcore.verify import HitVerifier
 
@@ -131,28 +130,13 @@ class KVCacheManager:
     Args:
         config: the model's KV-cache groups and the pool size.
         max_model_len: the longest sequence a request may reach.
-        enable_caching: prefix caching on/off.
-        hash_algo, hash_seed: block-hash algorithm and seed (see ``kvcore.hashing``).
-        verify_hits: cached blocks keep their token ids and every hit is confirmed against the
-            request's tokens, so a hash collision cannot produce a wrong-KV hit.
-        enable_events: record KV events for ``take_events``.
-        log_stats: collect :class:`PrefixCacheStats`.
         max_num_batched_tokens: the scheduler's per-step token budget; bounds the blocks a
             sliding-window / chunked-local request needs at once for ``full_sequence_must_fit``.
-        manager_classes: extra spec type -> manager class entries (custom attention types).
-        block_hasher: a :class:`~kvcore.hashing.BlockHasher` to use instead of
-            ``hash_algo``/``hash_seed`` (e.g. a deliberately colliding one from
-            :mod:`kvcore.testing.faults`, to test a scheduler under hash collisions).
-        use_eagle: EAGLE/MTP speculative decoding: every prefix hit drops its last block, whose
-            tokens the draft model must recompute (as vLLM's ``use_eagle``; not supported with
-            chunked local attention).
-        fast_path: let ``allocate_slots`` calls that only add new tokens skip the validation they
-            cannot fail (the default); ``False`` validates every call in full.  Both reach the
-            same allocation code; the switch exists so tests can run both ways.
-        eviction_policy: which free cached block is reused first: ``"lru"`` (vLLM's order, the
-            default), ``"slru"``, ``"s3fifo"``, ``"arc"``, with options as ``"slru:protected_share=0.3"``
-            (see :mod:`kvcore.eviction`).  Scheduler hints (``declare_upcoming``) compose with
-            any of them.
+        settings: every other option, one :class:`~kvcore.settings.CacheSettings` (prefix
+            caching, eviction policy, events, hit verification, EAGLE, hashing, custom attention
+            types, validation fast path, stats); see there.
+        **options: :class:`CacheSettings` fields, a shorthand for ``settings=``
+            (``KVCacheManager(config, 4096, eviction_policy="slru", enable_events=True)``).
 
     Arguments that the manager checks itself are annotated with types that the compiled build
     does not check on entry (``object``, ``SupportsIndex``: an ``int`` parameter would take
@@ -161,20 +145,15 @@ class KVCacheManager:
 
     # Fixed attributes, as in the compiled build (whose instances have no __dict__): the two
     # builds' objects have the same layout, which kvcore.testing's checked() relies on.
-    __slots__ = ("_admission_caps", "_empty", "_event_metadata", "_last_boundary",
+    __slots__ = ("_admission_caps", "_empty", "_last_boundary",
                  "_last_lookup", "_requests", "_sparse_retention",
                  "block_hasher", "config", "coordinator", "enable_caching", "fast_path",
                  "hash_block_size", "log_stats", "max_model_len", "max_num_batched_tokens",
-                 "num_groups", "pool", "prefix_cache_stats", "verify_hits")
+                 "num_groups", "pool", "prefix_cache_stats", "settings", "verify_hits")
 
     def __init__(self, config: KVCacheConfig, max_model_len: SupportsIndex, *,
-                 enable_caching: object = True, hash_algo: object = "xxh3_128",
-                 hash_seed: object = None, verify_hits: object = False,
-                 enable_events: object = False, log_stats: object = True,
                  max_num_batched_tokens: SupportsIndex | None = None,
-                 manager_classes: ManagerClasses | None = None,
-                 block_hasher: object = None, use_eagle: object = False,
-                 fast_path: object = True, eviction_policy: object = "lru") -> None:
+                 settings: CacheSettings | None = None, **options: Any) -> None:
         if not isinstance(config, KVCacheConfig):
             raise InvalidArgumentError(f"config must be a KVCacheConfig, got {config!r}")
         if type(max_model_len) is not int or max_model_len <= 0:
@@ -183,34 +162,26 @@ class KVCacheManager:
                 type(max_num_batched_tokens) is not int or max_num_batched_tokens <= 0):
             raise InvalidArgumentError("max_num_batched_tokens must be a positive int or None, "
                                        f"got {max_num_batched_tokens!r}")
-        enable_caching = check_flag("enable_caching", enable_caching)
-        verify_hits = check_flag("verify_hits", verify_hits)
-        enable_events = check_flag("enable_events", enable_events)
-        log_stats = check_flag("log_stats", log_stats)
-        use_eagle = check_flag("use_eagle", use_eagle)
-        fast_path = check_flag("fast_path", fast_path)
-        if not isinstance(hash_algo, str):
-            raise InvalidArgumentError(f"hash_algo must be a str, got {hash_algo!r}")
-        if block_hasher is not None and not isinstance(block_hasher, BlockHasher):
-            raise InvalidArgumentError(f"block_hasher must be a BlockHasher, got {block_hasher!r}")
+        settings = CacheSettings.of(settings, options)
+        self.settings = settings
         self.config = config
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.enable_caching = enable_caching
-        self.verify_hits = verify_hits and enable_caching
-        self.fast_path = fast_path
+        self.enable_caching = settings.enable_caching
+        self.verify_hits = settings.verify_hits and settings.enable_caching
+        self.fast_path = settings.fast_path
         self.block_hasher = RequestBlockHasher(
             config.hash_block_size,
-            block_hasher if block_hasher is not None else BlockHasher(hash_algo, hash_seed))
-        self.coordinator: KVCacheCoordinator = make_coordinator(
-            config, enable_caching=enable_caching, enable_events=enable_events,
-            verify_hits=verify_hits, use_eagle=use_eagle, manager_classes=manager_classes,
-            eviction_policy=eviction_policy)
-        self.pool = self.coordinator.pool
+            settings.block_hasher if settings.block_hasher is not None
+            else BlockHasher(settings.hash_algo, settings.hash_seed))
+        self.pool = BlockPool(config.num_blocks, num_groups=config.num_groups, settings=settings,
+                              events=EventRecorder.for_config(config))
+        self.coordinator: KVCacheCoordinator = make_coordinator(config, self.pool, settings)
         self.hash_block_size = config.hash_block_size
         self.num_groups = config.num_groups
-        self.log_stats = log_stats
-        self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
+        self.log_stats = settings.log_stats
+        self.prefix_cache_stats: PrefixCacheStats | None = (
+            PrefixCacheStats() if settings.log_stats else None)
         # request id -> [request, num_slots]: the request object holding the blocks and how many
         # tokens it has slots for (a two-item list: the cheapest mutable pair on the hot paths).
         self._requests: dict[str, list[Any]] = {}
@@ -222,10 +193,6 @@ class KVCacheManager:
         self._last_boundary: tuple[KVRequest, int] | None = None
         self._sparse_retention = config.prefix_cache_retention_interval is not None
         self._empty = KVCacheBlocks(() for _ in range(self.num_groups))
-        self._event_metadata = tuple(
-            (g.spec.kind if g.spec.kind != "abstract" else "unknown",
-             g.spec.sliding_window if isinstance(g.spec, SlidingWindowSpec) else None)
-            for g in config.groups)
         self._admission_caps = tuple(
             g.spec.max_blocks_per_request(max_model_len, max_num_batched_tokens)
             if g.spec.admission_capped else None for g in config.groups)
@@ -676,15 +643,9 @@ class KVCacheManager:
         self.pool.evict_blocks(block_ids)
 
     def take_events(self) -> list[KVCacheEvent]:
-        """The KV events recorded since the last call; ``BlockStored`` events carry their group's
-        spec kind and sliding window, as vLLM publishes them."""
-        events = self.pool.take_events()  # a fresh list, ours to rewrite in place
-        meta = self._event_metadata
-        for i, e in enumerate(events):
-            if isinstance(e, BlockStored) and e.group_id is not None:
-                kind, window = meta[e.group_id]
-                events[i] = replace(e, kv_cache_spec_kind=kind, kv_cache_spec_sliding_window=window)
-        return events
+        """The KV events recorded since the last call (``BlockStored`` events carry their
+        group's spec kind and sliding window, as vLLM publishes them)."""
+        return self.pool.take_events()
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
         """The stats collected since the last call (and start a new interval); ``None`` when

@@ -71,9 +71,6 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     full_sequence_must_fit: bool = False
     """Admit a request only if its whole prompt fits (not just the first chunk)."""
-    queue_hints: int = 0
-    """Declare the first this many waiting requests to the KV-cache manager every step
-    (``declare_upcoming``), so free blocks caching their prefixes are evicted last; 0 = off."""
     retain_sessions: bool = False
     """Free a finished request that has a ``session_id`` with the retention hint
     (``KVCacheManager.free(..., retain=True)``): its conversation is expected back.  Off by
@@ -91,9 +88,6 @@ class SchedulerConfig:
                 raise InvalidArgumentError(f"{name} must be a positive int, got {value!r}")
         check_flag("retain_sessions", self.retain_sessions)
         check_flag("async_scheduling", self.async_scheduling)
-        if type(self.queue_hints) is not int or self.queue_hints < 0:
-            raise InvalidArgumentError(
-                f"queue_hints must be an int >= 0, got {self.queue_hints!r}")
 
 
 class ScheduledRequest:
@@ -179,6 +173,9 @@ class Scheduler:
                  connector: KVConnectorBase | None = None) -> None:
         self.kv = kv_cache_manager
         self.config = config or SchedulerConfig()
+        # The manager's settings say how many waiting requests to declare every step
+        # (CacheSettings.queue_hints; declare_upcoming): their cached prefixes are evicted last.
+        self.queue_hints = kv_cache_manager.settings.queue_hints
         self.connector = connector
         self.max_model_len = kv_cache_manager.max_model_len
         if (not self.config.enable_chunked_prefill
@@ -336,7 +333,7 @@ class Scheduler:
         """Choose this step's requests and token counts, allocating their KV slots."""
         kv = self.kv
         kv.new_step()
-        if self.config.queue_hints:
+        if self.queue_hints:
             self._declare_upcoming()
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
@@ -367,7 +364,7 @@ class Scheduler:
 
     def _declare_upcoming(self) -> None:
         """Hint the manager with the head of the waiting queue (only when it changed)."""
-        head = list(islice(self.waiting, self.config.queue_hints))
+        head = list(islice(self.waiting, self.queue_hints))
         # A chained hash names its whole prefix: the last one (and the count) identify what a
         # request would declare, whatever object carries it.
         key = tuple((len(h), h[-1] if h else None) for h in (r.block_hashes for r in head))

@@ -58,6 +58,11 @@ class KVCacheSpec:
         if not isinstance(self.dtype, torch.dtype):
             raise InvalidArgumentError(f"dtype must be a torch.dtype, got {self.dtype!r}")
 
+    def event_stamp(self) -> tuple[str, int | None]:
+        """What this group's ``BlockStored`` events say of it, as vLLM publishes them:
+        ``(kv_cache_spec_kind, kv_cache_spec_sliding_window)``."""
+        return (self.kind if self.kind != "abstract" else "unknown", None)
+
     @property
     def page_size_bytes(self) -> int:
         """Bytes of one block of one layer (K and V)."""
@@ -92,6 +97,9 @@ class SlidingWindowSpec(KVCacheSpec):
     def __post_init__(self) -> None:
         super().__post_init__()
         _positive("sliding_window", self.sliding_window)
+
+    def event_stamp(self) -> tuple[str, int | None]:
+        return (self.kind, self.sliding_window)
 
     def max_blocks_per_request(self, max_model_len: int,
                                max_num_batched_tokens: int | None = None) -> int:

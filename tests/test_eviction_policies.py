@@ -1308,8 +1308,8 @@ def test_the_scheduler_redeclares_when_the_waiting_head_changes_content() -> Non
     this test cannot force, is not mistaken for an unchanged head)."""
     from kvcore.scheduler import Scheduler, SchedulerConfig
 
-    m = KVCacheManager(make_config(full_spec(4), num_blocks=12), 64)
-    s = Scheduler(m, SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=64, queue_hints=1))
+    m = KVCacheManager(make_config(full_spec(4), num_blocks=12), 64, queue_hints=1)
+    s = Scheduler(m, SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=64))
     run = m.make_request("run", list(range(8)), max_tokens=20, ignore_eos=True)
     s.add_request(run)
     s.update_from_output(s.schedule(), {"run": 1})

@@ -2,30 +2,29 @@
 
 from __future__ import annotations
 
+from kvcore.block_pool import BlockPool
 from kvcore.coordinator.base import GroupBlocks, KVCacheCoordinator
 from kvcore.coordinator.hybrid import HybridCoordinator
 from kvcore.coordinator.no_prefix_cache import NoPrefixCacheCoordinator
 from kvcore.coordinator.unitary import UnitaryCoordinator
-from kvcore.managers import ManagerClasses
+from kvcore.errors import InvalidArgumentError
+from kvcore.settings import CacheSettings
 from kvcore.specs import KVCacheConfig
 
 
-def make_coordinator(config: KVCacheConfig, *, enable_caching: bool = True,
-                     enable_events: bool = False, verify_hits: bool = False,
-                     use_eagle: bool = False, manager_classes: ManagerClasses | None = None,
-                     eviction_policy: object = "lru") -> KVCacheCoordinator:
-    """No prefix cache when caching is off; unitary for one group; hybrid otherwise."""
-    if not enable_caching:
-        return NoPrefixCacheCoordinator(config, enable_events=enable_events, use_eagle=use_eagle,
-                                        manager_classes=manager_classes,
-                                        eviction_policy=eviction_policy)
+def make_coordinator(config: KVCacheConfig, pool: BlockPool,
+                     settings: CacheSettings) -> KVCacheCoordinator:
+    """The coordinator for ``config`` over ``pool``: no prefix cache when caching is off,
+    unitary for one group, hybrid otherwise."""
+    if pool.num_blocks != config.num_blocks or pool.num_groups != config.num_groups:
+        raise InvalidArgumentError(
+            f"the pool ({pool.num_blocks} blocks, {pool.num_groups} groups) does not fit the "
+            f"config ({config.num_blocks} blocks, {config.num_groups} groups)")
+    if not settings.enable_caching:
+        return NoPrefixCacheCoordinator(config, pool, settings)
     if config.num_groups == 1:
-        return UnitaryCoordinator(config, enable_events=enable_events, verify_hits=verify_hits,
-                                  use_eagle=use_eagle, manager_classes=manager_classes,
-                                  eviction_policy=eviction_policy)
-    return HybridCoordinator(config, enable_events=enable_events, verify_hits=verify_hits,
-                             use_eagle=use_eagle, manager_classes=manager_classes,
-                             eviction_policy=eviction_policy)
+        return UnitaryCoordinator(config, pool, settings)
+    return HybridCoordinator(config, pool, settings)
 
 
 __all__ = ["GroupBlocks", "HybridCoordinator", "KVCacheCoordinator", "NoPrefixCacheCoordinator",

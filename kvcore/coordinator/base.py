@@ -12,12 +12,14 @@ combine (``find_longest_cache_hit``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 from kvcore.block_pool import BlockPool
 from kvcore.blocks import BlockHash, KVCacheBlock, PrefixNode
-from kvcore.managers import ManagerClasses, SingleTypeKVCacheManager, make_manager
+from kvcore.managers import SingleTypeKVCacheManager, make_manager
 from kvcore.managers.base import ManagerContext
 from kvcore.request import KVRequest
+from kvcore.settings import CacheSettings
 from kvcore.specs import KVCacheConfig
 from kvcore.verify import HitVerifier, PrefixChains
 
@@ -27,33 +29,33 @@ GroupBlocks = tuple[list[KVCacheBlock], ...]
 class KVCacheCoordinator:
     """Base: everything except how a prefix hit is found.
 
-    ``cache_alignment`` (hybrid models: ``alignment_tokens``) makes groups cache only up to a
-    multiple of it, since a hit must end on one; ``None`` caches every full block.
+    Built by :func:`~kvcore.coordinator.make_coordinator` over the manager's pool and settings.
+    A subclass sets ``aligns_caching`` (hybrid models: groups cache only up to a multiple of
+    ``alignment_tokens``, since a hit must end on one; otherwise every full block is cached)
+    and builds its own lookup state in ``_prepare``.
     """
 
-    def __init__(self, config: KVCacheConfig, *, enable_caching: bool, enable_events: bool,
-                 verify_hits: bool, alignment_tokens: int, cache_alignment: int | None = None,
-                 use_eagle: bool = False, manager_classes: ManagerClasses | None = None,
-                 eviction_policy: object = "lru") -> None:
+    aligns_caching: ClassVar[bool] = False
+
+    def __init__(self, config: KVCacheConfig, pool: BlockPool, settings: CacheSettings) -> None:
         self.config = config
-        self.enable_caching = enable_caching
-        self.verify_hits = verify_hits and enable_caching
-        self.use_eagle = use_eagle
-        self.pool = BlockPool(config.num_blocks, enable_caching=enable_caching,
-                              num_groups=config.num_groups, enable_events=enable_events,
-                              verify_hits=self.verify_hits, eviction_policy=eviction_policy)
+        self.pool = pool
+        self.enable_caching = enable_caching = settings.enable_caching
+        self.verify_hits = pool.verify_hits
+        self.use_eagle = settings.use_eagle
         self.hash_block_size = config.hash_block_size
-        self.alignment_tokens = alignment_tokens
-        self.cache_alignment = cache_alignment
+        self.alignment_tokens = alignment_tokens = config.alignment_tokens
+        self.cache_alignment = alignment_tokens if self.aligns_caching else None
         self.prefix_chains = PrefixChains() if self.verify_hits else None
-        ctx = ManagerContext(self.pool, enable_caching, self.hash_block_size, alignment_tokens,
-                             use_eagle, self.prefix_chains, config.prefix_cache_retention_interval)
+        ctx = ManagerContext(pool, enable_caching, self.hash_block_size, alignment_tokens,
+                             settings.use_eagle, self.prefix_chains,
+                             config.prefix_cache_retention_interval)
         # Per running request, the shared-prefix boundary of its admission lookup (read by
         # sparse-retention caching); the latest lookup's, set by find_longest_cache_hit.
         self.shared_prefix_boundaries = ctx.shared_prefix_boundaries
         self.last_shared_prefix_boundary = 0
         self.managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
-            make_manager(g.spec, i, ctx, overrides=manager_classes)
+            make_manager(g.spec, i, ctx, overrides=settings.manager_classes)
             for i, g in enumerate(config.groups))
         # Capabilities, read once: which groups size by encoder tokens, release blocks early,
         # and cache.
@@ -64,6 +66,11 @@ class KVCacheCoordinator:
         self._caching = tuple(m for m in self.managers if m.enable_caching)
         # What ``allocate`` returns when no group got a block (shared: never mutated).
         self.no_blocks: GroupBlocks = tuple([] for _ in self.managers)
+        self._prepare()
+
+    def _prepare(self) -> None:
+        """Build the subclass's lookup state from ``managers`` (called once, last in
+        ``__init__``)."""
 
     # -- hits -------------------------------------------------------------------------------------
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int,

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from kvcore.blocks import BlockHash, KVCacheBlock
 from kvcore.coordinator.base import GroupBlocks, KVCacheCoordinator
 from kvcore.hashing import hashes_at
-from kvcore.managers import ManagerClasses, SingleTypeKVCacheManager
+from kvcore.managers import SingleTypeKVCacheManager
 from kvcore.managers.base import HitQuery, cdiv
-from kvcore.specs import KVCacheConfig, KVCacheSpec
+from kvcore.specs import KVCacheSpec
 from kvcore.verify import HitVerifier
 
 
@@ -35,14 +36,11 @@ class _SpecGroup:
 
 
 class HybridCoordinator(KVCacheCoordinator):
-    def __init__(self, config: KVCacheConfig, *, enable_events: bool = False,
-                 verify_hits: bool = False, use_eagle: bool = False,
-                 manager_classes: ManagerClasses | None = None,
-                 eviction_policy: object = "lru") -> None:
-        super().__init__(config, enable_caching=True, enable_events=enable_events,
-                         verify_hits=verify_hits, alignment_tokens=config.alignment_tokens,
-                         cache_alignment=config.alignment_tokens, use_eagle=use_eagle,
-                         manager_classes=manager_classes, eviction_policy=eviction_policy)
+    aligns_caching: ClassVar[bool] = True
+    _spec_groups: list[_SpecGroup]
+    _single_round: bool
+
+    def _prepare(self) -> None:
         spec_groups: list[_SpecGroup] = []
         for i, manager in enumerate(self.managers):
             if not manager.enable_caching:

@@ -7,28 +7,24 @@ from collections.abc import Sequence
 from kvcore.blocks import BlockHash
 from kvcore.coordinator.base import GroupBlocks, KVCacheCoordinator
 from kvcore.errors import InvalidArgumentError
-from kvcore.managers import ManagerClasses
+from kvcore.managers import SingleTypeKVCacheManager
 from kvcore.managers.base import HitQuery
-from kvcore.specs import KVCacheConfig
 from kvcore.verify import HitVerifier
 
 
 class UnitaryCoordinator(KVCacheCoordinator):
-    def __init__(self, config: KVCacheConfig, *, enable_events: bool = False,
-                 verify_hits: bool = False, use_eagle: bool = False,
-                 manager_classes: ManagerClasses | None = None,
-                 eviction_policy: object = "lru") -> None:
-        if config.num_groups != 1:
+    _manager: SingleTypeKVCacheManager
+    _query: HitQuery
+
+    def _prepare(self) -> None:
+        if self.config.num_groups != 1:
             raise InvalidArgumentError(
-                f"UnitaryCoordinator needs exactly one group, got {config.num_groups}")
-        super().__init__(config, enable_caching=True, enable_events=enable_events,
-                         verify_hits=verify_hits, alignment_tokens=config.groups[0].spec.block_size,
-                         use_eagle=use_eagle, manager_classes=manager_classes, eviction_policy=eviction_policy)
+                f"UnitaryCoordinator needs exactly one group, got {self.config.num_groups}")
         self._manager = m = self.managers[0]
         # One query reused by every lookup (lookups are not reentrant): building a fresh one
         # would cost more than a short hit itself.
         self._query = HitQuery((), 0, (0,), self.pool, m.spec, m.block_size,
-                               drop_last=use_eagle)
+                               drop_last=self.use_eagle)
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int,
                                verifier: HitVerifier | None) -> tuple[GroupBlocks, int]:

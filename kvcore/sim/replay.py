@@ -32,6 +32,7 @@ from kvcore.eviction import OFFLINE_BOUND
 from kvcore.manager import KVCacheManager
 from kvcore.request import Request
 from kvcore.scheduler import RequestRejectedError, Scheduler, SchedulerConfig, SchedulerOutput
+from kvcore.settings import CacheSettings
 from kvcore.sim.oracle import ReplayBelady
 from kvcore.sim.traces import TraceRequest
 from kvcore.specs import FullAttentionSpec, KVCacheConfig, KVCacheGroup
@@ -50,6 +51,7 @@ class ReplayConfig:
     max_model_len: int | None = None  # default: the longest request in the trace
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 8192
+    # The cache's settings (made into one CacheSettings by cache_settings):
     enable_caching: bool = True
     hash_algo: str = "xxh3_128"
     eviction_policy: str = "lru"  # the real pool's policy (kvcore.eviction), or "belady"
@@ -62,6 +64,18 @@ class ReplayConfig:
     step_ms_per_token: float = 0.02
     time_scale: float = 1.0
     progress: bool = False
+
+    def cache_settings(self, enable_events: bool = False) -> CacheSettings:
+        """The replay's :class:`CacheSettings` (validated: a bad policy raises here); the offline
+        bound ``belady`` is :class:`~kvcore.sim.oracle.ReplayBelady`, which reads the trace."""
+        policy: object = self.eviction_policy
+        if policy == OFFLINE_BOUND:
+            if self.kv_config is not None:
+                raise InvalidArgumentError("the belady bound replays single-group caches only")
+            policy = ReplayBelady
+        return CacheSettings(enable_caching=self.enable_caching, hash_algo=self.hash_algo,
+                             eviction_policy=policy,  # type: ignore[arg-type]  # str or factory
+                             queue_hints=self.queue_hints, enable_events=enable_events)
 
     def resolve_num_blocks(self) -> int:
         if self.num_blocks is not None and self.capacity_tokens is not None:
@@ -117,21 +131,15 @@ def sampled_token(rid: str, n: int) -> int:
 def make_manager(cfg: ReplayConfig, requests: Sequence[TraceRequest],
                  enable_events: bool = False) -> KVCacheManager:
     max_len = cfg.max_model_len or max(r.num_prompt_tokens + r.output_len for r in requests) + 1
-    policy: object = cfg.eviction_policy
-    if policy == OFFLINE_BOUND:
-        if cfg.kv_config is not None:
-            raise InvalidArgumentError("the belady bound replays single-group caches only")
-        policy = ReplayBelady
+    settings = cfg.cache_settings(enable_events)
     if cfg.kv_config is not None:
         kv_config = cfg.kv_config
     else:
         spec = FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=1, head_size=1,
                                  dtype=torch.float16)
         kv_config = KVCacheConfig(cfg.resolve_num_blocks(), (KVCacheGroup(("model",), spec),))
-    return KVCacheManager(kv_config, max_len, enable_caching=cfg.enable_caching,
-                          hash_algo=cfg.hash_algo,
-                          max_num_batched_tokens=cfg.max_num_batched_tokens,
-                          eviction_policy=policy, enable_events=enable_events)
+    return KVCacheManager(kv_config, max_len, max_num_batched_tokens=cfg.max_num_batched_tokens,
+                          settings=settings)
 
 
 def make_scheduler(manager: KVCacheManager, cfg: ReplayConfig) -> Scheduler:
@@ -145,7 +153,6 @@ def make_scheduler(manager: KVCacheManager, cfg: ReplayConfig) -> Scheduler:
                                         admit_after=cfg.host_admit_after)
     return Scheduler(manager, SchedulerConfig(max_num_seqs=cfg.max_num_seqs,
                                               max_num_batched_tokens=cfg.max_num_batched_tokens,
-                                              queue_hints=cfg.queue_hints,
                                               retain_sessions=cfg.retain_sessions), connector)
 
 

@@ -27,7 +27,7 @@ def pool_snapshot(pool: BlockPool) -> tuple[object, ...]:
     policy = pool.free_queue
     segments = tuple(tuple(b.block_id for b in q) for q in policy.queues())
     return (tuple(b.block_id for b in policy), len(policy), segments, policy.check(), blocks,
-            maps, tuple(b.block_id for b in pool.reserve), pool.hints, tuple(pool._events),
+            maps, tuple(b.block_id for b in pool.reserve), pool.hints, (pool.events.pending if pool.events is not None else ()),
             pool.num_evicted_blocks, pool.num_rejected_hits)
 
 

@@ -1,0 +1,104 @@
+"""EventRecorder: KV events made where they happen, complete when made.
+
+The pool (and a host tier) call the recorder at the moment blocks enter or leave a prefix cache;
+each event is built then, stamped with its group's spec kind and sliding window (as vLLM
+publishes them) and its medium, and never rewritten afterwards.  ``take`` hands the pending
+events over in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from kvcore.blocks import BlockHash
+from kvcore.events.wire import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+    untag_extra_keys,
+)
+from kvcore.hashing import block_extra_keys
+
+if TYPE_CHECKING:
+    from kvcore.request import KVRequest
+    from kvcore.specs import KVCacheConfig
+
+GroupStamp = tuple[str | None, int | None]
+"""A group's ``(kv_cache_spec_kind, kv_cache_spec_sliding_window)``."""
+
+
+class EventRecorder:
+    """Pending KV events of one cache (one medium).
+
+    Args:
+        stamps: per group, the spec kind and sliding window its ``BlockStored`` events carry
+            (default: none, for a pool without a model config).
+        medium: ``"GPU"`` for the device pool, ``"CPU"`` for a host tier.
+    """
+
+    __slots__ = ("_pending", "_stamps", "medium")
+
+    def __init__(self, stamps: Sequence[GroupStamp] = (), medium: str = MEDIUM_GPU) -> None:
+        self._stamps = tuple(stamps)
+        self.medium = medium
+        self._pending: list[KVCacheEvent] = []
+
+    @classmethod
+    def for_config(cls, config: KVCacheConfig, medium: str = MEDIUM_GPU) -> EventRecorder:
+        """A recorder stamping each group's events with its spec's kind and window."""
+        return cls(tuple(g.spec.event_stamp() for g in config.groups), medium)
+
+    @property
+    def pending(self) -> tuple[KVCacheEvent, ...]:
+        """The events recorded since the last ``take`` (read-only)."""
+        return tuple(self._pending)
+
+    def take(self) -> list[KVCacheEvent]:
+        """The events recorded since the last call, in order; forgets them."""
+        events = self._pending
+        self._pending = []
+        return events
+
+    def _stamp(self, group_id: int) -> GroupStamp:
+        stamps = self._stamps
+        return stamps[group_id] if 0 <= group_id < len(stamps) else (None, None)
+
+    # -- events -----------------------------------------------------------------------------------
+    def stored(self, request: KVRequest, hashes: Sequence[BlockHash], first: int, count: int,
+               block_size: int, group_id: int, stored: Sequence[int]) -> None:
+        """Blocks ``first .. first+count`` of ``request`` (hashes at ``block_size``) were cached
+        in group ``group_id``; ``stored`` are the indices (into that range) of the blocks stored
+        now.  Token ids cover the whole range, hashes and extra keys only the stored blocks, as
+        vLLM publishes them (no hashes when every block was skipped)."""
+        start = first * block_size
+        extra: list[tuple[object, ...] | None] = []
+        for i in stored:
+            s = (first + i) * block_size
+            extra.append(untag_extra_keys(block_extra_keys(request, s, s + block_size)))
+        kind, window = self._stamp(group_id)
+        self._pending.append(BlockStored(
+            block_hashes=tuple(hashes[first + i] for i in stored),
+            parent_block_hash=hashes[first - 1] if first > 0 else None,
+            token_ids=tuple(request.all_token_ids[start:start + count * block_size]),
+            block_size=block_size,
+            lora_id=request.lora_id,
+            medium=self.medium,
+            lora_name=request.lora_name,
+            extra_keys=tuple(extra) if extra else None,  # vLLM: None for no block
+            group_id=group_id,
+            kv_cache_spec_kind=kind,
+            kv_cache_spec_sliding_window=window,
+            session_id=request.session_id,
+        ))
+
+    def removed(self, block_hash: BlockHash, group_id: int) -> None:
+        """The block cached under ``block_hash`` left group ``group_id``'s prefix cache."""
+        self._pending.append(BlockRemoved(block_hashes=(block_hash,), medium=self.medium,
+                                          group_id=group_id))
+
+    def cleared(self) -> None:
+        """The whole prefix cache was dropped."""
+        self._pending.append(AllBlocksCleared())

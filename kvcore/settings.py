@@ -1,0 +1,126 @@
+"""CacheSettings: how a KV-cache manager behaves, beyond the model's shape.
+
+The model's shape (groups, block sizes, pool size) is a :class:`~kvcore.specs.KVCacheConfig`;
+everything else a cache can be told (prefix caching, the eviction policy, scheduler hints,
+events, hit verification, EAGLE, hashing, custom attention types) is one ``CacheSettings``,
+made and validated once where the user speaks (the command line, a ``ReplayConfig``, kvcore
+inside vLLM, your own code) and handed down whole: ``KVCacheManager(config, max_model_len,
+settings=...)`` builds ``BlockPool(num_blocks, settings=..., events=...)`` and
+``make_coordinator(config, pool, settings)``.  A new option is a field here and the code that
+reads it.
+
+The manager and the pool also take the fields as keyword arguments, a shorthand for
+``settings=CacheSettings(...)``: ``KVCacheManager(config, 4096, eviction_policy="slru")``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvcore.errors import InvalidArgumentError, check_flag
+from kvcore.eviction.registry import (
+    RECOMMENDED,
+    RECOMMENDED_NAME,
+    REGISTRY,
+    PolicyFactory,
+)
+from kvcore.hashing import BlockHasher
+
+_FLAGS = ("enable_caching", "enable_events", "verify_hits", "use_eagle", "log_stats", "fast_path")
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    """Every option of a KV cache (validated when made; see the module docstring).
+
+    Attributes:
+        enable_caching: prefix caching on/off.
+        eviction_policy: which free cached block is reused first: a registered name
+            (``"lru"``, vLLM's order, the default; ``"slru"``, ``"s3fifo"``, ``"arc"``; options
+            as ``"slru:protected_share=0.3"``; see :mod:`kvcore.eviction`), ``"recommended"``
+            (the README's policy; use :meth:`recommended` for its hint depth too), or a factory
+            ``blocks -> EvictionPolicy``.
+        queue_hints: how many waiting requests a scheduler declares to the cache every step
+            (``declare_upcoming``), so that their cached prefixes are evicted last (0 = off).
+        enable_events: record KV events (``take_events``).
+        verify_hits: cached blocks keep their token ids and every hit is confirmed against the
+            request's tokens, so a hash collision cannot produce a wrong-KV hit.
+        use_eagle: EAGLE/MTP speculative decoding: every prefix hit drops its last block (as
+            vLLM's ``use_eagle``; not with chunked local attention).
+        log_stats: collect :class:`~kvcore.stats.PrefixCacheStats`.
+        fast_path: let ``allocate_slots`` calls that only add new tokens skip the validation they
+            cannot fail; ``False`` validates every call in full (both reach the same code).
+        hash_algo, hash_seed: block-hash algorithm and seed (see :mod:`kvcore.hashing`).
+        block_hasher: a :class:`~kvcore.hashing.BlockHasher` to use instead of
+            ``hash_algo``/``hash_seed`` (e.g. a colliding one from :mod:`kvcore.testing.faults`).
+        manager_classes: extra spec type -> single-type manager class entries (custom attention
+            types; see :mod:`kvcore.managers`).
+    """
+
+    enable_caching: bool = True
+    eviction_policy: str | PolicyFactory = "lru"
+    queue_hints: int = 0
+    enable_events: bool = False
+    verify_hits: bool = False
+    use_eagle: bool = False
+    log_stats: bool = True
+    fast_path: bool = True
+    hash_algo: str = "xxh3_128"
+    hash_seed: object = None
+    block_hasher: BlockHasher | None = None
+    manager_classes: Mapping[type, type] | None = field(default=None, hash=False)
+
+    def __post_init__(self) -> None:
+        for name in _FLAGS:
+            check_flag(name, getattr(self, name))
+        policy = self.eviction_policy
+        if policy == RECOMMENDED_NAME:
+            object.__setattr__(self, "eviction_policy", RECOMMENDED.policy)
+        elif not callable(policy):
+            REGISTRY.parse(policy)  # raises naming an unknown, offline or malformed policy
+        hints = self.queue_hints
+        if type(hints) is not int or hints < 0:
+            raise InvalidArgumentError(f"queue_hints must be an int >= 0, got {hints!r}")
+        if not isinstance(self.hash_algo, str):
+            raise InvalidArgumentError(f"hash_algo must be a str, got {self.hash_algo!r}")
+        if self.block_hasher is not None and not isinstance(self.block_hasher, BlockHasher):
+            raise InvalidArgumentError(f"block_hasher must be a BlockHasher, got "
+                                       f"{self.block_hasher!r}")
+        classes = self.manager_classes
+        if classes is not None and not isinstance(classes, Mapping):
+            raise InvalidArgumentError(f"manager_classes must be a mapping of spec type to "
+                                       f"manager class, got {classes!r}")
+
+    @classmethod
+    def recommended(cls, **options: Any) -> CacheSettings:
+        """The README's recommendation (policy and hint depth), with ``options`` on top."""
+        return cls.of(None, {"eviction_policy": RECOMMENDED.policy,
+                             "queue_hints": RECOMMENDED.queue_hints, **options})
+
+    @classmethod
+    def of(cls, settings: object, options: Mapping[str, Any]) -> CacheSettings:
+        """``settings`` (default: the defaults) with ``options`` replacing fields: how the
+        manager and the pool turn their arguments into one object.  An unknown option or a bad
+        value raises :class:`InvalidArgumentError` naming it."""
+        if settings is None:
+            settings = _DEFAULT
+        elif not isinstance(settings, CacheSettings):
+            raise InvalidArgumentError(f"settings must be a CacheSettings, got {settings!r}")
+        if not options:
+            return settings
+        unknown = sorted(set(options) - _FIELDS)
+        if unknown:
+            raise InvalidArgumentError(f"unknown cache option(s) {', '.join(unknown)}; the "
+                                       f"options are {', '.join(sorted(_FIELDS))}")
+        return dataclasses.replace(settings, **options)
+
+    def replace(self, **options: Any) -> CacheSettings:
+        """A copy with ``options`` changed (validated)."""
+        return CacheSettings.of(self, options)
+
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(CacheSettings))
+_DEFAULT = CacheSettings()
