@@ -23,10 +23,13 @@ COMPILED_MODULES = [
     *sorted(str(p.relative_to(HERE)) for p in (HERE / "kvcore" / "eviction").glob("*.py")
             if p.name != "offline.py"),
     "kvcore/block_pool.py",
+    *sorted(str(p.relative_to(HERE)) for p in (HERE / "kvcore" / "pool").glob("*.py")),
     "kvcore/hashing.py",
     "kvcore/request.py",
     "kvcore/verify.py",
     "kvcore/stats.py",
+    "kvcore/cache_blocks.py",
+    "kvcore/manager_checks.py",
     "kvcore/manager.py",
     *sorted(str(p.relative_to(HERE)) for p in (HERE / "kvcore" / "managers").glob("*.py")),
     *sorted(str(p.relative_to(HERE)) for p in (HERE / "kvcore" / "coordinator").glob("*.py")),

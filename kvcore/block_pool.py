@@ -34,6 +34,7 @@ from kvcore.events import EventRecorder, KVCacheEvent
 from kvcore.eviction.base import EvictionPolicy
 from kvcore.eviction.lru import FreeBlockQueue
 from kvcore.eviction.registry import make_policy
+from kvcore.pool.checks import PoolChecks, check_count, check_hashes
 from kvcore.pool.hints import HINT_RESERVE_SHARE, HintReserve
 from kvcore.pool.maps import PrefixMaps
 from kvcore.settings import CacheSettings
@@ -45,25 +46,7 @@ if TYPE_CHECKING:
 __all__ = ["HINT_RESERVE_SHARE", "BlockPool"]
 
 
-def _check_count(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InvalidArgumentError(f"{name} must be a non-negative int, got {value!r}")
-    return value
-
-
-def _check_hashes(hashes: object) -> list[BlockHash]:
-    """A collection of block hashes as a list, or :class:`InvalidArgumentError` naming the bad
-    value."""
-    if isinstance(hashes, (str, bytes)) or not isinstance(hashes, Iterable):
-        raise InvalidArgumentError(f"block hashes must be a collection of bytes, got {hashes!r:.80}")
-    out = list(hashes)
-    for h in out:
-        if type(h) is not bytes:
-            raise InvalidArgumentError(f"a block hash must be bytes, got {h!r:.80}")
-    return out
-
-
-class BlockPool:
+class BlockPool(PoolChecks):
     """Owns ``num_blocks`` blocks (ids ``0..num_blocks-1``; 0 is the null block).
 
     Args:
@@ -192,7 +175,7 @@ class BlockPool:
         emitting ``BlockRemoved``).  Raises :class:`NoFreeBlocksError` if too few are free.
         """
         if type(num_blocks) is not int or num_blocks < 0:
-            num_blocks = _check_count("num_blocks", num_blocks)
+            num_blocks = check_count("num_blocks", num_blocks)
         if num_blocks > len(self.free_queue):
             self._release_reserve(num_blocks)  # raises if even the reserve is too small
         if not num_blocks:
@@ -257,17 +240,6 @@ class BlockPool:
             if cached:
                 self.free_queue.on_hit(cached)
 
-    def _check_owned(self, blocks: Sequence[object], op: str) -> None:
-        """Raise :class:`BlockStateError` if any block is not one of this pool's."""
-        mine = self.blocks
-        n = len(mine)
-        for block in blocks:
-            if type(block) is not KVCacheBlock and not isinstance(block, KVCacheBlock):
-                raise BlockStateError(f"{op}: {block!r} is not a KV-cache block")
-            bid = block.block_id
-            if not 0 <= bid < n or mine[bid] is not block:
-                raise BlockStateError(f"{op}: {block!r} is not a block of this pool")
-
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference on each block, ``ordered_blocks`` being in eviction priority order
         (first = evict first).  Blocks reaching zero return to the free queue: unhashed ones to the
@@ -324,7 +296,7 @@ class BlockPool:
             raise InvalidArgumentError(
                 f"set_hints needs one hash collection per group ({self.num_groups}), "
                 f"got {hashes!r:.80}")
-        new = [dict.fromkeys(_check_hashes(group)) for group in hashes]
+        new = [dict.fromkeys(check_hashes(group)) for group in hashes]
         self._hint_reserve.declare(new if self.enable_caching and any(new) else None, self._cached)
 
     # -- prefix cache ---------------------------------------------------------------------------
@@ -393,55 +365,6 @@ class BlockPool:
             events.stored(request, hashes, num_cached_blocks, len(new_blocks), block_size,
                           group_id, stored)
 
-    def _blocks_to_cache(self, blocks: Sequence[KVCacheBlock], hashes: Sequence[BlockHash],
-                         num_cached_blocks: int, num_full_blocks: int, group_id: int,
-                         block_mask: Sequence[bool] | None,
-                         prefix_nodes: Sequence[PrefixNode] | None) -> Sequence[KVCacheBlock]:
-        """Validate a ``cache_full_blocks`` call and return the blocks it covers (empty when there
-        are none); raises, before anything changes, if any argument or block is unfit."""
-        if not 0 <= group_id < self.num_groups:
-            raise InvalidGroupError(f"group id {group_id} out of range [0, {self.num_groups})")
-        if (type(num_cached_blocks) is not int or type(num_full_blocks) is not int
-                or num_cached_blocks < 0 or num_full_blocks < 0):  # checks off the common path
-            _check_count("num_cached_blocks", num_cached_blocks)
-            _check_count("num_full_blocks", num_full_blocks)
-        if num_full_blocks > len(blocks) or num_full_blocks > len(hashes):
-            raise InvalidArgumentError(
-                f"num_full_blocks={num_full_blocks} exceeds the request's {len(blocks)} blocks "
-                f"or {len(hashes)} block hashes")
-        if num_cached_blocks >= num_full_blocks:
-            return ()
-        new_blocks = blocks[num_cached_blocks:num_full_blocks]
-        if block_mask is not None and len(block_mask) != len(new_blocks):
-            raise InvalidArgumentError(
-                f"block_mask has {len(block_mask)} entries for {len(new_blocks)} new blocks")
-        if self.verify_hits and (prefix_nodes is None or len(prefix_nodes) < num_full_blocks):
-            raise InvalidArgumentError(
-                "a pool that verifies hits needs the prefix node of every block it caches")
-        mine = self.blocks
-        try:
-            for i, block in enumerate(new_blocks):
-                if block.is_null or (block_mask is not None and not block_mask[i]):
-                    continue
-                if mine[block.block_id] is not block:
-                    self._check_owned([block], "cache_full_blocks")  # raises, naming it
-                if block.ref_cnt <= 0:
-                    raise BlockStateError(
-                        f"block {block.block_id} is free; only blocks in use can be cached")
-                if (block.block_hash is not None
-                        and block.block_id not in self._maps.partial_primary):
-                    if block.group_id != group_id:
-                        raise InvalidGroupError(
-                            f"block {block.block_id} is cached in group {block.group_id}, "
-                            f"cannot cache it in group {group_id}")
-                    if block.block_hash != hashes[num_cached_blocks + i]:
-                        raise BlockStateError(
-                            f"block {block.block_id} is already cached under another hash")
-        except (AttributeError, IndexError, TypeError):  # not a block, or an id out of range
-            self._check_owned(new_blocks, "cache_full_blocks")  # raises, naming it
-            raise
-        return new_blocks
-
     def _drop_partial_primary(self, block: KVCacheBlock, group_id: int) -> None:
         """``block``'s hash is a partial prompt-tail entry and the block is now full: drop the
         entry (and any extra keys) so the full hash replaces it, as vLLM promotes it."""
@@ -458,7 +381,7 @@ class BlockPool:
         are the request's hashes at ``block_size``."""
         if not 0 <= group_id < self.num_groups:
             raise InvalidGroupError(f"group id {group_id} out of range [0, {self.num_groups})")
-        n = _check_count("num_blocks", num_blocks)
+        n = check_count("num_blocks", num_blocks)
         if n > len(block_hashes):
             raise InvalidArgumentError(f"num_blocks={n} exceeds the {len(block_hashes)} block "
                                        "hashes given")
@@ -504,19 +427,7 @@ class BlockPool:
         """
         if not self.enable_caching or block.is_null:
             return
-        if not 0 <= group_id < self.num_groups:
-            raise InvalidGroupError(f"group id {group_id} out of range [0, {self.num_groups})")
-        self._check_owned([block], "cache_partial_block")
-        _check_count("hash_block_size", hash_block_size)
-        idx = _check_count("num_tokens", num_tokens) // max(hash_block_size, 1)
-        if not hash_block_size or num_tokens % hash_block_size or not 0 < idx <= len(
-                request.block_hashes):
-            raise InvalidArgumentError(
-                f"num_tokens={num_tokens} must be a positive multiple of hash_block_size="
-                f"{hash_block_size} within the request's {len(request.block_hashes)} hashes")
-        if block.ref_cnt <= 0:
-            raise BlockStateError(f"block {block.block_id} is free; only blocks in use can be "
-                                  "cached")
+        idx = self._check_partial(request, block, num_tokens, hash_block_size, group_id)
         removed = self._maps.add_partial(block, request.block_hashes[idx - 1], num_tokens,
                                          group_id)
         events = self.events

@@ -21,87 +21,28 @@ Blocks are cached only up to ``request.num_tokens`` (draft/lookahead tokens neve
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Final, NoReturn, SupportsIndex
+from typing import Any, Final, SupportsIndex
 
 from kvcore._mypyc import mypyc_attr
 from kvcore.block_pool import BlockPool
 from kvcore.blocks import BlockHash, KVCacheBlock
+from kvcore.cache_blocks import KVCacheBlocks
 from kvcore.coordinator import KVCacheCoordinator, make_coordinator
 from kvcore.errors import (
     InvalidArgumentError,
-    InvalidHitError,
-    RequestStateError,
-    UnknownRequestError,
     check_flag,
 )
 from kvcore.events import EventRecorder, KVCacheEvent
 from kvcore.hashing import BlockHasher, RequestBlockHasher, hashes_at
+from kvcore.manager_checks import ManagerChecks, check_count, check_counts
 from kvcore.request import KVRequest, Request
 from kvcore.settings import CacheSettings
 from kvcore.specs import KVCacheConfig
 from kvcore.stats import PrefixCacheStats
 from kvcore.verify import HitVerifier
 
-
-@mypyc_attr(native_class=False)  # a tuple subclass (compiled build: a regular Python class)
-class KVCacheBlocks(tuple):
-    """One block list per KV-cache group (``blocks[g][i]``: group ``g``'s ``i``-th block)."""
-
-    __slots__ = ()
-
-    @property
-    def blocks(self) -> tuple[Sequence[KVCacheBlock], ...]:
-        """The per-group lists (vLLM's attribute name)."""
-        return tuple(self)
-
-    def get_block_ids(self) -> tuple[list[int], ...]:
-        return tuple([b.block_id for b in group] for group in self)
-
-    def get_unhashed_block_ids(self) -> list[int]:
-        """Ids of one-group blocks not in the prefix cache (nulls excluded)."""
-        if len(self) != 1:
-            raise InvalidArgumentError("get_unhashed_block_ids needs exactly one group")
-        return [b.block_id for b in self[0] if b.block_hash is None and not b.is_null]
-
-    def __add__(self, other: Any) -> KVCacheBlocks:
-        """Concatenate group by group."""
-        if not isinstance(other, KVCacheBlocks) or len(other) != len(self):
-            return NotImplemented
-        return KVCacheBlocks([*a, *b] for a, b in zip(self, other))
-
-
 _ZERO: Final = 0  # the default count; see the fast path of allocate_slots
-
-
-def _count(name: str, value: object) -> int:
-    """``value`` as a non-negative int (numpy integers accepted), else InvalidArgumentError."""
-    if type(value) is int and value >= 0:  # the common case, without the ABC check
-        return value
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise InvalidArgumentError(f"{name} must be a non-negative int, got {value!r}")
-    return int(value)
-
-
-def _counts(num_new_tokens: object, num_new_computed_tokens: object, num_lookahead_tokens: object,
-            num_external_computed_tokens: object,
-            num_encoder_tokens: object) -> tuple[int, int, int, int, int]:
-    """``allocate_slots``'s token counts as plain ints (see ``_count``)."""
-    # (type(x): one pointer comparison in the compiled build, where x.__class__ is an attribute
-    # lookup.)
-    if (type(num_new_tokens) is int and num_new_tokens >= 0
-            and type(num_new_computed_tokens) is int and num_new_computed_tokens >= 0
-            and type(num_lookahead_tokens) is int and num_lookahead_tokens >= 0
-            and type(num_external_computed_tokens) is int and num_external_computed_tokens >= 0
-            and type(num_encoder_tokens) is int and num_encoder_tokens >= 0):
-        return (num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
-                num_external_computed_tokens, num_encoder_tokens)  # plain ints: nothing to do
-    return (_count("num_new_tokens", num_new_tokens),
-            _count("num_new_computed_tokens", num_new_computed_tokens),
-            _count("num_lookahead_tokens", num_lookahead_tokens),
-            _count("num_external_computed_tokens", num_external_computed_tokens),
-            _count("num_encoder_tokens", num_encoder_tokens))
 
 
 # Functions called with every manager KVCacheManager.__init__ has built (add_construction_hook):
@@ -124,7 +65,7 @@ def add_construction_hook(hook: Callable[[KVCacheManager], object]) -> Callable[
 # Subclasses defined outside the compiled build (a user's manager, kvcore.testing's checked
 # managers) are allowed; compiled calls on their instances dispatch through Python.
 @mypyc_attr(allow_interpreted_subclasses=True)
-class KVCacheManager:
+class KVCacheManager(ManagerChecks):
     """Block tables for every running request, over one shared pool with prefix caching.
 
     Args:
@@ -205,12 +146,6 @@ class KVCacheManager:
         """A :class:`Request` hashed with this manager's algorithm, seed and block size."""
         return Request(request_id, prompt_token_ids, block_hasher=self.block_hasher, **kwargs)
 
-    def _sync_hashes(self, request: KVRequest) -> None:
-        # Requests built without this manager's hasher get their missing hashes here.
-        hashes = request.block_hashes
-        if len(hashes) < len(request.all_token_ids) // self.hash_block_size:
-            hashes.extend(self.block_hasher(request))
-
     @property
     def num_running_requests(self) -> int:
         return len(self._requests)
@@ -271,7 +206,7 @@ class KVCacheManager:
         preempted before are counted apart (``preempted_*``).  Nothing is counted with caching
         off or for a request that skips reading the prefix cache (no lookup happened)."""
         if type(num_hit_tokens) is not int or num_hit_tokens < 0:
-            num_hit_tokens = _count("num_hit_tokens", num_hit_tokens)
+            num_hit_tokens = check_count("num_hit_tokens", num_hit_tokens)
         stats = self.prefix_cache_stats
         if stats is not None and self.enable_caching and not request.skip_reading_prefix_cache:
             stats.record(request.num_tokens, num_hit_tokens, request.num_preemptions > 0)
@@ -308,12 +243,12 @@ class KVCacheManager:
                 and (not num_computed if tracked is None else
                      tracked[0] is request and num_computed <= tracked[1])):
             (num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
-             num_external_computed_tokens, num_encoder_tokens) = _counts(
+             num_external_computed_tokens, num_encoder_tokens) = check_counts(
                 num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
                 num_external_computed_tokens, num_encoder_tokens)
             hits = self._check_allocation(request, num_new_tokens, num_new_computed_tokens,
                                           new_computed_blocks, num_external_computed_tokens)
-            reserved_blocks = _count("reserved_blocks", reserved_blocks)
+            reserved_blocks = check_count("reserved_blocks", reserved_blocks)
         else:  # the counts the fast path found zero, as ints (for mypy and the compiled build)
             num_new_computed_tokens = num_lookahead_tokens = num_external_computed_tokens = 0
             num_encoder_tokens = reserved_blocks = 0
@@ -360,134 +295,6 @@ class KVCacheManager:
             return self._empty
         return KVCacheBlocks(new_blocks)
 
-    def _check_allocation(self, request: KVRequest, num_new_tokens: int,
-                          num_new_computed_tokens: int, new_computed_blocks: object,
-                          num_external_computed_tokens: int) -> Sequence[Sequence[KVCacheBlock]]:
-        """Raise unless ``allocate_slots`` may serve these (non-negative) counts for ``request``
-        in its current state; returns the hit blocks per group."""
-        rid = request.request_id
-        running = rid in self._requests
-        if running or request.num_computed_tokens:
-            self._check_request(request)  # raises for a stranger, a freed or overrun request
-        if num_new_tokens == 0 and num_new_computed_tokens == 0 and num_external_computed_tokens == 0:
-            raise InvalidArgumentError("allocate_slots needs new tokens or computed tokens to adopt")
-        hits = self._empty if new_computed_blocks is None else new_computed_blocks
-        if not isinstance(hits, (tuple, list)) or len(hits) != self.num_groups:
-            raise InvalidArgumentError(
-                f"new_computed_blocks must hold one block list per group ({self.num_groups}), "
-                f"got {new_computed_blocks!r}")
-        has_hits = any(hits)
-        if running:
-            if has_hits or num_new_computed_tokens:
-                raise RequestStateError(f"request {rid!r} is running: it cannot take a new "
-                                        "prefix hit")
-            return hits
-        if num_new_computed_tokens + num_external_computed_tokens > request.num_tokens:
-            raise InvalidHitError(
-                f"request {rid!r}: {num_new_computed_tokens} hit + {num_external_computed_tokens} "
-                f"external tokens exceed its {request.num_tokens} tokens")
-        if has_hits or num_new_computed_tokens:
-            look = self._last_lookup
-            pool = self.pool
-            if (look is None or look[0] is not hits or look[1] is not request
-                    or look[2] != (num_new_computed_tokens, pool.num_evicted_blocks,
-                                   pool.num_resets)):
-                self._check_hits(request, hits, num_new_computed_tokens,
-                                 num_external_computed_tokens)
-        return hits
-
-    def _check_request(self, request: KVRequest) -> bool:
-        """Whether ``request`` is running; raises if another object holds its id, if it claims
-        tokens computed beyond its slots, or if it is not running but claims computed tokens
-        (freed, finished, or never admitted)."""
-        rid = request.request_id
-        tracked = self._requests.get(rid)
-        if tracked is None:
-            if request.num_computed_tokens:
-                raise RequestStateError(
-                    f"request {rid!r} has num_computed_tokens={request.num_computed_tokens} but "
-                    "holds no blocks: it was freed (finished, or preempted without resetting "
-                    "num_computed_tokens to 0) or never admitted")
-            return False
-        if tracked[0] is not request:
-            raise RequestStateError(f"request id {rid!r} is already used by another live request")
-        slots = tracked[1]
-        if request.num_computed_tokens > slots:
-            raise RequestStateError(
-                f"request {rid!r} has num_computed_tokens={request.num_computed_tokens} but slots "
-                f"for only {slots} tokens: tokens without a slot were never computed")
-        return True
-
-    def _check_hits(self, request: KVRequest, hits: Sequence[Sequence[KVCacheBlock]],
-                    num_hit_tokens: int, num_external_tokens: int) -> None:
-        """Raise :class:`InvalidHitError` unless ``hits`` is a prefix hit of ``num_hit_tokens``
-        tokens that this manager could serve the request now: in every group, one block per
-        ``block_size`` hit tokens, each one of this pool's blocks still cached under the
-        request's hash at its position (and, in verify mode, proven to hold the request's own
-        prefix), and the null block only where the next token reads no KV."""
-        rid = request.request_id
-        if not self.enable_caching:
-            raise InvalidHitError(f"request {rid!r}: prefix caching is disabled, so "
-                                  f"new_computed_blocks / num_new_computed_tokens must be empty")
-        self._sync_hashes(request)
-        mine = self.pool.blocks
-        null = self.pool.null_block
-        total_computed = num_hit_tokens + num_external_tokens
-        for g, (m, blocks) in enumerate(zip(self.coordinator.managers, hits)):
-            bs = m.block_size
-            if not m.enable_caching:
-                if blocks:
-                    raise InvalidHitError(f"request {rid!r}: group {g} is never cached, but "
-                                          f"new_computed_blocks holds {len(blocks)} blocks for it")
-                continue
-            if len(blocks) * bs != num_hit_tokens:
-                raise InvalidHitError(
-                    f"request {rid!r}: num_new_computed_tokens={num_hit_tokens} but group {g} "
-                    f"has {len(blocks)} hit blocks of {bs} tokens")
-            needed_from = m.get_num_skipped_tokens(total_computed) // bs
-            hashes = hashes_at(request.block_hashes, self.hash_block_size, bs)
-            i = 0
-            try:  # the common case in one tight pass; _bad_hit explains a failure
-                for i, block in enumerate(blocks):
-                    if block is null:
-                        if i < needed_from:
-                            continue
-                    elif (block.block_hash == hashes[i] and block.group_id == g
-                          and mine[block.block_id] is block):
-                        continue
-                    self._bad_hit(rid, g, i, block, needed_from, hashes)
-            except (AttributeError, IndexError, TypeError):
-                self._bad_hit(rid, g, i, blocks[i], needed_from, hashes)
-        if self.verify_hits:
-            verifier = HitVerifier(request)
-            for g, (m, blocks) in enumerate(zip(self.coordinator.managers, hits)):
-                for i, block in enumerate(blocks):
-                    if not block.is_null and not verifier.matches(block.prefix_node, i,
-                                                                  m.block_size):
-                        raise InvalidHitError(
-                            f"request {rid!r}: block {block.block_id} at group {g} position "
-                            f"{i} holds KV of another prefix")
-
-    def _bad_hit(self, rid: str, g: int, i: int, block: object, needed_from: int,
-                 hashes: Sequence[object]) -> NoReturn:
-        """Raise the :class:`InvalidHitError` that says why ``block`` cannot be hit ``i`` of
-        group ``g``."""
-        mine = self.pool.blocks
-        where = f"request {rid!r}: group {g} position {i}"
-        if block is self.pool.null_block:
-            raise InvalidHitError(f"{where} of the hit is the null block, but the next token "
-                                  "attends to it")
-        if (not isinstance(block, KVCacheBlock) or not 0 <= block.block_id < len(mine)
-                or mine[block.block_id] is not block):
-            raise InvalidHitError(f"{where}: {block!r} is not a block of this manager's pool")
-        raise InvalidHitError(f"{where}: block {block.block_id} is no longer cached under the "
-                              "request's hash (evicted or reused since get_computed_blocks)")
-
-    def _too_long(self, request: KVRequest, num_computed: int, num_new: int) -> None:
-        raise InvalidArgumentError(
-            f"request {request.request_id!r}: {num_computed} computed + {num_new} new tokens "
-            f"exceed max_model_len={self.max_model_len}")
-
     # retain: object, not bool: the compiled build would raise TypeError on entry for a non-bool
     # instead of the InvalidArgumentError below.
     def free(self, request: KVRequest, *, retain: object = False) -> None:
@@ -513,7 +320,7 @@ class KVCacheManager:
     def cache_blocks(self, request: KVRequest, num_computed_tokens: SupportsIndex) -> None:
         """Cache the request's blocks that are full within its first ``num_computed_tokens``
         tokens (e.g. after a delayed KV transfer completed)."""
-        n = _count("num_computed_tokens", num_computed_tokens)
+        n = check_count("num_computed_tokens", num_computed_tokens)
         self._check_slots(self._tracked(request), n)
         if self.enable_caching:
             self._sync_hashes(request)
@@ -524,7 +331,7 @@ class KVCacheManager:
         ``num_computed_tokens``: their KV was never written (the step that was to compute them
         failed).  Reference counts and block tables are unchanged; the blocks are cached again
         once their tokens are recomputed."""
-        n = _count("num_computed_tokens", num_computed_tokens)
+        n = check_count("num_computed_tokens", num_computed_tokens)
         self._tracked(request)
         for m in self.coordinator.managers:
             m.uncache_blocks(request.request_id, n)
@@ -532,7 +339,7 @@ class KVCacheManager:
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: SupportsIndex) -> None:
         """Release the request's blocks that left the attention window at ``num_computed_tokens``
         (``allocate_slots`` does this itself when it succeeds)."""
-        n = _count("num_computed_tokens", num_computed_tokens)
+        n = check_count("num_computed_tokens", num_computed_tokens)
         self._known(request_id)
         self._check_slots(self._requests[request_id], n)
         self.coordinator.remove_skipped_blocks(request_id, n)
@@ -542,27 +349,6 @@ class KVCacheManager:
         self.coordinator.new_step()
 
     # -- queries --------------------------------------------------------------------------------
-    def _known(self, request_id: str) -> None:
-        if request_id not in self._requests:
-            raise UnknownRequestError(f"request {request_id!r} holds no blocks")
-
-    def _tracked(self, request: KVRequest) -> list[Any]:
-        """The record of ``request``, which must be the object holding blocks under its id."""
-        rid = request.request_id
-        tracked = self._requests.get(rid)
-        if tracked is None:
-            raise UnknownRequestError(f"request {rid!r} holds no blocks (never allocated, or "
-                                      "already freed)")
-        if tracked[0] is not request:
-            raise RequestStateError(f"request id {rid!r} is held by another request object")
-        return tracked
-
-    def _check_slots(self, tracked: list[Any], num_tokens: int) -> None:
-        if num_tokens > tracked[1]:
-            raise RequestStateError(
-                f"request {tracked[0].request_id!r} has slots for {tracked[1]} tokens, not "
-                f"{num_tokens}")
-
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         self._known(request_id)
         return KVCacheBlocks(self.coordinator.get_blocks(request_id))
@@ -576,7 +362,7 @@ class KVCacheManager:
         """Per group, the id of the block holding token ``num_tokens`` when that token is not
         the first of its block (the partly filled block a step starting there completes);
         groups where it is the first, or the block is null or not allocated, give none."""
-        n = _count("num_tokens", num_tokens)
+        n = check_count("num_tokens", num_tokens)
         self._known(request_id)
         ids: list[int] = []
         for m, blocks in zip(self.coordinator.managers, self.coordinator.get_blocks(request_id)):

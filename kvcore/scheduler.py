@@ -48,124 +48,24 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from itertools import islice
 
-from kvcore.connector.base import KVConnectorBase, KVConnectorMetadata, KVConnectorOutput
-from kvcore.errors import InvalidArgumentError, KVCoreError, UnknownRequestError, check_flag
+from kvcore.connector.base import KVConnectorBase, KVConnectorOutput
+from kvcore.errors import InvalidArgumentError, UnknownRequestError
+from kvcore.events import KVCacheEvent
 from kvcore.manager import KVCacheManager
 from kvcore.request import Request, RequestStatus
+from kvcore.scheduler_connector import ConnectorSteps
+from kvcore.scheduling import (
+    RequestRejectedError,
+    ScheduledRequest,
+    SchedulerConfig,
+    SchedulerOutput,
+    SchedulerStats,
+)
 
 
-class RequestRejectedError(KVCoreError, ValueError):
-    """The request can never be served with this KV cache (too long, or needs more blocks than
-    the pool has)."""
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """Per-step limits and admission policy."""
-
-    max_num_seqs: int = 128
-    max_num_batched_tokens: int = 2048
-    enable_chunked_prefill: bool = True
-    full_sequence_must_fit: bool = False
-    """Admit a request only if its whole prompt fits (not just the first chunk)."""
-    retain_sessions: bool = False
-    """Free a finished request that has a ``session_id`` with the retention hint
-    (``KVCacheManager.free(..., retain=True)``): its conversation is expected back.  Off by
-    default: the hint pays only when it tells traffic apart (sessions sharing the cache with
-    one-time prompts, at caches large enough to hold the sessions); when every request is in a
-    session, retaining all of them turns ``slru`` into LRU (measured in BENCHMARKS.md)."""
-    async_scheduling: bool = False
-    """Let the engine schedule the next step before reporting the current one's tokens
-    (placeholders; see the module docstring).  Not with a KV connector."""
-
-    def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise InvalidArgumentError(f"{name} must be a positive int, got {value!r}")
-        check_flag("retain_sessions", self.retain_sessions)
-        check_flag("async_scheduling", self.async_scheduling)
-
-
-class ScheduledRequest:
-    """One request's share of a step.
-
-    ``new_block_ids`` are the blocks allocated this step (an engine can keep append-only block
-    tables from them, as vLLM's workers do: positions that left a sliding window keep stale ids
-    that attention never reads).  ``block_ids`` fetches the request's current full table.
-    """
-
-    __slots__ = ("_kv", "is_new", "new_block_ids", "num_computed_tokens", "num_new_tokens",
-                 "request", "samples")
-
-    def __init__(self, kv: KVCacheManager, request: Request, num_computed_tokens: int,
-                 num_new_tokens: int, new_block_ids: tuple[list[int], ...], is_new: bool) -> None:
-        self._kv = kv
-        self.request = request
-        self.num_computed_tokens = num_computed_tokens  # in the KV cache before this step
-        self.num_new_tokens = num_new_tokens  # computed this step, from num_computed_tokens on
-        self.new_block_ids = new_block_ids
-        self.is_new = is_new  # admitted this step (the engine has no state for it yet)
-        # This step reaches the end of the request's tokens (with the ones in flight), so a token
-        # is sampled (false for a prefill chunk that is not the last one).  Fixed now: the
-        # request grows afterwards.
-        self.samples = (num_computed_tokens + num_new_tokens
-                        >= request.num_tokens + request.num_output_placeholders)
-
-    @property
-    def request_id(self) -> str:
-        return self.request.request_id
-
-    @property
-    def block_ids(self) -> tuple[list[int], ...]:
-        """The request's full block table now, one list per group (null block = 0)."""
-        return self._kv.get_block_ids(self.request.request_id)
-
-    @property
-    def token_ids(self) -> list[int]:
-        """The step's known token ids: all ``num_new_tokens`` of them, except under async
-        scheduling, where the last one may still be in flight (not listed)."""
-        start = self.num_computed_tokens
-        return self.request.all_token_ids[start:start + self.num_new_tokens]
-
-    def __repr__(self) -> str:
-        return (f"ScheduledRequest({self.request_id!r}, computed={self.num_computed_tokens}, "
-                f"new={self.num_new_tokens}, is_new={self.is_new})")
-
-
-@dataclass
-class SchedulerOutput:
-    """What ``schedule()`` decided for one step."""
-
-    scheduled: list[ScheduledRequest]
-    preempted_request_ids: list[str]
-    finished_request_ids: list[str]  # finished or aborted since the previous step
-    num_batched_tokens: int
-    step: int
-    kv_connector_metadata: KVConnectorMetadata | None = None  # the connector's work, if any
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
-
-
-@dataclass
-class SchedulerStats:
-    steps: int = 0
-    scheduled_tokens: int = 0
-    prefix_hit_tokens: int = 0
-    num_preemptions: int = 0
-    num_finished: int = 0
-    num_rejected: int = 0
-    external_hit_tokens: int = 0  # prompt tokens loaded by the connector at admission
-    load_failures: int = 0  # connector loads that failed (their tokens were recomputed)
-    finish_reasons: dict[str, int] = field(default_factory=dict)
-
-
-class Scheduler:
+class Scheduler(ConnectorSteps):
     """Continuous batching with chunked prefill and recompute preemption (see module doc)."""
 
     def __init__(self, kv_cache_manager: KVCacheManager,
@@ -173,8 +73,7 @@ class Scheduler:
                  connector: KVConnectorBase | None = None) -> None:
         self.kv = kv_cache_manager
         self.config = config or SchedulerConfig()
-        # The manager's settings say how many waiting requests to declare every step
-        # (CacheSettings.queue_hints; declare_upcoming): their cached prefixes are evicted last.
+        # Waiting requests to declare every step (declare_upcoming): the cache's setting.
         self.queue_hints = kv_cache_manager.settings.queue_hints
         self.connector = connector
         self.max_model_len = kv_cache_manager.max_model_len
@@ -294,6 +193,14 @@ class Scheduler:
         for s in failed:
             self.abort_request(s.request_id)
         return [s.request for s in failed]
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The KV events since the last call: the device cache's, then the connector's (e.g. a
+        host tier's, ``medium="CPU"``), as one batch for a publisher."""
+        events = self.kv.take_events()
+        if self.connector is not None:
+            events.extend(self.connector.take_events())
+        return events
 
     def _fail_in_flight(self, output: SchedulerOutput) -> None:
         """Async scheduling: ``output`` may have been followed by another ``schedule()`` that
@@ -543,70 +450,6 @@ class Scheduler:
                 self._finish(req, reason)
                 finished.append(req)
         return finished
-
-    # -- the connector ----------------------------------------------------------------------------
-    def _apply_connector_output(self, out: KVConnectorOutput) -> set[str]:
-        """Apply what the workers finished; returns the running requests whose KV a failed
-        synchronous load left unwritten (they recompute it: no token is taken from this step)."""
-        assert self.connector is not None
-        self.connector.update_connector_output(out)
-        failed = out.invalid_block_ids
-        kv = self.kv
-        # Deterministic orders (the output holds sets): loads in admission order, resumed
-        # requests back at the front of the queue in that order; frees in finishing order.
-        recving = out.finished_recving
-        resumed: list[Request] = []
-        for rid in [r for r in self.loading if r in recving]:
-            req = self.loading.pop(rid)
-            target = self._load_target.pop(rid)
-            if failed and any(b in failed for ids in kv.get_block_ids(rid) for b in ids):
-                # Start over: its device hit is still cached (admission hits it again), the
-                # blocks the load was to fill were never cached.
-                self.stats.load_failures += 1
-                self.stats.external_hit_tokens -= target - req.num_computed_tokens
-                kv.free(req)
-                req.num_computed_tokens = req.num_cached_tokens = 0
-            else:
-                kv.cache_blocks(req, target)
-                req.num_computed_tokens = req.num_cached_tokens = target
-            req.status = RequestStatus.WAITING
-            resumed.append(req)
-        self.waiting.extendleft(reversed(resumed))
-        # Finished requests whose loads (aborted) or stores completed.
-        for rid in [r for r in self._delayed_free
-                    if r in out.finished_sending or r in recving]:
-            kv.free(self._delayed_free.pop(rid))
-        recomputing: set[str] = set()
-        if failed:
-            sizes = [g.spec.block_size for g in kv.config.groups]
-            for req in self.running:
-                for bs, ids in zip(sizes, kv.get_block_ids(req.request_id)):
-                    bad = next((i for i, b in enumerate(ids) if b in failed), None)
-                    if bad is None:
-                        continue
-                    start = bad * bs
-                    if start < req.num_computed_tokens:
-                        kv.uncache_blocks(req, start)
-                        req.num_computed_tokens = start
-                        recomputing.add(req.request_id)
-                        self.stats.load_failures += 1
-        return recomputing
-
-    def _drop_loaded(self, req: Request, scheduled: list[ScheduledRequest]) -> bool:
-        """Loaded requests waiting behind ``req`` hold blocks; while nothing runs nothing else
-        would ever free one, so ``req`` could wait forever.  Then the newest of them loses its
-        blocks (their KV stays in the prefix cache: it is re-admitted like a preempted request)
-        and this returns True (retry ``req``); otherwise False."""
-        if self.running or scheduled:
-            return False  # running requests will finish or be preempted
-        for victim in reversed(self.waiting):
-            if victim is not req and victim.num_computed_tokens:
-                self.kv.free(victim)
-                victim.num_computed_tokens = 0
-                victim.num_preemptions += 1
-                self.stats.num_preemptions += 1
-                return True
-        return False
 
     def _release(self, req: Request, retain: bool = False) -> None:
         """Free a finished request's blocks, or hold them while the connector still copies

@@ -33,21 +33,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvcore.errors import InvalidArgumentError
+from kvcore.scheduling import KVConnectorMetadata, SchedulerOutput
 
 if TYPE_CHECKING:
     from kvcore.events import KVCacheEvent
     from kvcore.manager import KVCacheBlocks
     from kvcore.request import Request
-    from kvcore.scheduler import SchedulerOutput
 
 
 class KVConnectorRole(enum.Enum):
     SCHEDULER = "scheduler"
     WORKER = "worker"
-
-
-class KVConnectorMetadata:
-    """Base of the per-step message from the scheduler side to the workers."""
 
 
 @dataclass

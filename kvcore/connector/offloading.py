@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from kvcore.events import KVCacheEvent
     from kvcore.manager import KVCacheBlocks
     from kvcore.request import Request
-    from kvcore.scheduler import SchedulerOutput
+    from kvcore.scheduling import SchedulerOutput
 
 
 @dataclass(frozen=True)

@@ -188,10 +188,7 @@ class SimulatedStep:
                    for s in out.scheduled if s.samples}
         done = sched.update_from_output(out, sampled, conn_out)
         if self.event_sink is not None:
-            events = sched.kv.take_events()
-            if sched.connector is not None:
-                events.extend(sched.connector.take_events())
-            self.event_sink(events)
+            self.event_sink(sched.take_events())
         return out, done
 
 
