@@ -25,6 +25,7 @@ COMPILED_MODULES = [
     "kvcore/block_pool.py",
     *sorted(str(p.relative_to(HERE)) for p in (HERE / "kvcore" / "pool").glob("*.py")),
     "kvcore/hashing.py",
+    "kvcore/kv_request.py",
     "kvcore/request.py",
     "kvcore/verify.py",
     "kvcore/stats.py",

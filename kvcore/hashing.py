@@ -23,7 +23,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, cast, overload
+from typing import Any, cast, overload
 
 import cbor2
 import xxhash
@@ -31,9 +31,7 @@ import xxhash
 from kvcore._mypyc import mypyc_attr
 from kvcore.blocks import BlockHash
 from kvcore.errors import InvalidArgumentError, UnknownHashAlgorithmError
-
-if TYPE_CHECKING:
-    from kvcore.request import KVRequest
+from kvcore.kv_request import KVRequest
 
 HASH_ALGORITHMS: tuple[str, ...] = ("xxh3_128", "sha256", "sha256_cbor")
 _ALIASES = {"xxhash": "xxh3_128", "xxh3": "xxh3_128"}

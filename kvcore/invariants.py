@@ -28,17 +28,28 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kvcore.block_pool import BlockPool
 from kvcore.blocks import KVCacheBlock
+from kvcore.coordinator import KVCacheCoordinator
 from kvcore.errors import InvariantError
 from kvcore.eviction.base import FreeList
 from kvcore.hashing import hashes_at
+from kvcore.kv_request import KVRequest
 from kvcore.verify import HitVerifier
 
-if TYPE_CHECKING:
-    from kvcore.manager import KVCacheManager
+
+class ManagerState(Protocol):
+    """What :func:`check_manager_invariants` reads of a manager
+    (:class:`~kvcore.manager.KVCacheManager`)."""
+
+    pool: BlockPool
+    coordinator: KVCacheCoordinator
+    hash_block_size: int
+    max_model_len: int
+
+    def requests(self) -> dict[str, KVRequest]: ...
 
 BlockLists = Iterable[KVCacheBlock] | Iterable[Iterable[KVCacheBlock]]
 
@@ -213,7 +224,7 @@ def check_invariants(pool: BlockPool, owners: Mapping[object, BlockLists] | None
                         "verified", block)
 
 
-def check_manager_invariants(manager: KVCacheManager) -> None:
+def check_manager_invariants(manager: ManagerState) -> None:
     """Pool invariants with exact ownership, plus per-request block-table rules:
 
     ``request-registry``  a request has blocks in some group iff the manager tracks it (and only

@@ -203,6 +203,11 @@ class ManagerChecks:
         if (not isinstance(block, KVCacheBlock) or not 0 <= block.block_id < len(mine)
                 or mine[block.block_id] is not block):
             raise InvalidHitError(f"{where}: {block!r} is not a block of this manager's pool")
+        if block.block_hash is not None and (i >= len(hashes) or block.block_hash != hashes[i]
+                                             or block.group_id != g):
+            raise InvalidHitError(f"{where}: block {block.block_id} is cached for a different "
+                                  "prefix (the hit blocks belong to another prefix, or the "
+                                  "block was reused for one since get_computed_blocks)")
         raise InvalidHitError(f"{where}: block {block.block_id} is no longer cached under the "
                               "request's hash (evicted or reused since get_computed_blocks)")
 

@@ -50,6 +50,16 @@ class KVCacheSpec:
     """Whether ``full_sequence_must_fit`` admission counts at most ``max_blocks_per_request``
     blocks for this type (vLLM caps the types that recycle blocks within a window: sliding
     window and chunked local attention)."""
+    reads_encoder: ClassVar[bool] = False
+    """Whether the group holds the encoder's KV (cross attention), not the request's tokens'."""
+    holds_state: ClassVar[bool] = False
+    """Whether a block holds a recurrent state (Mamba), readable by other requests only after
+    the step that computed it."""
+
+    def needed_positions(self, num_tokens: int) -> range:
+        """Positions of the request's tokens whose KV the token at position ``num_tokens``
+        reads (full attention: every earlier one)."""
+        return range(max(num_tokens, 0))
 
     def __post_init__(self) -> None:
         _positive("block_size", self.block_size)
@@ -101,6 +111,9 @@ class SlidingWindowSpec(KVCacheSpec):
     def event_stamp(self) -> tuple[str, int | None]:
         return (self.kind, self.sliding_window)
 
+    def needed_positions(self, num_tokens: int) -> range:
+        return range(max(0, num_tokens - self.sliding_window + 1), max(num_tokens, 0))
+
     def max_blocks_per_request(self, max_model_len: int,
                                max_num_batched_tokens: int | None = None) -> int:
         # The last window-1 computed tokens plus one step's new tokens are live; +1 because the
@@ -121,6 +134,10 @@ class ChunkedLocalAttentionSpec(KVCacheSpec):
         super().__post_init__()
         _positive("attention_chunk_size", self.attention_chunk_size)
 
+    def needed_positions(self, num_tokens: int) -> range:
+        c = self.attention_chunk_size
+        return range(max(num_tokens, 0) // c * c, max(num_tokens, 0))
+
     def max_blocks_per_request(self, max_model_len: int,
                                max_num_batched_tokens: int | None = None) -> int:
         step = max_model_len if max_num_batched_tokens is None else max_num_batched_tokens
@@ -138,11 +155,15 @@ class MambaSpec(KVCacheSpec):
     num_kv_heads: int = 1
     head_size: int = 1
     kind: ClassVar[str] = "mamba"
+    holds_state: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.shapes or len(self.shapes) != len(self.dtypes):
             raise InvalidArgumentError("MambaSpec needs one dtype per state shape")
+
+    def needed_positions(self, num_tokens: int) -> range:
+        return range(num_tokens - 1, num_tokens) if num_tokens > 0 else range(0)
 
     @property
     def page_size_bytes(self) -> int:
@@ -161,6 +182,10 @@ class CrossAttentionSpec(KVCacheSpec):
 
     kind: ClassVar[str] = "cross_attention"
     cacheable: ClassVar[bool] = False
+    reads_encoder: ClassVar[bool] = True
+
+    def needed_positions(self, num_tokens: int) -> range:
+        return range(0)  # it reads the encoder's KV, none of the request's tokens
 
 
 @dataclass(frozen=True)

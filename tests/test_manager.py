@@ -368,3 +368,25 @@ def test_unknown_and_double_freed_requests() -> None:
     with pytest.raises(UnknownRequestError):
         m.get_num_common_prefix_blocks("zzz")
     assert manager_snapshot(m) == before
+
+
+def test_another_prefixs_hit_is_refused_as_a_different_prefix() -> None:
+    """Handing request b the hit request a got: the error says the blocks belong to a different
+    prefix (not that they were evicted), and nothing changes."""
+    from kvcore.errors import InvalidHitError
+    from tests.factories import make_config
+
+    m = KVCacheManager(make_config(full_spec(4), num_blocks=16), 64)
+    first = m.make_request("first", list(range(12)))
+    assert m.allocate_slots(first, 12) is not None
+    m.free(first)
+    a = m.make_request("a", list(range(12)))
+    hit, n = m.get_computed_blocks(a)
+    assert n == 8
+    b = m.make_request("b", list(range(100, 112)))
+    m.get_computed_blocks(b)
+    with pytest.raises(InvalidHitError, match="different prefix") as excinfo:
+        m.allocate_slots(b, 4, n, hit)
+    assert "evicted" not in str(excinfo.value).split("(")[0]
+    assert m.num_running_requests == 0
+    m.check_invariants()

@@ -175,7 +175,7 @@ def test_claimed_hits_need_their_blocks(m: KVCacheManager) -> None:
     refused(m, InvalidHitError, "exceed", lambda: m.allocate_slots(b, 1, 16, blocks))
     refused(m, InvalidHitError, "null", lambda: m.allocate_slots(
         b, 4, 8, KVCacheBlocks([[m.pool.null_block, blocks[0][1]]])))
-    refused(m, InvalidHitError, "no longer cached", lambda: m.allocate_slots(
+    refused(m, InvalidHitError, "reused for one since get_computed_blocks", lambda: m.allocate_slots(
         b, 4, 8, KVCacheBlocks([list(reversed(blocks[0]))])))
 
 
@@ -197,7 +197,7 @@ def test_hit_evicted_and_reused_since_lookup_is_refused(m: KVCacheManager) -> No
     b = m.make_request("b", list(range(12)))
     blocks, hit = m.get_computed_blocks(b)
     admitted(m, "hog", list(range(100, 160)))  # takes every free block, the cached ones too
-    refused(m, InvalidHitError, "no longer cached", lambda: m.allocate_slots(b, 4, hit, blocks))
+    refused(m, InvalidHitError, "reused for one since get_computed_blocks", lambda: m.allocate_slots(b, 4, hit, blocks))
 
 
 def test_second_live_request_with_same_id(m: KVCacheManager) -> None:

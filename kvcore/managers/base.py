@@ -305,6 +305,10 @@ class SingleTypeKVCacheManager:
     def new_step(self) -> None:
         """A scheduling step ended (types with per-step state reset it here)."""
 
+    def step_state(self) -> frozenset[BlockHash]:
+        """The per-step state ``new_step`` resets (for snapshots; empty for most types)."""
+        return frozenset()
+
     def get_num_common_prefix_blocks(self, request_id: str, num_running_requests: int) -> int:
         """Leading blocks of this request that every running request shares."""
         n = 0

@@ -66,3 +66,6 @@ class MambaManager(SingleTypeKVCacheManager):
 
     def new_step(self) -> None:
         self.cached_this_step.clear()
+
+    def step_state(self) -> frozenset[BlockHash]:
+        return frozenset(self.cached_this_step)

@@ -40,8 +40,7 @@ from kvcore.errors import (
 )
 from kvcore.manager import KVCacheBlocks
 from kvcore.request import MultiModalItem, Request
-from kvcore.specs import CrossAttentionSpec
-from kvcore.testing.oracle import ContentOracle, _needed
+from kvcore.testing.oracle import ContentOracle
 from kvcore.testing.setups import Setup
 from kvcore.testing.snapshot import manager_snapshot
 
@@ -80,7 +79,7 @@ class HostileDriver:
         self.last: _Step | None = None
         self._counter = 0
         self._families = [[(7 * f + 3 * i + i // 5) % VOCAB for i in range(40)] for f in range(3)]
-        self._cross = any(isinstance(s, CrossAttentionSpec) for s in self.setup.specs)
+        self._cross = any(s.reads_encoder for s in self.setup.specs)
 
     # -- helpers --------------------------------------------------------------------------------
     def _pick(self, items: Sequence[Request], i: int) -> Request | None:
@@ -347,7 +346,7 @@ class HostileDriver:
         saved = req.num_computed_tokens
         capacity = min(len(t) * s.block_size for t, s in
                        zip(self.m.get_blocks(req.request_id), self.setup.specs)
-                       if not isinstance(s, CrossAttentionSpec))
+                       if not s.reads_encoder)
         req.num_computed_tokens = capacity + 1 + extra % 4
         try:
             self._refused(RequestStateError, lambda: self.m.allocate_slots(req, 1), "slots")
@@ -364,13 +363,13 @@ class HostileDriver:
             return
         blocks, hit = self.m.get_computed_blocks(req)
         self.last = None
-        group = next((g for g, s in enumerate(self.setup.specs) if blocks[g] and _needed(s, hit)),
+        group = next((g for g, s in enumerate(self.setup.specs) if blocks[g] and s.needed_positions(hit)),
                      None)
         if group is None:
             return
         spec = self.setup.specs[group]
         forged = [list(b) for b in blocks]
-        forged[group][(_needed(spec, hit).stop - 1) // spec.block_size] = self.m.pool.null_block
+        forged[group][(spec.needed_positions(hit).stop - 1) // spec.block_size] = self.m.pool.null_block
         claim = KVCacheBlocks(forged)
         self._refused(InvalidHitError, lambda: self.m.allocate_slots(req, 1, hit, claim), "null")
 

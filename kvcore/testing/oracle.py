@@ -8,9 +8,10 @@ tenant) and the multimodal item position it belongs to — interned as a small i
 hold the same KV exactly when they hold the same key.  Nothing here uses kvcore's hashes: a hash
 collision that serves the wrong KV is caught as a mismatch.
 
-What a token attends to decides which positions a hit or table must cover with real blocks:
-full attention all earlier positions, a sliding window of ``w`` the last ``w - 1``, chunked
-local attention its own chunk, a Mamba state the one after the token before it.  A state (Mamba)
+What a token attends to decides which positions a hit or table must cover with real blocks
+(``KVCacheSpec.needed_positions``): full attention all earlier positions, a sliding window of
+``w`` the last ``w - 1``, chunked local attention its own chunk, a Mamba state the one after
+the token before it.  A state (Mamba)
 is produced at the end of the step that computes it, so another request may not read it before
 the next step (``end_step`` counts steps); attention KV is written before attention reads it in
 the same forward pass, so it can be shared within the step.
@@ -23,13 +24,6 @@ from collections.abc import Sequence
 from kvcore.blocks import KVCacheBlock
 from kvcore.manager import KVCacheManager
 from kvcore.request import KVRequest
-from kvcore.specs import (
-    ChunkedLocalAttentionSpec,
-    CrossAttentionSpec,
-    KVCacheSpec,
-    MambaSpec,
-    SlidingWindowSpec,
-)
 
 UNWRITTEN = -1
 """Slot content before anything is written, and after a failed step (``discard``)."""
@@ -38,20 +32,6 @@ UNWRITTEN = -1
 class WrongKVError(AssertionError):
     """A block served as a hit, or held in a running request's table, does not hold that
     request's KV where the request needs it."""
-
-
-def _needed(spec: KVCacheSpec, num_tokens: int) -> range:
-    """Positions whose KV the token at ``num_tokens`` reads (empty: none)."""
-    if num_tokens <= 0 or isinstance(spec, CrossAttentionSpec):
-        return range(0)
-    if isinstance(spec, SlidingWindowSpec):
-        return range(max(0, num_tokens - spec.sliding_window + 1), num_tokens)
-    if isinstance(spec, ChunkedLocalAttentionSpec):
-        c = spec.attention_chunk_size
-        return range(num_tokens // c * c, num_tokens)
-    if isinstance(spec, MambaSpec):  # the state after the previous token
-        return range(num_tokens - 1, num_tokens)
-    return range(num_tokens)  # full attention, and any unknown type: everything
 
 
 class ContentOracle:
@@ -109,12 +89,12 @@ class ContentOracle:
         keys = self.keys(request)
         tables = self._manager.get_blocks(request.request_id)
         for g, spec in enumerate(self._specs):
-            if isinstance(spec, CrossAttentionSpec):
+            if spec.reads_encoder:
                 continue
             bs = spec.block_size
             blocks = tables[g]
-            state = isinstance(spec, MambaSpec)
-            read_later = _needed(spec, end).start
+            state = spec.holds_state
+            read_later = spec.needed_positions(end).start
             for p in range(start, end):
                 i = p // bs
                 if i >= len(blocks) or blocks[i].is_null:
@@ -151,7 +131,7 @@ class ContentOracle:
         for g, spec in enumerate(self._specs):
             hit = blocks[g] if g < len(blocks) else ()
             bs = spec.block_size
-            if isinstance(spec, CrossAttentionSpec):
+            if spec.reads_encoder:
                 if hit:
                     raise WrongKVError(f"request {rid!r}: a hit in cross-attention group {g}")
                 continue
@@ -159,10 +139,10 @@ class ContentOracle:
                 if block.is_null:
                     continue
                 self._check_block(rid, g, block, i, bs, keys, i * bs, (i + 1) * bs, "hit")
-                if isinstance(spec, MambaSpec) and self._state_step[block.block_id] >= self._step:
+                if spec.holds_state and self._state_step[block.block_id] >= self._step:
                     raise WrongKVError(f"request {rid!r} hit: state block {block.block_id} of "
                                        f"group {g} is computed in this step, not readable yet")
-            self._check_covered(rid, g, hit, bs, keys, _needed(spec, num_hit_tokens), "hit")
+            self._check_covered(rid, g, hit, bs, keys, spec.needed_positions(num_hit_tokens), "hit")
 
     def check_table(self, request: KVRequest) -> None:
         """A running request's table covers, with its own KV, every position its next token
@@ -170,10 +150,10 @@ class ContentOracle:
         keys = self.keys(request)
         tables = self._manager.get_blocks(request.request_id)
         for g, spec in enumerate(self._specs):
-            if isinstance(spec, MambaSpec):
+            if spec.holds_state:
                 continue
             self._check_covered(request.request_id, g, tables[g], spec.block_size, keys,
-                                _needed(spec, request.num_computed_tokens), "table")
+                                spec.needed_positions(request.num_computed_tokens), "table")
 
     def _check_covered(self, rid: str, g: int, blocks: Sequence[KVCacheBlock], bs: int,
                        keys: list[int], positions: range, what: str) -> None:

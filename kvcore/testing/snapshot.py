@@ -11,7 +11,6 @@ from dataclasses import astuple
 
 from kvcore.block_pool import BlockPool
 from kvcore.manager import KVCacheManager
-from kvcore.managers.mamba import MambaManager
 from kvcore.scheduler import Scheduler
 
 
@@ -40,8 +39,7 @@ def manager_snapshot(manager: KVCacheManager) -> tuple[object, ...]:
                      for rid, blocks in m.req_to_blocks.items()))
         for m in coord.managers)
     cached = tuple(tuple(sorted(m.num_cached_block.items())) for m in coord.managers)
-    mamba = tuple(frozenset(m.cached_this_step) for m in coord.managers
-                  if isinstance(m, MambaManager))
+    mamba = tuple(m.step_state() for m in coord.managers)
     chains: tuple[object, ...] = ()
     if coord.prefix_chains is not None:
         chains = tuple(sorted(
