@@ -11,7 +11,7 @@ inputs, the :class:`~runner.model_runner.ModelRunner` runs the model over paged 
 Tensor parallelism (:mod:`runner.ranks`): ranks 1..N-1 are spawned processes that build their
 shard of the model and then run every forward whose inputs rank 0 (this process) broadcasts;
 NCCL on GPU, gloo on CPU.  One tensor-parallel engine per process (torch.distributed's default
-group is per process).
+group is per process).  On the CPU the engine picks torch's thread count (:mod:`runner.threads`).
 
 Host/device synchronisation (CUDA; one wait per step):
 
@@ -79,6 +79,7 @@ from runner.models import load_config
 from runner.ranks import RankSpec, Workers, free_port, init_distributed
 from runner.ranks import build_runner as _build_runner
 from runner.sampler import NON_FINITE, SampledTokens, Sampler, SamplingParams
+from runner.threads import apply_cpu_threads, resolve_cpu_threads
 
 _log = logging.getLogger(__name__)
 
@@ -122,14 +123,17 @@ class LLM:
                                          dtype=dtype).groups
         if c.tensor_parallel_size > 1 and device == "cuda":
             device = "cuda:0"
+        threads = (resolve_cpu_threads(c.cpu_threads, c.tensor_parallel_size)
+                   if device.startswith("cpu") else None)
         spec = RankSpec(model if isinstance(model, (str, Path)) else hf_config, c, groups,
-                        max_len, device, dtype, port=free_port())
+                        max_len, device, dtype, port=free_port(), cpu_threads=threads)
         self.config = c
         self.hf_config = hf_config
         self.device = torch.device(device)
         self._workers = Workers()
         self.tp = TPGroup()
         self._dead: str | None = None  # why the engine can no longer run (tensor parallel)
+        apply_cpu_threads(threads)
         try:
             if c.tensor_parallel_size > 1:
                 self._workers.start(spec)

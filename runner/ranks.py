@@ -31,6 +31,7 @@ from runner.model_runner import ModelRunner
 from runner.models import build_model, load_config
 from runner.models.weights import iter_safetensors
 from runner.sampler import Sampler, SamplingParams
+from runner.threads import apply_cpu_threads
 
 _log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class RankSpec:
     device: str
     dtype: torch.dtype
     port: int = 0
+    cpu_threads: int | None = None  # torch's intra-op threads on a CPU rank (None: as it is)
 
 
 def build_runner(spec: RankSpec, tp: TPGroup) -> ModelRunner:
@@ -106,6 +108,8 @@ def worker_main(rank: int, spec: RankSpec) -> None:
     """Ranks >= 1: build the shard, then run each forward rank 0 broadcasts (None: stop)."""
     device = f"cuda:{rank}" if spec.device.startswith("cuda") else "cpu"
     spec = replace(spec, device=device)
+    if device == "cpu":
+        apply_cpu_threads(spec.cpu_threads)
     tp = init_distributed(rank, spec.config.tensor_parallel_size, spec.port, device)
     try:
         runner = build_runner(spec, tp)

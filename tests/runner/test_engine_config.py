@@ -50,6 +50,8 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"async_scheduling": True, "tensor_parallel_size": 2}, "tensor_parallel_size=2"),
     ({"async_scheduling": True, "host_kv_blocks": 8}, "host_kv_blocks=8"),
     ({"host_kv_blocks": 8, "tensor_parallel_size": 2}, "tensor_parallel_size=2"),
+    ({"cpu_threads": 0}, "cpu_threads"),
+    ({"cpu_threads": 1.5}, "cpu_threads"),
 ]
 
 
