@@ -41,8 +41,13 @@ class RequestStatus(enum.Enum):
 
 
 def _check_tokens(token_ids: Iterable[int], what: str) -> list[int]:
-    """Copy ``token_ids`` into a list, checking in C that each is an int in [0, 2**32)."""
-    out = list(token_ids)
+    """Copy ``token_ids`` into a list, checking in C that each is an int in [0, 2**32); anything
+    that is not an iterable of them raises :class:`InvalidArgumentError` naming it."""
+    try:
+        out = list(token_ids)
+    except TypeError:  # not iterable (an int, a float, None, ...)
+        raise InvalidArgumentError(f"{what} must be a sequence of ints in [0, 2**32), got "
+                                   f"{token_ids!r} ({type(token_ids).__name__})") from None
     try:
         array("I", out)
     except (OverflowError, TypeError):

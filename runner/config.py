@@ -62,6 +62,9 @@ class EngineConfig:
     host_kv_policy: str = "lru"  # its eviction policy (kvcore.eviction names)
     # Schedule step N+1 while step N runs (None: wherever supported: one rank, no host tier).
     async_scheduling: bool | None = None
+    # torch's CPU threads per rank (None: OMP_NUM_THREADS if set, else the idle cores' share;
+    # see runner.threads).
+    cpu_threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -74,6 +77,7 @@ class EngineConfig:
         _int("max_model_len", self.max_model_len, optional=True)
         _int("seed", self.seed, low=0)
         _int("host_kv_blocks", self.host_kv_blocks, low=0)
+        _int("cpu_threads", self.cpu_threads, optional=True)
         u = self.gpu_memory_utilization
         if not isinstance(u, numbers.Real) or isinstance(u, bool) or not 0.0 < float(u) <= 1.0:
             raise InvalidArgumentError(

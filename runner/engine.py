@@ -8,9 +8,10 @@ with decodes, prefix hits, recompute preemption), :mod:`runner.batch` turns that
 inputs, the :class:`~runner.model_runner.ModelRunner` runs the model over paged KV memory, the
 :class:`~runner.sampler.Sampler` picks tokens, and the scheduler applies stop conditions.
 
-Tensor parallelism: ranks 1..N-1 are spawned processes that build their shard of the model and
-then run every forward whose inputs rank 0 (this process) broadcasts; NCCL on GPU, gloo on CPU.
-One tensor-parallel engine per process (torch.distributed's default group is per process).
+Tensor parallelism (:mod:`runner.ranks`): ranks 1..N-1 are spawned processes that build their
+shard of the model and then run every forward whose inputs rank 0 (this process) broadcasts;
+NCCL on GPU, gloo on CPU.  One tensor-parallel engine per process (torch.distributed's default
+group is per process).  On the CPU the engine picks torch's thread count (:mod:`runner.threads`).
 
 Host/device synchronisation (CUDA; one wait per step):
 
@@ -46,53 +47,45 @@ Failures: bad settings are refused before anything is built (:mod:`runner.config
 prompts or sampling params are refused before anything is admitted; an exception
 inside a step aborts that step's requests (``Scheduler.fail_step``: no never-written block stays
 in the prefix cache) and ``generate`` aborts the rest of its batch before re-raising, so the
-engine stays usable.  Tensor-parallel workers are not recovered: if a step fails while they run
-its forward, the engine raises :class:`EngineDeadError` from then on and should be closed.
+engine stays usable.  NaN or infinite logits fail only the requests they belong to
+(:class:`~runner.errors.NonFiniteLogitsError`, marked by the sampler in its one copy: no extra
+wait).  Tensor-parallel workers (:mod:`runner.ranks`) are not recovered: if a step fails while
+they run its forward, or a worker dies, the engine shuts them down and raises
+:class:`EngineDeadError` from then on.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import numbers
-import os
-import socket
-import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from kvcore.errors import InvalidArgumentError
 from kvcore.manager import KVCacheManager
 from kvcore.request import Request, RequestStatus
 from kvcore.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from kvcore.specs import KVCacheConfig, config_dtype, kv_cache_config_from_hf
-from runner.attention import get_backend
 from runner.batch import BatchBuilder, ModelInputs
 from runner.config import EngineConfig
 from runner.distributed import TPGroup
-from runner.kv_cache import KVCacheLayout
-from runner.model_runner import ModelRunner
-from runner.models import build_model, load_config
-from runner.models.weights import iter_safetensors
-from runner.sampler import SampledTokens, Sampler, SamplingParams
-from runner.tokenizer import ByteTokenizer
+from runner.errors import EngineDeadError, NonFiniteLogitsError
+from runner.inputs import default_tokenizer, prompt_token_ids, sampling_params_list
+from runner.models import load_config
+from runner.ranks import RankSpec, Workers, free_port, init_distributed
+from runner.ranks import build_runner as _build_runner
+from runner.sampler import NON_FINITE, SampledTokens, Sampler, SamplingParams
+from runner.threads import apply_cpu_threads, resolve_cpu_threads
 
 _log = logging.getLogger(__name__)
 
 # generate() gives up (and aborts its batch) after this many consecutive steps that scheduled
 # nothing and finished nothing: the scheduler is deterministic, so it would never progress.
 _MAX_IDLE_STEPS = 64
-
-
-class EngineDeadError(RuntimeError):
-    """The engine cannot run any more (a tensor-parallel forward failed, or it was closed with
-    workers); build a new one."""
 
 
 @dataclass
@@ -116,96 +109,6 @@ class RequestOutput:
     num_preemptions: int
 
 
-@dataclass
-class _RankSpec:
-    """Everything a rank needs to build its model shard (picklable)."""
-
-    model: Any  # a local path or a transformers config
-    config: EngineConfig
-    kv_groups: Any
-    max_model_len: int
-    device: str
-    dtype: torch.dtype
-    port: int = 0
-
-
-def _build_runner(spec: _RankSpec, tp: TPGroup) -> ModelRunner:
-    cfg = load_config(spec.model)
-    device = torch.device(spec.device)
-    kv_config = KVCacheConfig(2, spec.kv_groups)
-    layout = KVCacheLayout.from_config(kv_config, cfg.num_hidden_layers)
-    weights = iter_safetensors(spec.model) if isinstance(spec.model, (str, Path)) else None
-    model = build_model(cfg, tp=tp, dtype=spec.dtype, device=device,
-                        layer_to_kv_group=list(layout.layer_to_group),
-                        max_positions=spec.max_model_len, weights=weights, seed=spec.config.seed)
-    runner = ModelRunner(model, layout, len(spec.kv_groups), get_backend(spec.config.backend),
-                         device=device, dtype=spec.dtype, tp=tp)
-    c = spec.config
-    if c.num_blocks is not None:
-        num_blocks = c.num_blocks
-    elif device.type == "cuda":
-        num_blocks = runner.profile_num_blocks(c.max_num_batched_tokens, spec.max_model_len,
-                                               c.max_num_seqs, c.gpu_memory_utilization,
-                                               sample=_profile_sampling(device))
-    else:
-        num_blocks = c.kv_cache_memory_bytes // runner.block_bytes()
-        if num_blocks < 2:
-            raise ValueError(f"kv_cache_memory_bytes={c.kv_cache_memory_bytes} holds no blocks "
-                             f"({runner.block_bytes()} bytes each)")
-    runner.allocate(num_blocks)
-    if device.type == "cuda" and not c.enforce_eager:
-        try:
-            runner.capture_decode_graphs(c.max_num_seqs, spec.max_model_len,
-                                         c.max_graph_batch_size)
-        except Exception as exc:  # keep serving, eagerly, and say why
-            runner.drop_graphs()
-            logging.getLogger(__name__).warning(
-                "CUDA-graph capture failed (%s: %s); decoding eagerly", type(exc).__name__, exc)
-    return runner
-
-
-def _profile_sampling(device: torch.device) -> Any:
-    """Sampling as a step does it (full-vocabulary noise for every row), for memory profiling."""
-    def sample(logits: torch.Tensor) -> None:
-        n = logits.shape[0]
-        Sampler(0, device)(logits, [SamplingParams(temperature=1.0)] * n,
-                           [str(i) for i in range(n)])
-    return sample
-
-
-def _init_distributed(rank: int, world: int, port: int, device: str) -> TPGroup:
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(port)
-    backend = "nccl" if device.startswith("cuda") else "gloo"
-    if device.startswith("cuda"):
-        torch.cuda.set_device(rank)
-    dist.init_process_group(backend, rank=rank, world_size=world)
-    return TPGroup(rank, world, None)
-
-
-def _worker_main(rank: int, spec: _RankSpec) -> None:
-    """Ranks >= 1: build the shard, then run each forward rank 0 broadcasts (None: stop)."""
-    device = f"cuda:{rank}" if spec.device.startswith("cuda") else "cpu"
-    spec = replace(spec, device=device)
-    tp = _init_distributed(rank, spec.config.tensor_parallel_size, spec.port, device)
-    try:
-        runner = _build_runner(spec, tp)
-        while True:
-            box: list[Any] = [None]
-            dist.broadcast_object_list(box, src=0)
-            if box[0] is None:
-                break
-            runner.forward(box[0].to(runner.device))
-    finally:
-        dist.destroy_process_group()
-    # Stopped cleanly: skip interpreter finalisation, whose C++ static destructors (c10d / gloo
-    # threads) can abort a spawn child at exit with "terminate called without an active
-    # exception" after all its work is done.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
 class LLM:
     """Generate with a local model folder (safetensors + config.json) or a ``transformers``
     config (random weights from ``seed``)."""
@@ -220,22 +123,21 @@ class LLM:
                                          dtype=dtype).groups
         if c.tensor_parallel_size > 1 and device == "cuda":
             device = "cuda:0"
-        spec = _RankSpec(model if isinstance(model, (str, Path)) else hf_config, c, groups,
-                         max_len, device, dtype, port=_free_port())
+        threads = (resolve_cpu_threads(c.cpu_threads, c.tensor_parallel_size)
+                   if device.startswith("cpu") else None)
+        spec = RankSpec(model if isinstance(model, (str, Path)) else hf_config, c, groups,
+                        max_len, device, dtype, port=free_port(), cpu_threads=threads)
         self.config = c
         self.hf_config = hf_config
         self.device = torch.device(device)
-        self._workers: list[Any] = []
+        self._workers = Workers()
         self.tp = TPGroup()
         self._dead: str | None = None  # why the engine can no longer run (tensor parallel)
+        apply_cpu_threads(threads)
         try:
             if c.tensor_parallel_size > 1:
-                ctx = mp.get_context("spawn")
-                for rank in range(1, c.tensor_parallel_size):
-                    proc = ctx.Process(target=_worker_main, args=(rank, spec), daemon=True)
-                    proc.start()
-                    self._workers.append(proc)
-                self.tp = _init_distributed(0, c.tensor_parallel_size, spec.port, device)
+                self._workers.start(spec)
+                self.tp = init_distributed(0, c.tensor_parallel_size, spec.port, device)
             self.runner = _build_runner(spec, self.tp)
         except BaseException:
             # The workers may be stuck in the rendezvous or in a broadcast: terminate them.
@@ -259,11 +161,12 @@ class LLM:
             "cpu" if self._workers else self.device,
             max_num_batched_tokens=c.max_num_batched_tokens, max_num_seqs=c.max_num_seqs,
             max_model_len=max_len)
-        self.tokenizer = tokenizer if tokenizer is not None else _default_tokenizer(model, hf_config)
+        self.tokenizer = tokenizer if tokenizer is not None else default_tokenizer(model, hf_config)
         self.max_model_len = max_len
         self.vocab_size = int(hf_config.vocab_size)
         self._next_id = 0
         self._in_flight: _Launched | None = None  # async scheduling: launched, not applied
+        self._non_finite: list[str] = []  # requests aborted for NaN/inf logits, not reported yet
 
     def _host_tier(self, c: EngineConfig) -> tuple[Any, Any]:
         """The offloading connector's two sides for ``host_kv_blocks`` (or ``(None, None)``):
@@ -298,8 +201,13 @@ class LLM:
         flight, whose forward was launched, is applied first), every other unfinished request
         of this batch is aborted, and the original exception propagates; the engine stays
         usable (single process).  Under tensor parallelism a failure while the workers were
-        running a forward leaves them out of step: the engine then refuses further work
-        (:class:`EngineDeadError`) and should be closed.
+        running a forward leaves them out of step, and a worker that dies shuts the others
+        down: the engine then raises :class:`EngineDeadError` and refuses further work.
+
+        A request whose logits hold a NaN or an infinity is aborted (its step's blocks leave the
+        prefix cache), the others run to completion, and then
+        :class:`~runner.errors.NonFiniteLogitsError` names the failed requests and carries
+        every output (``.outputs``); the engine stays usable.
         """
         self._check_alive()
         if isinstance(prompts, str):
@@ -307,8 +215,9 @@ class LLM:
         if not isinstance(prompts, (list, tuple)):
             raise InvalidArgumentError(
                 f"prompts must be a str or a list of prompts, got {type(prompts).__name__}")
-        plist = _sampling_params_list(sampling_params, len(prompts))
-        token_lists = [self._prompt_token_ids(i, prompt) for i, prompt in enumerate(prompts)]
+        plist = sampling_params_list(sampling_params, len(prompts))
+        token_lists = [prompt_token_ids(i, prompt, self.tokenizer, self.max_model_len,
+                                        self.vocab_size) for i, prompt in enumerate(prompts)]
         eos = getattr(self.tokenizer, "eos_token_id", None)
         requests = [
             self.manager.make_request(str(self._next_id + i), ids, max_tokens=p.max_tokens,
@@ -316,6 +225,7 @@ class LLM:
                                       stop_token_ids=p.stop_token_ids, sampling_params=p)
             for i, (ids, p) in enumerate(zip(token_lists, plist))]
         self._next_id += len(requests)  # even if admission fails: ids are never reused
+        self._non_finite = []
         self.scheduler.add_requests(requests)  # atomic: all of them or none
         bar: Any = None
         try:
@@ -341,16 +251,27 @@ class LLM:
         finally:
             if bar is not None:
                 bar.close()
-        return [self._output(r) for r in requests]
+        outputs = [self._output(r) for r in requests]
+        failed, self._non_finite = self._non_finite, []
+        if failed:
+            raise NonFiniteLogitsError(failed, outputs)
+        return outputs
 
     def step(self) -> list[Request]:
         """One scheduling step: schedule, run the model, sample, apply stop conditions
         (synchronously, also with async scheduling).
 
         If anything in the step raises, the step's requests are aborted with
-        ``Scheduler.fail_step`` and the exception propagates; other requests are untouched."""
+        ``Scheduler.fail_step`` and the exception propagates; other requests are untouched.
+        Requests with NaN or infinite logits are aborted and named by
+        :class:`~runner.errors.NonFiniteLogitsError`, raised after the step is applied."""
         self._check_alive()
-        return self._advance(keep_in_flight=False)[0]
+        self._non_finite = []
+        finished = self._advance(keep_in_flight=False)[0]
+        failed, self._non_finite = self._non_finite, []
+        if failed:
+            raise NonFiniteLogitsError(failed)
+        return finished
 
     def _advance(self, keep_in_flight: bool) -> tuple[list[Request], int]:
         """Schedule and launch a step, then apply the step in flight (``self._in_flight``), if
@@ -398,6 +319,8 @@ class LLM:
         that finished."""
         tokens = step.tokens.wait() if step.tokens is not None else []
         sampled = dict(zip(step.rows, tokens))
+        if NON_FINITE in tokens:
+            self._fail_non_finite(step.out, [r for r, t in sampled.items() if t == NON_FINITE])
         worker = self._offload
         connector_output = None
         if worker is not None:
@@ -424,14 +347,9 @@ class LLM:
         batch.fill(prev.tokens.device if prev is not None and prev.tokens is not None else None)
         inputs = batch.inputs
         if self._workers:
-            # From the broadcast until rank 0's forward returns, the workers are in this step's
-            # collectives: a failure in between leaves them out of step for good.
-            self._dead = ("a tensor-parallel step failed while the workers were running it, "
-                          "leaving them out of step: close this engine and build a new one")
-            dist.broadcast_object_list([inputs], src=0)
-            inputs = inputs.to(self.device)
-        hidden = self.runner.forward(inputs)
-        self._dead = None
+            hidden = self._forward_with_workers(inputs)
+        else:
+            hidden = self.runner.forward(inputs)
         if not batch.sampling:
             return _Launched(out, {}, None)
         if not batch.sample_all:
@@ -441,6 +359,40 @@ class LLM:
         rids = [s.request_id for s in batch.sampling]
         tokens = self.sampler.sample_async(logits, params, rids)  # no wait
         return _Launched(out, {rid: i for i, rid in enumerate(rids)}, tokens)
+
+    def _fail_non_finite(self, out: SchedulerOutput, request_ids: list[str]) -> None:
+        """Abort the requests of ``out`` whose logits were not finite; the blocks their step
+        wrote (its KV is suspect too) leave the prefix cache first."""
+        failed = set(request_ids)
+        for s in out.scheduled:
+            if s.request_id in failed and s.request.status is RequestStatus.RUNNING:
+                _log.warning("request %r: NaN or infinite logits; aborting it", s.request_id)
+                self._abort_one(s.request, s.num_computed_tokens)
+                self.sampler.forget(s.request_id)
+        self._non_finite.extend(request_ids)
+
+    def _forward_with_workers(self, inputs: ModelInputs) -> torch.Tensor:
+        """Broadcast the step's inputs and run rank 0's share of the forward.  A dead worker
+        (before or during the step) shuts the others down: :class:`EngineDeadError`."""
+        # From the broadcast until rank 0's forward returns, the workers are in this step's
+        # collectives: a failure in between leaves them out of step for good.
+        self._dead = ("a tensor-parallel step failed while the workers were running it, "
+                      "leaving them out of step: close this engine and build a new one")
+        try:
+            self._workers.broadcast(inputs)
+            hidden = self.runner.forward(inputs.to(self.device))
+        except EngineDeadError as exc:
+            self._dead = str(exc)
+            raise
+        except BaseException as exc:
+            why = self._workers.dead()
+            if why is None:
+                raise
+            self._dead = f"{why} during a step: the tensor-parallel engine is shut down"
+            self._workers.stop(clean=False)
+            raise EngineDeadError(self._dead) from exc
+        self._dead = None
+        return hidden
 
     def _fail_step(self, out: SchedulerOutput) -> None:
         """Drop a step that raised: its blocks leave the prefix cache, its requests are aborted
@@ -479,28 +431,6 @@ class LLM:
         if self._dead is not None:
             raise EngineDeadError(self._dead)
 
-    def _prompt_token_ids(self, index: int, prompt: Any) -> list[int]:
-        """Prompt ``index`` as a checked list of token ids (see ``generate``)."""
-        if isinstance(prompt, str):
-            what = f"prompt {index} (tokenized)"
-            ids = self.tokenizer.encode(prompt)
-        elif isinstance(prompt, (list, tuple)):
-            what = f"prompt {index}"
-            ids = prompt
-        else:
-            hint = (" (wrap a single tokenized prompt: [[1, 2, 3]])"
-                    if isinstance(prompt, int) else "")
-            raise InvalidArgumentError(f"prompt {index}: expected a str or a list of int token "
-                                       f"ids, got {type(prompt).__name__}{hint}")
-        n = len(ids)  # checked before anything walks or hashes the tokens
-        if n == 0:
-            raise InvalidArgumentError(f"{what} is empty")
-        if n >= self.max_model_len:
-            raise InvalidArgumentError(
-                f"{what} has {n} tokens; it must be shorter than max_model_len="
-                f"{self.max_model_len} to leave room to generate")
-        return _check_token_ids(ids, self.vocab_size, what)
-
     def _output(self, r: Request) -> RequestOutput:
         out = r.output_token_ids
         decode = getattr(self.tokenizer, "decode", None)
@@ -513,18 +443,8 @@ class LLM:
         """Stop tensor-parallel workers (idempotent).  Workers left out of step by a failed
         forward are terminated instead of asked to stop."""
         if self._workers:
-            workers, self._workers = self._workers, []
-            if self._dead is None:
-                dist.broadcast_object_list([None], src=0)
-                for proc in workers:
-                    proc.join(timeout=60)
-            for proc in workers:
-                if proc.is_alive():
-                    proc.terminate()
-                    proc.join(timeout=10)
+            self._workers.stop(clean=self._dead is None)
             self._dead = self._dead or "the tensor-parallel engine is closed"
-            if dist.is_initialized():
-                dist.destroy_process_group()
 
     def __enter__(self) -> LLM:
         return self
@@ -535,61 +455,6 @@ class LLM:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown: nothing sensible to do
             self.close()
-
-
-def _sampling_params_list(params: Any, num_prompts: int) -> list[SamplingParams]:
-    if params is None:
-        return [SamplingParams()] * num_prompts
-    if isinstance(params, SamplingParams):
-        return [params] * num_prompts
-    if not isinstance(params, (list, tuple)):
-        raise InvalidArgumentError("sampling_params must be a SamplingParams or a list of them, "
-                                   f"got {type(params).__name__}")
-    if len(params) != num_prompts:
-        raise InvalidArgumentError(f"{len(params)} sampling params for {num_prompts} prompts")
-    for i, p in enumerate(params):
-        if not isinstance(p, SamplingParams):
-            raise InvalidArgumentError(
-                f"sampling_params[{i}] must be a SamplingParams, got {type(p).__name__}")
-    return list(params)
-
-
-def _check_token_ids(ids: Any, vocab_size: int, what: str) -> list[int]:
-    """A copy of ``ids`` as a list of ints in ``[0, vocab_size)``, or InvalidArgumentError
-    naming the first bad one (integral non-``bool`` numbers, e.g. numpy ints, become ints)."""
-    if all(t.__class__ is int for t in ids):
-        out = list(ids)
-    else:
-        out = []
-        for pos, t in enumerate(ids):
-            if isinstance(t, bool) or not isinstance(t, numbers.Integral):
-                raise InvalidArgumentError(f"{what}: token id {t!r} at position {pos} is not an "
-                                           f"int ({type(t).__name__})")
-            out.append(int(t))
-    if out and (min(out) < 0 or max(out) >= vocab_size):
-        pos, bad = next((i, t) for i, t in enumerate(out) if not 0 <= t < vocab_size)
-        raise InvalidArgumentError(f"{what}: token id {bad} at position {pos} is outside the "
-                                   f"vocabulary [0, {vocab_size})")
-    return out
-
-
-def _default_tokenizer(model: Any, cfg: Any) -> Any:
-    if isinstance(model, (str, Path)):
-        try:
-            import transformers
-
-            return transformers.AutoTokenizer.from_pretrained(str(model), local_files_only=True)
-        except Exception:  # no tokenizer files in the folder: fall back to bytes
-            pass
-    if cfg.vocab_size < ByteTokenizer().vocab_size:
-        raise ValueError(f"vocab_size {cfg.vocab_size} is too small for the byte tokenizer (259)")
-    return ByteTokenizer()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _progress(total: int) -> Any:

@@ -56,6 +56,9 @@ from runner.batch import StagingBuffer
 GREEDY_TEMPERATURE = 1e-5
 # Candidates kept for rows that ask for top-p without top-k (see the module docstring).
 DEFAULT_CANDIDATES = 256
+# The host-side token of a row whose logits hold a NaN or an infinity (the engine fails that
+# request); on the device the row keeps the token sampled from them, a valid id.
+NON_FINITE = -2
 
 
 @dataclass(frozen=True)
@@ -186,16 +189,21 @@ class Sampler:
         """The tokens, final on the device, with their copy to the host started (no wait,
         unless a row may need the top-p fallback: see the module docstring)."""
         tokens = self.sample(logits, params, request_ids)
+        # Rows with a NaN or an infinity come back as NON_FINITE in the same copy (no extra
+        # wait); the device keeps their sampled ids, which the next step may read.
+        marked = tokens.masked_fill(~torch.isfinite(logits).all(dim=-1), NON_FINITE)
         if not self._may_fall_back(params, logits.shape[1]):
-            return self._start_copy(tokens)
-        host = self._start_copy(tokens).wait()
-        rows = [i for i, t in enumerate(host) if t < 0]
+            return self._start_copy(marked, tokens)
+        host = self._start_copy(marked, tokens).wait()
+        rows = [i for i, t in enumerate(host) if t == -1]
         if rows:
             self.num_exact_rows += len(rows)
             exact = self._exact_rows(logits, rows, params, request_ids)
             tokens[torch.tensor(rows, device=tokens.device)] = exact
             for i, t in zip(rows, exact.tolist()):  # (not a pinned buffer: both are in use)
                 host[i] = t
+        if NON_FINITE in host:  # such a row may still hold the fallback's -1: a valid id instead
+            tokens.clamp_(min=0)
         return SampledTokens(tokens, tokens=host)
 
     def _may_fall_back(self, params: Sequence[SamplingParams], vocab: int) -> bool:
@@ -325,11 +333,12 @@ class Sampler:
                 out[i] = sample_exact(logits[i:i + 1], [params[i]], gen)
         return torch.cat([out[i] for i in rows])
 
-    def _start_copy(self, tokens: torch.Tensor) -> SampledTokens:
+    def _start_copy(self, tokens: torch.Tensor, device: torch.Tensor) -> SampledTokens:
         """Start ``tokens``' copy to the host: on CUDA into the next of the two pinned buffers
-        (``non_blocking``, an event recorded after it); elsewhere nothing to start."""
+        (``non_blocking``, an event recorded after it); elsewhere nothing to start.  ``device``
+        is what the next step reads on the device."""
         if not self._cuda or tokens.device.type != "cuda":
-            return SampledTokens(tokens)
+            return SampledTokens(device, tokens=None, source=tokens)
         turn = self._turn
         self._turn ^= 1
         event = self._events[turn]
@@ -341,28 +350,32 @@ class Sampler:
                                                         pin_memory=True)
         buf[:n].copy_(tokens, non_blocking=True)
         event.record()
-        return SampledTokens(tokens, host=buf[:n], event=event)
+        return SampledTokens(device, host=buf[:n], event=event)
 
 
 class SampledTokens:
     """One step's sampled tokens: final on the device (:attr:`device`, what the next step's
     placeholder positions read) and, after :meth:`wait`, on the host."""
 
-    __slots__ = ("_event", "_host", "_tokens", "device")
+    __slots__ = ("_event", "_host", "_source", "_tokens", "device")
 
     def __init__(self, device: torch.Tensor, *, host: torch.Tensor | None = None,
-                 event: Any = None, tokens: list[int] | None = None) -> None:
+                 event: Any = None, tokens: list[int] | None = None,
+                 source: torch.Tensor | None = None) -> None:
         self.device = device
         self._host = host  # a pinned buffer the copy goes to (CUDA), else None
+        self._source = source  # without a copy: the tensor to read (else ``device``)
         self._event = event
         self._tokens = tokens
 
     def wait(self) -> list[int]:
-        """The tokens as ints: waits for the copy (CUDA; the step's one synchronisation)."""
+        """The tokens as ints (:data:`NON_FINITE` for rows with NaN or infinite logits): waits
+        for the copy (CUDA; the step's one synchronisation)."""
         if self._tokens is None:
             if self._event is not None:
                 self._event.synchronize()
-            src = self._host if self._host is not None else self.device
+            src = self._host if self._host is not None else (
+                self._source if self._source is not None else self.device)
             self._tokens = src.tolist()
         return self._tokens
 

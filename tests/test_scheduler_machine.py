@@ -24,3 +24,8 @@ TestFullAttention = _machine("Full", (full(4),)).TestCase
 TestHybridSlidingWindow = _machine("Hybrid", (full(4), swa(6, 4)), num_blocks=48).TestCase
 TestChunkedOddChunk = _machine("Chunked", (full(4), chunked(13, 4)), num_blocks=48).TestCase
 TestHybridMamba = _machine("Mamba", (full(4), mamba(4)), num_blocks=48).TestCase
+# Failed steps too (reported to the checked manager, then Scheduler.fail_step): their blocks must
+# leave the prefix cache and no later hit may serve them.
+TestFullAttentionFailedSteps = _machine("FullFailing", (full(4),), fail_steps=True).TestCase
+TestHybridFailedSteps = _machine("HybridFailing", (full(4), swa(6, 4)), num_blocks=48,
+                                 fail_steps=True).TestCase

@@ -2,7 +2,7 @@
 
 * :func:`checked` / :func:`unchecked` / :func:`assert_no_leak`: a KVCacheManager that checks its
   invariants (and, with ``track_contents``, the KV each hit and table holds) after every public
-  call, and the end-of-test leak check;
+  call, the end-of-test leak check, and :func:`step_failed` to report a step the engine failed;
 * :class:`ContentOracle`: what every KV slot holds, tracked without hashes;
 * fault injection: :class:`CollidingHasher`, :class:`PlantedCollisions`,
   :func:`refuse_allocation`, :class:`ManualClock`;
@@ -17,7 +17,7 @@
 Importing this package imports neither hypothesis nor pytest.
 """
 
-from kvcore.testing.checked import assert_no_leak, checked, is_checked, unchecked
+from kvcore.testing.checked import assert_no_leak, checked, is_checked, step_failed, unchecked
 from kvcore.testing.faults import (
     COLLISION_MODES,
     CollidingHasher,
@@ -29,4 +29,4 @@ from kvcore.testing.oracle import ContentOracle, WrongKVError
 
 __all__ = ["COLLISION_MODES", "CollidingHasher", "ContentOracle", "ManualClock",
            "PlantedCollisions", "WrongKVError", "assert_no_leak", "checked", "is_checked",
-           "refuse_allocation", "unchecked"]
+           "refuse_allocation", "step_failed", "unchecked"]

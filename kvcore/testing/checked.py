@@ -13,8 +13,18 @@ written by that step (external tokens when loaded: at the call, or at ``cache_bl
 load was delayed), ``uncache_blocks`` marks a failed step's slots unwritten, ``new_step`` ends a
 step.  Every hit a request adopts, and every running request's table, must then hold that
 request's own KV: a scheduler that serves a request KV computed for other tokens (passing another
-request's hits, changing a prompt after admission, forgetting ``uncache_blocks`` after a failed
-step, ...) is caught with rule ``wrong-kv``.
+request's hits, changing a prompt after admission, ...) is caught with rule ``wrong-kv``.
+
+A failed step is invisible to the manager (the calls around it are those of a step that ran), so
+the code playing the engine says so: :func:`step_failed` right after the step fails, before the
+scheduler is told.  Its slots then hold garbage whatever the scheduler does, and at the next
+``new_step`` every block the step wrote must have left the prefix cache: a scheduler that forgets
+``uncache_blocks`` after a failed step is caught there (rule ``wrong-kv``), and a request that
+would hit such a block meanwhile is caught at the hit.
+
+A hit passed to ``allocate_slots`` whose blocks are cached under another prefix's hash (another
+request's ``get_computed_blocks`` result) is refused by the manager; the checked manager's
+:class:`~kvcore.errors.InvalidHitError` then says that the blocks belong to a different prefix.
 """
 
 from __future__ import annotations
@@ -24,7 +34,9 @@ import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, SupportsIndex, TypeVar
 
-from kvcore.errors import InvalidArgumentError, InvariantError
+from kvcore.blocks import KVCacheBlock
+from kvcore.errors import InvalidArgumentError, InvalidHitError, InvariantError
+from kvcore.hashing import hashes_at
 from kvcore.manager import KVCacheManager
 from kvcore.request import KVRequest
 from kvcore.testing._layers import add_layer, remove_layer
@@ -40,7 +52,8 @@ CHECKED_CALLS = ("get_computed_blocks", "allocate_slots", "free", "cache_blocks"
 
 
 class _CheckState:
-    __slots__ = ("calls", "every", "oracle", "pending_loads", "written_upto")
+    __slots__ = ("calls", "every", "oracle", "pending_loads", "step_writers", "suspended",
+                 "written_upto")
 
     def __init__(self, manager: KVCacheManager, every: int, track_contents: bool) -> None:
         self.every = every
@@ -48,6 +61,14 @@ class _CheckState:
         self.oracle = ContentOracle(manager) if track_contents else None
         self.pending_loads: dict[str, int] = {}  # request id -> first position of a delayed load
         self.written_upto: dict[str, int] = {}  # request id -> end of what its steps wrote
+        self.step_writers: set[str] = set()  # requests that wrote KV in the current step
+        # Requests whose table lost KV this step (a failed step, uncache_blocks): the scheduler
+        # resets or aborts them next; their tables are checked again from the next new_step.
+        self.suspended: set[str] = set()
+
+    def wrote(self, request_id: str, end: int) -> None:
+        self.written_upto[request_id] = max(end, self.written_upto.get(request_id, 0))
+        self.step_writers.add(request_id)
 
 
 def _describe(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -84,8 +105,9 @@ class CheckedKVCacheManager(_Layer):
         try:
             self.check_invariants()
             if state.oracle is not None:
-                for req in self.requests().values():
-                    state.oracle.check_table(req)
+                for rid, req in self.requests().items():
+                    if rid not in state.suspended:
+                        state.oracle.check_table(req)
         except InvariantError as exc:
             raise InvariantError(exc.rule, f"after {what()}: {exc.detail}",
                                  block_id=exc.block_id, observed=exc.observed) from exc
@@ -98,10 +120,7 @@ class CheckedKVCacheManager(_Layer):
         state = self._kvcore_check
         oracle = state.oracle
         assert oracle is not None
-        names = ("num_new_tokens", "num_new_computed_tokens", "new_computed_blocks",
-                 "num_lookahead_tokens", "num_external_computed_tokens", "delay_cache_blocks")
-        bound = dict(zip(names, args))
-        bound.update({k: v for k, v in kwargs.items() if k in names})
+        bound = _bind_allocate(args, kwargs)
         num_new = int(bound.get("num_new_tokens", 0))
         num_hit = int(bound.get("num_new_computed_tokens", 0) or 0)
         num_external = int(bound.get("num_external_computed_tokens", 0) or 0)
@@ -117,7 +136,7 @@ class CheckedKVCacheManager(_Layer):
         end = min(start + num_external + num_new, request.num_tokens)
         if end > start:
             oracle.written(request, start, end)
-            state.written_upto[rid] = max(end, state.written_upto.get(rid, 0))
+            state.wrote(rid, end)
 
     # -- the checked calls ----------------------------------------------------------------------
     def allocate_slots(self, request: KVRequest, *args: Any, **kwargs: Any) -> Any:
@@ -130,6 +149,11 @@ class CheckedKVCacheManager(_Layer):
         except WrongKVError as exc:
             what = _describe("allocate_slots", (request, *args), kwargs)
             raise InvariantError("wrong-kv", f"in {what}: {exc}") from exc
+        except InvalidHitError as exc:
+            foreign = _foreign_hit(self, request, _bind_allocate(args, kwargs))
+            if foreign is None:
+                raise
+            raise InvalidHitError(foreign) from exc
         finally:
             self._after_call(lambda: _describe("allocate_slots", (request, *args), kwargs))
         return out
@@ -142,8 +166,7 @@ class CheckedKVCacheManager(_Layer):
             if state.oracle is not None and start is not None:
                 end = min(operator.index(num_computed_tokens), request.num_tokens)
                 state.oracle.written(request, start, end)
-                rid = request.request_id
-                state.written_upto[rid] = max(end, state.written_upto.get(rid, 0))
+                state.wrote(request.request_id, end)
         finally:
             self._after_call(lambda: _describe("cache_blocks", (request, num_computed_tokens), {}))
 
@@ -156,6 +179,7 @@ class CheckedKVCacheManager(_Layer):
             if state.oracle is not None and end > n:
                 state.oracle.discard(request, n, end)
                 state.written_upto[request.request_id] = n
+                state.suspended.add(request.request_id)
         finally:
             self._after_call(
                 lambda: _describe("uncache_blocks", (request, num_computed_tokens), {}))
@@ -169,16 +193,58 @@ class CheckedKVCacheManager(_Layer):
                 super().free(request)
             state.pending_loads.pop(request.request_id, None)
             state.written_upto.pop(request.request_id, None)
+            state.suspended.discard(request.request_id)
         finally:
             self._after_call(lambda: _describe("free", (request,), {"retain": retain} if retain else {}))
 
     def new_step(self) -> None:
         try:
             super().new_step()
-            if self._kvcore_check.oracle is not None:
-                self._kvcore_check.oracle.end_step()
+            state = self._kvcore_check
+            state.step_writers.clear()
+            state.suspended.clear()
+            oracle = state.oracle
+            if oracle is not None:
+                oracle.end_step()
+                oracle.check_failed_uncached()
+        except WrongKVError as exc:
+            raise InvariantError("wrong-kv", f"at new_step(): {exc}") from exc
         finally:
             self._after_call(lambda: "new_step()")
+
+
+_ALLOCATE_ARGS = ("num_new_tokens", "num_new_computed_tokens", "new_computed_blocks",
+                  "num_lookahead_tokens", "num_external_computed_tokens", "delay_cache_blocks")
+
+
+def _bind_allocate(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """allocate_slots' arguments after the request, by name."""
+    bound = dict(zip(_ALLOCATE_ARGS, args))
+    bound.update({k: v for k, v in kwargs.items() if k in _ALLOCATE_ARGS})
+    return bound
+
+
+def _foreign_hit(manager: KVCacheManager, request: KVRequest,
+                 bound: dict[str, Any]) -> str | None:
+    """Why the hit in ``bound`` was refused if one of its blocks is cached under a hash that is
+    not the request's at its position (a hit looked up for a different prefix); else None."""
+    hits = bound.get("new_computed_blocks")
+    if hits is None:
+        return None
+    hashes = request.block_hashes
+    for g, (group, blocks) in enumerate(zip(manager.config.groups, hits)):
+        mine = hashes_at(hashes, manager.hash_block_size, group.spec.block_size)
+        for i, block in enumerate(blocks):
+            if (not isinstance(block, KVCacheBlock) or block.is_null
+                    or block.block_hash is None
+                    or manager.pool.blocks[block.block_id] is not block):
+                continue
+            if i >= len(mine) or block.block_hash != mine[i] or block.group_id != g:
+                return (f"request {request.request_id!r}: group {g} position {i} of the hit: "
+                        f"block {block.block_id} is cached for a different prefix, not this "
+                        "request's (new_computed_blocks must come from get_computed_blocks for "
+                        "this request)")
+    return None
 
 
 def _wrap_plain(name: str) -> Callable[..., Any]:
@@ -199,13 +265,25 @@ for _name in CHECKED_CALLS:
         setattr(CheckedKVCacheManager, _name, _wrap_plain(_name))
 
 
+def step_failed(manager: KVCacheManager) -> None:
+    """Tell a :func:`checked` manager with ``track_contents`` that the step scheduled since its
+    last ``new_step()`` was never executed (the forward failed): none of the KV it was to write
+    exists.  Call it before the scheduler learns of the failure; see the module docstring."""
+    state = manager._kvcore_check if isinstance(manager, CheckedKVCacheManager) else None
+    if state is None or state.oracle is None:
+        raise InvalidArgumentError(
+            f"step_failed() needs a manager checked with track_contents=True, got {manager!r}")
+    state.oracle.fail_step()
+    state.suspended |= state.step_writers
+
+
 def checked(manager: _M, *, every: int = 1, track_contents: bool = False) -> _M:
     """Turn checking on for ``manager`` (in place) and return it.
 
     ``every``: run the checks after every n-th call (1: all).  ``track_contents``: also follow
     what each KV slot holds and check every adopted hit and running table against it (see the
-    module docstring); it needs a manager that holds no request yet, so the oracle sees every
-    write.  Calling it again replaces the settings; :func:`unchecked` turns checking off.
+    module docstring; report failed steps with :func:`step_failed`); it needs a manager that
+    holds no request yet, so the oracle sees every write.  Calling it again replaces the settings; :func:`unchecked` turns checking off.
     """
     if not isinstance(manager, KVCacheManager):
         raise InvalidArgumentError(f"checked() needs a KVCacheManager, got {manager!r}")

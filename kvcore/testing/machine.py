@@ -13,13 +13,21 @@ expose the subclass's ``TestCase`` to pytest::
 
 The default adapter hooks speak the API of :class:`kvcore.scheduler.Scheduler`
 (``add_request`` / ``schedule`` / ``update_from_output`` / ``abort_request`` /
-``has_unfinished_requests``); override :meth:`submit`, :meth:`step`, :meth:`abort` and
-:meth:`unfinished` if yours differs.  Rules submit requests (shared prefixes, tenants, lengths
-near block boundaries), run steps (the scheduler allocates; a fake engine samples one token per
-sampling request) and abort requests.  The manager is :func:`~kvcore.testing.checked` with
-contents tracked, so after every call its invariants hold and every adopted hit and running
-block table holds the request's own KV; at teardown the remaining requests run to completion and
-no block may be held or leaked.
+``has_unfinished_requests``, and ``fail_step`` with ``fail_steps = True``); override
+:meth:`submit`, :meth:`step`, :meth:`abort`, :meth:`unfinished` and :meth:`fail` if yours
+differs.  Rules submit requests (shared prefixes, tenants, lengths near block boundaries), run
+steps (the scheduler allocates; a fake engine samples one token per sampling request), abort
+requests and, with ``fail_steps = True``, fail steps (the engine's forward raised: reported with
+:func:`~kvcore.testing.checked.step_failed`, then the scheduler is told).  The manager is
+:func:`~kvcore.testing.checked` with contents tracked, so after every call its invariants hold
+and every adopted hit and running block table holds the request's own KV, and a failed step's
+blocks must leave the prefix cache.
+
+At teardown the remaining requests run to completion and no block may be held or leaked.  A
+scheduler that stops making progress fails the example early: after ``max_idle_steps`` (50)
+steps in a row in which no request finished and none computed a token beyond the most it had
+computed before (a scheduler that schedules nothing, or preempts and recomputes in a loop), with
+"no progress in N steps"; ``max_drain_steps`` (5,000) bounds the drain in any case.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from kvcore.manager import KVCacheManager
 from kvcore.request import Request
 from kvcore.specs import KVCacheConfig, KVCacheGroup, KVCacheSpec
-from kvcore.testing.checked import assert_no_leak, checked
+from kvcore.testing.checked import assert_no_leak, checked, step_failed
 from kvcore.testing.setups import full
 from kvcore.testing.strategies import RequestSpec, prompts
 
@@ -44,7 +52,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     specs: tuple[KVCacheSpec, ...] = (full(4),)
     num_blocks = 32
     max_model_len = 64
-    max_drain_steps = 5000
+    max_drain_steps = 5000  # teardown: steps to finish the remaining requests, at most
+    max_idle_steps = 50  # teardown: steps in a row without progress before giving up
+    fail_steps = False  # add the failed-step rule (needs fail(): Scheduler.fail_step by default)
 
     def __init__(self) -> None:
         super().__init__()
@@ -84,6 +94,13 @@ class SchedulerMachine(RuleBasedStateMachine):
     def abort(self, request_id: str) -> None:
         self.scheduler.abort_request(request_id)
 
+    def fail(self) -> None:
+        """Schedule a step whose forward fails: report it to the checked manager, then to the
+        scheduler (``Scheduler.fail_step`` by default)."""
+        out = self.scheduler.schedule()
+        step_failed(self.manager)
+        self.scheduler.fail_step(out)
+
     def unfinished(self) -> list[str]:
         """Ids of the requests not finished yet."""
         return sorted(self.scheduler.requests)
@@ -105,16 +122,35 @@ class SchedulerMachine(RuleBasedStateMachine):
     def abort_request(self, data: st.DataObject) -> None:
         self.abort(data.draw(st.sampled_from(self.unfinished())))
 
+    @precondition(lambda self: self.fail_steps)
+    @rule()
+    def run_failed_step(self) -> None:
+        self.fail()
+
     @invariant()
     def kv_cache_consistent(self) -> None:
         self.manager.check_invariants()
 
     def teardown(self) -> None:
-        steps = 0
-        while self.unfinished():
+        steps = idle = 0
+        most: dict[str, int] = {}  # request id -> most tokens it ever had computed
+        left = self.unfinished()
+        while left:
             self.step()
             steps += 1
-            if steps > self.max_drain_steps:
-                raise AssertionError(f"the scheduler did not finish {self.unfinished()} within "
-                                     f"{self.max_drain_steps} steps")
+            progress = False
+            for rid, req in self.manager.requests().items():
+                if req.num_computed_tokens > most.get(rid, 0):
+                    most[rid] = req.num_computed_tokens
+                    progress = True
+            now = self.unfinished()
+            idle = 0 if progress or len(now) < len(left) else idle + 1
+            left = now
+            if idle >= self.max_idle_steps:
+                raise AssertionError(
+                    f"no progress in {idle} steps: the scheduler finished no request and "
+                    f"computed no new token of {left} (max_idle_steps={self.max_idle_steps})")
+            if steps >= self.max_drain_steps and left:
+                raise AssertionError(f"the scheduler did not finish {left} within "
+                                     f"{self.max_drain_steps} steps (max_drain_steps)")
         assert_no_leak(self.manager)

@@ -47,6 +47,8 @@ class ContentOracle:
         self._keys: dict[str, tuple[KVRequest, list[int]]] = {}
         self._step = 0
         self._state_step = [-1] * manager.pool.num_blocks  # step that last wrote a state block
+        self._step_slots: list[tuple[int, int]] = []  # (block id, offset) written this step
+        self._failed: set[int] = set()  # blocks a failed step wrote, not rewritten since
 
     # -- what a request's tokens are -----------------------------------------------------------
     def keys(self, request: KVRequest) -> list[int]:
@@ -102,9 +104,12 @@ class ContentOracle:
                         continue
                     raise WrongKVError(f"request {request.request_id!r} computes position {p} "
                                        f"but group {g} has no block for it")
-                self._slots[blocks[i].block_id][p - i * bs] = keys[p]
+                block_id = blocks[i].block_id
+                self._slots[block_id][p - i * bs] = keys[p]
+                self._step_slots.append((block_id, p - i * bs))
+                self._failed.discard(block_id)
                 if state:
-                    self._state_step[blocks[i].block_id] = self._step
+                    self._state_step[block_id] = self._step
 
     def discard(self, request: KVRequest, start: int, end: int) -> None:
         """The step that was to compute tokens ``[start, end)`` failed: their slots hold garbage."""
@@ -116,9 +121,31 @@ class ContentOracle:
                 if i < len(tables[g]) and not tables[g][i].is_null:
                     self._slots[tables[g][i].block_id][p - i * bs] = UNWRITTEN
 
+    def fail_step(self) -> None:
+        """The step since the last :meth:`end_step` was never executed: every slot it was to
+        write holds garbage, whatever the scheduler does next (see
+        :meth:`check_failed_uncached`)."""
+        for block_id, offset in self._step_slots:
+            self._slots[block_id][offset] = UNWRITTEN
+            self._failed.add(block_id)
+        self._step_slots.clear()
+
+    def check_failed_uncached(self) -> None:
+        """Every block a failed step wrote has left the prefix cache (or was written again):
+        a scheduler that forgets ``uncache_blocks`` after a failed step is caught here, before
+        any request hits the never-written KV."""
+        blocks = self._manager.pool.blocks
+        cached = sorted(b for b in self._failed if blocks[b].block_hash is not None)
+        self._failed.clear()
+        if cached:
+            raise WrongKVError(
+                f"blocks {cached} hold KV of a failed step (never written) but are still in "
+                "the prefix cache: uncache_blocks was not called for that step's requests")
+
     def end_step(self) -> None:
         """A scheduling step ended: the states it computed can now be read by other requests."""
         self._step += 1
+        self._step_slots.clear()
 
     # -- checks ---------------------------------------------------------------------------------
     def check_hit(self, request: KVRequest, blocks: Sequence[Sequence[KVCacheBlock]],

@@ -1,8 +1,8 @@
 """Reference attention backend in plain torch: exact, simple, CPU and GPU.
 
 It scatters the new K/V through ``slot_mapping``, then for each sequence gathers its pages through
-the block table and runs masked softmax attention in fp32.  It is the oracle the Triton and
-flash-attn backends are tested against.
+the block table and runs masked softmax attention in fp32 (in float64 for a float64 model).  It is
+the oracle the Triton and flash-attn backends are tested against.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from runner.attention.base import AttentionMetadata
+from runner.layers.precision import upcast
 
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
@@ -63,7 +64,7 @@ class TorchAttentionBackend:
         for s, (q_len, seq_len) in enumerate(zip(meta.query_lens_cpu, meta.seq_lens_cpu)):
             if q_len == 0:
                 continue
-            q = query[start:start + q_len].float()  # [q, H, D]
+            q = upcast(query[start:start + q_len])  # [q, H, D]
             k, v = gather_kv(kv_cache, group.block_tables[s], seq_len)
             mask = causal_window_mask(q_len, seq_len, sliding_window, query.device)
             if sliding_window is not None:
@@ -71,8 +72,8 @@ class TorchAttentionBackend:
                 # are arbitrary (0 * NaN = NaN even under a zero softmax weight): never read them.
                 first = max(0, seq_len - q_len - sliding_window + 1)
                 k, v, mask = k[first:], v[first:], mask[:, first:]
-            k = k.float().repeat_interleave(rep, dim=1)  # [S, H, D]
-            v = v.float().repeat_interleave(rep, dim=1)
+            k = k.to(q.dtype).repeat_interleave(rep, dim=1)  # [S, H, D]
+            v = v.to(q.dtype).repeat_interleave(rep, dim=1)
             scores = torch.einsum("qhd,khd->hqk", q, k) * scale
             if softcap:  # logit soft-capping (Gemma-2), on the scaled scores, before the mask
                 scores = torch.tanh(scores / softcap) * softcap

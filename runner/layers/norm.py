@@ -1,4 +1,4 @@
-"""RMSNorm, computed in fp32 like the reference implementations.
+"""RMSNorm, computed in fp32 like the reference implementations (float64 models: in float64).
 
 Two flavours, matching their checkpoints:
 
@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from runner.kernels import use_fused
+from runner.layers.precision import upcast
 
 
 class RMSNorm(nn.Module):
@@ -54,7 +55,7 @@ class RMSNorm(nn.Module):
     def torch_norm(self, x: torch.Tensor) -> torch.Tensor:
         """The norm in plain torch (the reference of the fused kernel)."""
         dtype = x.dtype
-        x = x.float()
+        x = upcast(x)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
 
@@ -67,6 +68,6 @@ class GemmaRMSNorm(RMSNorm):
         nn.init.zeros_(self.weight)
 
     def torch_norm(self, x: torch.Tensor) -> torch.Tensor:
-        y = x.float()
+        y = upcast(x)
         y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * (1.0 + self.weight.float())).to(x.dtype)
+        return (y * (1.0 + upcast(self.weight))).to(x.dtype)

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from runner.kernels import use_fused
+from runner.layers.precision import upcast
 
 
 def inv_freq_and_scaling(params: dict[str, Any], dim: int,
@@ -124,5 +125,5 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot: int) -> 
     x_rot, x_pass = x[..., :rot], x[..., rot:]
     half = rot // 2
     rotated = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
-    out = (x_rot.float() * cos + rotated.float() * sin).to(x.dtype)
+    out = (upcast(x_rot) * cos + upcast(rotated) * sin).to(x.dtype)
     return torch.cat((out, x_pass), dim=-1) if x_pass.shape[-1] else out

@@ -15,6 +15,7 @@ import torch.distributed as dist
 import transformers
 
 import runner.engine as engine
+import runner.ranks as ranks
 from kvcore.errors import InvalidArgumentError
 from runner.config import EngineConfig
 from runner.engine import LLM
@@ -49,6 +50,8 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"async_scheduling": True, "tensor_parallel_size": 2}, "tensor_parallel_size=2"),
     ({"async_scheduling": True, "host_kv_blocks": 8}, "host_kv_blocks=8"),
     ({"host_kv_blocks": 8, "tensor_parallel_size": 2}, "tensor_parallel_size=2"),
+    ({"cpu_threads": 0}, "cpu_threads"),
+    ({"cpu_threads": 1.5}, "cpu_threads"),
 ]
 
 
@@ -68,7 +71,7 @@ def test_bad_setting_is_refused_before_anything_is_built(
         raise AssertionError("a model was built for a refused config")
 
     monkeypatch.setattr(engine, "_build_runner", never)
-    monkeypatch.setattr(engine.mp, "get_context", never)
+    monkeypatch.setattr(ranks.mp, "get_context", never)
     with pytest.raises(InvalidArgumentError, match=named.replace("[", r"\[")):
         LLM(config(), **kw)
 
@@ -98,7 +101,7 @@ def test_settings_that_do_not_fit_the_model_are_refused_before_spawning(
         raise AssertionError("started building a refused engine")
 
     monkeypatch.setattr(engine, "_build_runner", never)
-    monkeypatch.setattr(engine.mp, "get_context", never)
+    monkeypatch.setattr(ranks.mp, "get_context", never)
     with pytest.raises(InvalidArgumentError, match=named):
         LLM(config(**hf), device="cpu", **kw)
 
@@ -115,7 +118,7 @@ def test_tensor_parallel_engine_that_fails_to_start_leaves_nothing_behind(
     # its own and waits for a forward): the worker is terminated, the group destroyed, and the
     # next engine in this process starts normally.
     spawned: list[Any] = []
-    real_context = engine.mp.get_context
+    real_context = ranks.mp.get_context
 
     def context(method: str) -> Any:
         ctx = real_context(method)
@@ -131,7 +134,7 @@ def test_tensor_parallel_engine_that_fails_to_start_leaves_nothing_behind(
     def fail(*args: Any) -> Any:
         raise RuntimeError("rank 0 could not build its shard")
 
-    monkeypatch.setattr(engine.mp, "get_context", context)
+    monkeypatch.setattr(ranks.mp, "get_context", context)
     monkeypatch.setattr(engine, "_build_runner", fail)
     with pytest.raises(RuntimeError, match="could not build") as failure:
         LLM(config(), device="cpu", num_blocks=16, block_size=4, tensor_parallel_size=2)
