@@ -30,9 +30,9 @@ MAIN_EPILOG = """\
 examples:
   kvcore replay                                   built-in shared-prefix workload
   kvcore replay --workload multi-turn --policy lru,belady --plot curve.png
-  kvcore replay ../shared/data/mooncake/synthetic_trace.jsonl --block-size 512 \\
-      --capacity-tokens 4000000 --policy lru,fifo,lfu,belady
-  kvcore replay TRACE --block-size 512 --num-blocks 2049 --eviction-policy recommended --json
+  kvcore replay mooncake-synthetic --block-size 512 \\
+      --capacity-tokens 4000000 --policy lru,fifo,lfu,belady      the shipped Mooncake trace
+  kvcore replay TRACE.jsonl --block-size 512 --num-blocks 2049 --eviction-policy recommended --json
   kvcore bench manager                            kvcore vs vLLM, same run
 """
 
@@ -109,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Replay a Mooncake trace (JSONL) or a built-in synthetic "
                         "workload through kvcore's scheduler and KV-cache manager (no model), "
                         "and optionally compare eviction policies on the same requests.")
-    rp.add_argument("trace", nargs="?", help="Mooncake JSONL trace (default: a built-in workload)")
+    rp.add_argument("trace", nargs="?", help="Mooncake JSONL trace, or mooncake-synthetic: the Mooncake trace shipped in "
+                    "the repository's data/mooncake/ (default: a built-in workload)")
     rp.add_argument("--workload", default="shared-prefix",
                     help="built-in workload when no TRACE: shared-prefix, multi-turn, few-shot, "
                     "random (default: shared-prefix)")

@@ -100,11 +100,21 @@ def test_replay_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert rc == 0 and png.stat().st_size > 1000 and "plot written" in out
 
 
-@pytest.mark.skipif(default_trace_path() is None, reason="shipped Mooncake trace not present")
 def test_replay_trace_file(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = run(capsys, "replay", str(default_trace_path()), "--limit", "200",
                      "--block-size", "512", "--json")
     assert rc == 0 and json.loads(out)["replay"]["num_requests"] == 200
+
+
+def test_replay_the_shipped_trace_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KVCORE_MOONCAKE_TRACE", raising=False)
+    rc, out, err = run(capsys, "replay", "mooncake-synthetic", "--limit", "50", "--block-size",
+                       "512", "--json")
+    assert rc == 0, err
+    data = json.loads(out)
+    assert data["source"] == "mooncake-synthetic" and data["replay"]["num_requests"] == 50
 
 
 @pytest.mark.parametrize("argv, message", [

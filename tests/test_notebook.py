@@ -18,6 +18,14 @@ def test_notebook_is_committed_without_outputs() -> None:
             assert not cell.outputs and cell.execution_count is None
 
 
+def test_notebook_loads_the_shipped_trace_without_a_fallback() -> None:
+    """The Mooncake trace ships in the repository: the notebook loads it by its built-in name
+    and has no path outside the repository, nor a workload to fall back on."""
+    source = "\n".join(c.source for c in nbformat.read(NOTEBOOK, as_version=4).cells)
+    assert 'load_mooncake("mooncake-synthetic")' in source
+    assert "../shared" not in source and "is_file()" not in source
+
+
 def test_notebook_executes_within_a_minute() -> None:
     nbclient = pytest.importorskip("nbclient")
     nb = nbformat.read(NOTEBOOK, as_version=4)
