@@ -25,6 +25,7 @@ from kvcore.errors import InvalidArgumentError, KVCoreError
 from kvcore.eviction import RECOMMENDED
 
 RECOMMENDED_NAME = "recommended"
+DEFAULT_MAX_MODEL_LEN = 1 << 20  # tokens; the shipped Mooncake trace's longest request: 191,386
 
 MAIN_EPILOG = """\
 examples:
@@ -124,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--max-num-batched-tokens", type=positive_int, default=8192,
                     help="tokens per step (8192)")
     rp.add_argument("--limit", type=positive_int, help="replay only the first N requests")
+    rp.add_argument("--max-model-len", type=positive_int, default=DEFAULT_MAX_MODEL_LEN,
+                    metavar="TOKENS", help="the model length: a trace request longer than this "
+                    "(prompt + output tokens) is refused, naming its line, before any of its "
+                    f"tokens is made (default {DEFAULT_MAX_MODEL_LEN})")
     rp.add_argument("--eviction-policy", type=_eviction_policy, default="lru", metavar="NAME",
                     help="the real pool's eviction policy for the replay: lru (default), slru, "
                     "s3fifo, arc (options as slru:protected_share=0.3), belady (offline bound), or "
@@ -179,7 +184,8 @@ def _load(args: argparse.Namespace) -> tuple[str, list[Any]]:
     from kvcore.sim import traces, workloads
 
     if args.trace is not None:  # an empty TRACE is an error, not the built-in workload
-        reqs = traces.load_mooncake(args.trace, limit=args.limit)
+        reqs = traces.load_mooncake(args.trace, limit=args.limit,
+                                    max_model_len=args.max_model_len)
         return args.trace, reqs
     reqs = workloads.make_workload(args.workload)
     if args.limit:
@@ -201,7 +207,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         hints = RECOMMENDED.queue_hints if hints is None else hints
     progress = not args.no_progress and len(reqs) > 200  # on stderr, also with --json
     cfg = ReplayConfig(block_size=args.block_size, num_blocks=args.num_blocks,
-                       capacity_tokens=capacity, max_num_seqs=args.max_num_seqs,
+                       capacity_tokens=capacity, max_model_len=args.max_model_len,
+                       max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens,
                        eviction_policy=policy, queue_hints=hints or 0, progress=progress,
                        host_blocks=args.host_blocks, host_eviction_policy=args.host_policy,

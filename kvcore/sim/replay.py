@@ -257,6 +257,13 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None, *,
             arrived.append(pending.popleft())
         while arrived and sched.num_waiting < window:
             tr = arrived.popleft()
+            if tr.num_prompt_tokens >= manager.max_model_len:
+                # The scheduler would reject it: never make its tokens (they may not fit in
+                # memory: a hash-id prompt can claim any length).
+                rejected += 1
+                if bar is not None:
+                    bar.update(1)
+                continue
             req = made.pop(tr.request_id, None) or make_request(manager, tr)
             try:
                 sched.add_request(req)
@@ -310,6 +317,8 @@ def _teach_oracle(oracle: ReplayBelady, manager: KVCacheManager,
     index: dict[str, int] = {}
     uses: dict[BlockHash, list[int]] = {}
     for i, tr in enumerate(order):
+        if tr.num_prompt_tokens >= manager.max_model_len:
+            continue  # rejected on arrival, never made (see replay)
         req = make_request(manager, tr)
         made[tr.request_id] = req
         index[tr.request_id] = i
