@@ -144,8 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "(policies from --policy, default lru,belady)")
     rp.add_argument("--publish", metavar="ENDPOINT",
                     help="stream the replay's KV events over ZeroMQ as vLLM publishes them "
-                    "(PUB socket, e.g. tcp://*:5557; batches are kept for replay requests on "
-                    "--publish-replay)")
+                    "(PUB socket; batches are kept for replay requests on --publish-replay). "
+                    "Bind or connect, as vLLM does: a wildcard host (tcp://*:5557), ipc:// and "
+                    "inproc:// bind, and subscribers connect to them; any other address "
+                    "(tcp://127.0.0.1:5557) connects, so a subscriber must bind it. The replay "
+                    "says which it did, and warns if a connecting publisher never reached a peer")
     rp.add_argument("--publish-replay", metavar="ENDPOINT",
                     help="ROUTER socket answering replay requests for --publish (e.g. "
                     "tcp://*:5558)")
@@ -226,9 +229,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
         from kvcore.publisher import ZmqEventPublisher
 
         with ZmqEventPublisher(args.publish, args.publish_replay) as publisher:
+            print(f"kvcore: publishing KV events: {publisher.describe()}", file=sys.stderr)
             result = replay(reqs, cfg, event_sink=publisher.publish)
-        published = {"endpoint": publisher.endpoint, "batches": publisher.num_published,
-                     "dropped": publisher.num_dropped}
+        published = {"endpoint": publisher.endpoint, "mode": publisher.mode,
+                     "peer_connected": publisher.peer_connected,
+                     "batches": publisher.num_published, "dropped": publisher.num_dropped}
+        if (warning := publisher.undelivered_warning()) is not None:
+            print(f"kvcore: warning: {warning}", file=sys.stderr)
     else:
         result = replay(reqs, cfg)
     out: dict[str, Any] = {"source": source, "requests": len(reqs), "block_size": args.block_size,
@@ -286,7 +293,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
           f"{r.cpu_us_per_step_p99:.1f} µs p99, {r.cpu_s:.2f}s total")
     if "published" in out:
         pub = out["published"]
-        print(f"  KV events:       {pub['batches']:,} batches published on {pub['endpoint']}"
+        how = "bound" if pub["mode"] == "bind" else "connected to"
+        print(f"  KV events:       {pub['batches']:,} batches published, {how} {pub['endpoint']}"
+              + ("" if pub["peer_connected"] or pub["mode"] == "bind" else " (no peer reached)")
               + (f" ({pub['dropped']:,} dropped: the send queue was full)" if pub["dropped"]
                  else ""))
     if "ideal_hit_rate" in out:
