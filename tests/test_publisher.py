@@ -354,7 +354,9 @@ def test_publish_says_bind_or_connect_and_warns_when_a_connecting_one_had_no_pee
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.bind("tcp://127.0.0.1:*")
-    endpoint = sub.getsockopt(zmq.LAST_ENDPOINT).decode()  # type: ignore[union-attr]  # LAST_ENDPOINT is bytes
+    last = sub.getsockopt(zmq.LAST_ENDPOINT)
+    assert isinstance(last, bytes)
+    endpoint = last.decode()
     rc, out, err = _replay_publishing(capsys, endpoint, "--json")
     assert rc == 0, err
     pub = json.loads(out)["published"]

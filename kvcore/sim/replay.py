@@ -222,8 +222,10 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None, *,
     """Run ``requests`` (in any order: they are sorted by arrival) to completion; see the module
     docstring.  ``event_sink`` (e.g. ``ZmqEventPublisher.publish``) receives the manager's KV
     events after every step.  ``should_stop`` is asked before every step: when it returns true
-    the replay ends there, with the result of the steps run so far (``interrupted``).  Raises :class:`InvalidArgumentError` before running if an arrival
-    time is NaN, infinite or negative, or a length is negative."""
+    the replay ends there, with the result of the steps run so far (``interrupted``).  Raises
+    :class:`InvalidArgumentError` before running if an arrival time is NaN, infinite or
+    negative, or a length is negative.  A prompt at or over the model length is counted as
+    rejected without its tokens ever being made."""
     cfg = cfg or ReplayConfig()
     if not requests:
         raise InvalidArgumentError("the trace has no requests")
