@@ -95,14 +95,23 @@ REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "data" / "mooncake" / "synthetic_trace.jsonl"
 
 
+def anywhere_the_trace_is_found(tmp_path: Path) -> Path:
+    """A working directory from which the shipped trace must be found: any, when kvcore is
+    imported from this clone (``pip install -e``); the clone's root for an installed build (the
+    compiled one of ``scripts/test_compiled.sh``)."""
+    import kvcore
+
+    return tmp_path if Path(kvcore.__file__).resolve().is_relative_to(REPO) else REPO
+
+
 def test_the_mooncake_trace_ships_in_the_repository(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """From a clone alone (nothing beside it, run from anywhere): the trace is the repository's
-    copy, with its attribution and license note beside it, and the built-in name loads it."""
+    """From a clone alone (nothing beside it): the trace is the repository's copy, with its
+    attribution and license note beside it, and the built-in name loads it."""
     from kvcore.sim.traces import MOONCAKE_SYNTHETIC
 
     monkeypatch.delenv("KVCORE_MOONCAKE_TRACE", raising=False)
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.chdir(anywhere_the_trace_is_found(tmp_path))
     assert default_trace_path() == SHIPPED
     assert sum(1 for _ in SHIPPED.open()) == 3993
     note = (SHIPPED.parent / "README.md").read_text()
