@@ -22,14 +22,17 @@ from typing import Any
 from kvcore.cmdline import OneLineParser, non_negative_int, positive_int
 from kvcore.errors import InvalidArgumentError, KVCoreError
 from kvcore.eviction import OFFLINE_BOUND, RECOMMENDED, RECOMMENDED_NAME, REGISTRY
+from kvcore.sim.interrupt import INTERRUPTED, SigintStop, partial_note
+
+DEFAULT_MAX_MODEL_LEN = 1 << 20  # tokens; the shipped Mooncake trace's longest request: 191,386
 
 MAIN_EPILOG = """\
 examples:
   kvcore replay                                   built-in shared-prefix workload
   kvcore replay --workload multi-turn --policy lru,belady --plot curve.png
-  kvcore replay ../shared/data/mooncake/synthetic_trace.jsonl --block-size 512 \\
-      --capacity-tokens 4000000 --policy lru,fifo,lfu,belady
-  kvcore replay TRACE --block-size 512 --num-blocks 2049 --eviction-policy recommended --json
+  kvcore replay mooncake-synthetic --block-size 512 \\
+      --capacity-tokens 4000000 --policy lru,fifo,lfu,belady      the shipped Mooncake trace
+  kvcore replay TRACE.jsonl --block-size 512 --num-blocks 2049 --eviction-policy recommended --json
   kvcore bench manager                            kvcore vs vLLM, same run
 """
 
@@ -118,7 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Replay a Mooncake trace (JSONL) or a built-in synthetic "
                         "workload through kvcore's scheduler and KV-cache manager (no model), "
                         "and optionally compare eviction policies on the same requests.")
-    rp.add_argument("trace", nargs="?", help="Mooncake JSONL trace (default: a built-in workload)")
+    rp.add_argument("trace", nargs="?", help="Mooncake JSONL trace, or mooncake-synthetic: the "
+                    "Mooncake trace shipped in the repository's data/mooncake/ (default: a "
+                    "built-in workload)")
     rp.add_argument("--workload", default="shared-prefix",
                     help="built-in workload when no TRACE: shared-prefix, multi-turn, few-shot, "
                     "random (default: shared-prefix)")
@@ -132,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--max-num-batched-tokens", type=positive_int, default=8192,
                     help="tokens per step (8192)")
     rp.add_argument("--limit", type=positive_int, help="replay only the first N requests")
+    rp.add_argument("--max-model-len", type=positive_int, default=DEFAULT_MAX_MODEL_LEN,
+                    metavar="TOKENS", help="the model length: a trace request longer than this "
+                    "(prompt + output tokens) is refused, naming its line, before any of its "
+                    f"tokens is made (default {DEFAULT_MAX_MODEL_LEN})")
     rp.add_argument("--eviction-policy", type=_eviction_policy, default="lru", metavar="NAME",
                     help="the real pool's eviction policy for the replay: "
                     f"{REGISTRY.describe(offline=False)}; options as slru:protected_share=0.3; "
@@ -149,8 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "(policies from --policy, default lru,belady)")
     rp.add_argument("--publish", metavar="ENDPOINT",
                     help="stream the replay's KV events over ZeroMQ as vLLM publishes them "
-                    "(PUB socket, e.g. tcp://*:5557; batches are kept for replay requests on "
-                    "--publish-replay)")
+                    "(PUB socket; batches are kept for replay requests on --publish-replay). "
+                    "Bind or connect, as vLLM does: a wildcard host (tcp://*:5557), ipc:// and "
+                    "inproc:// bind, and subscribers connect to them; any other address "
+                    "(tcp://127.0.0.1:5557) connects, so a subscriber must bind it. The replay "
+                    "says which it did, and warns if a connecting publisher never reached a peer")
     rp.add_argument("--publish-replay", metavar="ENDPOINT",
                     help="ROUTER socket answering replay requests for --publish (e.g. "
                     "tcp://*:5558)")
@@ -186,7 +198,8 @@ def _load(args: argparse.Namespace) -> tuple[str, list[Any]]:
     from kvcore.sim import traces, workloads
 
     if args.trace is not None:  # an empty TRACE is an error, not the built-in workload
-        reqs = traces.load_mooncake(args.trace, limit=args.limit)
+        reqs = traces.load_mooncake(args.trace, limit=args.limit,
+                                    max_model_len=args.max_model_len)
         return args.trace, reqs
     reqs = workloads.make_workload(args.workload)
     if args.limit:
@@ -198,6 +211,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from kvcore.sim.policies import hit_rate_curve, ideal_hit_rate, to_block_requests
     from kvcore.sim.replay import ReplayConfig, replay
 
+    if args.plot is not None:  # before the run, not after it
+        from kvcore.sim.plots import check_plot_path
+
+        check_plot_path(args.plot)
     source, reqs = _load(args)
     capacity = args.capacity_tokens if args.num_blocks is None and args.capacity_tokens else None
     if args.num_blocks is None and capacity is None:
@@ -208,7 +225,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         hints = RECOMMENDED.queue_hints if hints is None else hints
     progress = not args.no_progress and len(reqs) > 200  # on stderr, also with --json
     cfg = ReplayConfig(block_size=args.block_size, num_blocks=args.num_blocks,
-                       capacity_tokens=capacity, max_num_seqs=args.max_num_seqs,
+                       capacity_tokens=capacity, max_model_len=args.max_model_len,
+                       max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens,
                        eviction_policy=policy, queue_hints=hints or 0, progress=progress,
                        host_blocks=args.host_blocks, host_eviction_policy=args.host_policy,
@@ -220,17 +238,24 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if clustered and args.publish is not None:
         raise InvalidArgumentError("--publish streams one replica's events; it cannot be "
                                    "combined with --replicas/--router")
+    stop = SigintStop()  # Ctrl-C: the replay ends at its next step, results marked partial
     if clustered:
-        result = _replay_cluster(reqs, cfg, args, progress)
+        with stop:
+            result = _replay_cluster(reqs, cfg, args, progress, stop)
     elif args.publish is not None:
         from kvcore.publisher import ZmqEventPublisher
 
-        with ZmqEventPublisher(args.publish, args.publish_replay) as publisher:
-            result = replay(reqs, cfg, event_sink=publisher.publish)
-        published = {"endpoint": publisher.endpoint, "batches": publisher.num_published,
-                     "dropped": publisher.num_dropped}
+        with ZmqEventPublisher(args.publish, args.publish_replay) as publisher, stop:
+            print(f"kvcore: publishing KV events: {publisher.describe()}", file=sys.stderr)
+            result = replay(reqs, cfg, event_sink=publisher.publish, should_stop=stop)
+        published = {"endpoint": publisher.endpoint, "mode": publisher.mode,
+                     "peer_connected": publisher.peer_connected,
+                     "batches": publisher.num_published, "dropped": publisher.num_dropped}
+        if (warning := publisher.undelivered_warning()) is not None:
+            print(f"kvcore: warning: {warning}", file=sys.stderr)
     else:
-        result = replay(reqs, cfg)
+        with stop:
+            result = replay(reqs, cfg, should_stop=stop)
     out: dict[str, Any] = {"source": source, "requests": len(reqs), "block_size": args.block_size,
                            "num_blocks": num_blocks, "eviction_policy": policy,
                            "queue_hints": cfg.queue_hints, "replay": result.to_dict()}
@@ -241,36 +266,43 @@ def cmd_replay(args: argparse.Namespace) -> int:
         out["replicas"] = args.replicas
         out["router"] = result.router
     block_reqs = []
-    if args.policy or args.plot:
-        block_reqs = to_block_requests(reqs, args.block_size)
-        out["ideal_hit_rate"] = ideal_hit_rate(block_reqs, args.block_size)
-    if args.policy:
-        sims = hit_rate_curve(block_reqs, [num_blocks - 1], args.policy, args.block_size,
-                              progress=progress)
-        out["policies"] = {p: rs[0].hit_rate for p, rs in sims.items()}
-        out["policies_skipped"] = {p: rs[0].skipped for p, rs in sims.items()}
-    if args.plot:
-        from kvcore.sim.plots import plot_hit_rate_curves
+    try:  # the policy simulations: a Ctrl-C drops those not done yet
+        if (args.policy or args.plot) and not stop.requested:
+            block_reqs = to_block_requests(reqs, args.block_size)
+            out["ideal_hit_rate"] = ideal_hit_rate(block_reqs, args.block_size)
+        if args.policy and not stop.requested:
+            sims = hit_rate_curve(block_reqs, [num_blocks - 1], args.policy, args.block_size,
+                                  progress=progress)
+            out["policies"] = {p: rs[0].hit_rate for p, rs in sims.items()}
+            out["policies_skipped"] = {p: rs[0].skipped for p, rs in sims.items()}
+        if args.plot and not stop.requested:
+            from kvcore.sim.plots import plot_hit_rate_curves
 
-        top = num_blocks - 1
-        caps = sorted({max(1, top >> k) for k in range(7)} | {top * 2, top * 4})
-        curves = hit_rate_curve(block_reqs, caps, args.policy or ["lru", "belady"],
-                                args.block_size, progress=progress)
-        plot_hit_rate_curves(curves, block_size=args.block_size, ideal=out["ideal_hit_rate"],
-                             title=Path(args.trace).name if args.trace else source,
-                             path=args.plot)
-        out["plot"] = args.plot
-        # [capacity in tokens, hit rate (None when every request was skipped), skipped]
-        out["curves"] = {p: [[r.capacity_blocks * args.block_size,
-                              r.hit_rate if r.prompt_tokens else None, r.skipped] for r in rs]
-                         for p, rs in curves.items()}
+            top = num_blocks - 1
+            caps = sorted({max(1, top >> k) for k in range(7)} | {top * 2, top * 4})
+            curves = hit_rate_curve(block_reqs, caps, args.policy or ["lru", "belady"],
+                                    args.block_size, progress=progress)
+            plot_hit_rate_curves(curves, block_size=args.block_size,
+                                 ideal=out["ideal_hit_rate"],
+                                 title=Path(args.trace).name if args.trace else source,
+                                 path=args.plot)
+            out["plot"] = args.plot
+            # [capacity in tokens, hit rate (None when every request was skipped), skipped]
+            out["curves"] = {p: [[r.capacity_blocks * args.block_size,
+                                  r.hit_rate if r.prompt_tokens else None, r.skipped]
+                                 for r in rs] for p, rs in curves.items()}
+    except KeyboardInterrupt:
+        stop.requested = True
+    if stop.requested:
+        out["partial"] = True
+        print(partial_note(out, args.policy, args.plot), file=sys.stderr)
     if args.json:
         print(json.dumps(out, indent=1))
-        return 0
+        return INTERRUPTED if stop.requested else 0
     if clustered:
         _print_cluster(source, result, num_blocks, args.block_size, policy, args.host_blocks,
                        args.host_policy)
-        return 0
+        return INTERRUPTED if stop.requested else 0
     r = result
     print(f"replayed {source}: {r.num_finished} of {len(reqs)} requests finished "
           f"({r.num_rejected} rejected) in {r.steps} steps, {r.wall_s:.2f}s wall")
@@ -286,7 +318,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
           f"{r.cpu_us_per_step_p99:.1f} µs p99, {r.cpu_s:.2f}s total")
     if "published" in out:
         pub = out["published"]
-        print(f"  KV events:       {pub['batches']:,} batches published on {pub['endpoint']}"
+        how = "bound" if pub["mode"] == "bind" else "connected to"
+        print(f"  KV events:       {pub['batches']:,} batches published, {how} {pub['endpoint']}"
+              + ("" if pub["peer_connected"] or pub["mode"] == "bind" else " (no peer reached)")
               + (f" ({pub['dropped']:,} dropped: the send queue was full)" if pub["dropped"]
                  else ""))
     if "ideal_hit_rate" in out:
@@ -295,7 +329,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         skipped = out["policies_skipped"][p]
         print(f"  policy {p:7s} hit rate: {rate:.2%}  (same capacity, one request at a time"
               + (f"; {skipped} requests larger than the cache skipped)" if skipped else ")"))
-    if args.plot:
+    if "curves" in out:
         policies = list(out["curves"])
         print(f"\n  {'capacity (tokens)':>18} " + " ".join(f"{p:>7}" for p in policies)
               + "  skipped")
@@ -305,18 +339,18 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 f"{r:>7.1%}" if r is not None else f"{'-':>7}" for r in rates)
                 + f"  {skipped:>7,}")
         print(f"  plot written to {args.plot}")
-    return 0
+    return INTERRUPTED if stop.requested else 0
 
 
 def _replay_cluster(reqs: list[Any], cfg: Any, args: argparse.Namespace,
-                   progress: bool) -> Any:
+                   progress: bool, stop: SigintStop) -> Any:
     from kvcore.sim.cluster import ClusterConfig, replay_cluster
     from kvcore.sim.replay import progress_bar
 
     cluster = ClusterConfig(args.replicas, args.router or "prefix", args.load_weight)
     bar = progress_bar(len(reqs)) if progress else None
     try:
-        return replay_cluster(reqs, cfg, cluster,
+        return replay_cluster(reqs, cfg, cluster, should_stop=stop,
                               on_finished=bar.update if bar is not None else None)
     finally:
         if bar is not None:
@@ -377,6 +411,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as exc:
         print(f"kvcore: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # outside a replay's steps (which stop and report what they did)
+        print("kvcore: interrupted", file=sys.stderr)
+        return INTERRUPTED
     return 0
 
 

@@ -19,6 +19,11 @@ unchanged.
 * ``encoding="array"`` sends events as positional arrays (``[tag, field, ...]``), the encoding
   vLLM used before tagged maps; the default ``"map"`` is vLLM 0.32's.
 * ``shutdown`` sends what is queued (up to ``timeout``), then closes the sockets.
+* Bind or connect, as vLLM decides: a wildcard host (``tcp://*:5557``), ``ipc://`` and
+  ``inproc://`` bind (subscribers connect to the publisher); any other address connects (a
+  subscriber must bind it).  ``mode`` says which; ``peer_connected`` says whether a peer was ever
+  there (a subscriber accepted on a bound socket, the bound peer reached by a connecting one), so a
+  connecting publisher whose peer also connects, and thus delivers nothing, can be told apart.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Any
 
 import msgspec
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from kvcore.errors import InvalidArgumentError, KVCoreError
 from kvcore.events import BlockRemoved, BlockStored, KVCacheEvent, encode_event_batch
@@ -43,6 +49,8 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 """The replay socket's end-of-replay sequence frame."""
 
 ENCODINGS = ("map", "array")
+PEER_WAIT_MS = 500
+"""How long ``shutdown`` waits for a connecting publisher's first peer, if none came yet."""
 
 
 class PublisherClosedError(KVCoreError, RuntimeError):
@@ -140,8 +148,9 @@ class ZmqEventPublisher:
     """PUB socket + replay ROUTER socket + background sender (see the module docstring).
 
     Args:
-        endpoint: PUB address; ``tcp://*:5557`` binds, ``tcp://host:5557`` connects.  A bound
-            wildcard port (``tcp://127.0.0.1:*``) resolves to the port chosen: ``endpoint``.
+        endpoint: PUB address; ``tcp://*:5557`` binds, ``tcp://host:5557`` connects (``mode``).
+            A bound wildcard port (``tcp://127.0.0.1:*``) resolves to the port chosen:
+            ``endpoint``.
         replay_endpoint: ROUTER address for replay requests (always bound), or ``None``.
         buffer_steps: batches kept for replay.
         hwm: the PUB socket's send high-water mark (ZeroMQ drops beyond it, per subscriber).
@@ -181,11 +190,17 @@ class ZmqEventPublisher:
             max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=self.buffer_steps)
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self.mode = "bind" if _binds(endpoint) else "connect"
+        self.peer_connected = False  # set from the socket's monitor (see _watch_peers)
         self._pub = self._ctx.socket(zmq.PUB)
         self._replay: zmq.Socket[bytes] | None = None
+        self._monitor: zmq.Socket[bytes] | None = None
         try:
             self._pub.set_hwm(hwm)
-            self.endpoint = self._open(self._pub, endpoint, bind=_binds(endpoint))
+            # Before bind/connect, so that no connection goes unseen.
+            self._monitor = self._pub.get_monitor_socket(
+                zmq.EVENT_CONNECTED if self.mode == "connect" else zmq.EVENT_ACCEPTED)
+            self.endpoint = self._open(self._pub, endpoint, bind=self.mode == "bind")
             if replay_endpoint is not None:
                 self._replay = self._ctx.socket(zmq.ROUTER)
                 self.replay_endpoint: str | None = self._open(self._replay, replay_endpoint,
@@ -241,6 +256,11 @@ class ZmqEventPublisher:
             logger.warning("kvcore publisher: %d batches still queued after %.1fs",
                            self._queue.qsize(), timeout)
         else:
+            # The sender has stopped: the monitor is this thread's now.  A connection may still
+            # be on its way (a short run): wait for it a little.
+            waiting = self.mode == "connect" and not self.peer_connected
+            self._watch_peers(wait_ms=min(PEER_WAIT_MS, max(0, int(
+                (deadline - time.monotonic()) * 1000))) if waiting else 0)
             # What the sender handed to ZeroMQ may still be on its way (a connecting PUB
             # socket's peer may not even be reached yet): give it the rest of the timeout.
             self._close_sockets(linger_ms=max(0, int((deadline - time.monotonic()) * 1000)))
@@ -251,7 +271,34 @@ class ZmqEventPublisher:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
+    def describe(self) -> str:
+        """What was done with ``endpoint``, for people: ``bound tcp://…`` or ``connected to
+        tcp://…``, and who must do the other half."""
+        if self.mode == "bind":
+            return f"bound {self.endpoint} (subscribers connect to it)"
+        return f"connected to {self.endpoint} (a subscriber must bind it)"
+
+    def undelivered_warning(self) -> str | None:
+        """After ``shutdown``: why nothing can have been delivered, when a connecting publisher
+        never reached a peer (e.g. a subscriber that connects too); else ``None``."""
+        if self.mode != "connect" or self.peer_connected:
+            return None
+        return (f"the publisher connected to {self.endpoint} but no peer ever accepted the "
+                f"connection: none of the {self.num_published:,} batches was delivered (a "
+                "subscriber must bind that address; or publish on tcp://*:PORT, which binds)")
+
+    def _watch_peers(self, wait_ms: int = 0) -> None:
+        """Read the monitor's connection events (waiting up to ``wait_ms`` for the first)."""
+        monitor = self._monitor
+        while monitor is not None and not self.peer_connected and monitor.poll(wait_ms):
+            if recv_monitor_message(monitor)["event"] & (zmq.EVENT_CONNECTED
+                                                         | zmq.EVENT_ACCEPTED):
+                self.peer_connected = True
+
     def _close_sockets(self, linger_ms: int = 0) -> None:
+        if self._monitor is not None:
+            self._pub.disable_monitor()
+            self._monitor.close(linger=0)
         self._pub.close(linger=linger_ms)
         if self._replay is not None:
             self._replay.close(linger=0)
@@ -261,6 +308,8 @@ class ZmqEventPublisher:
         topic = self.topic.encode()
         seq = 0
         while True:
+            if not self.peer_connected:
+                self._watch_peers()
             if self._replay is not None and self._replay.poll(0):
                 self._serve_replay(topic)
             try:

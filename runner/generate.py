@@ -1,4 +1,4 @@
-"""``python -m runner.generate`` (also ``kvcore generate``): run the engine end to end.
+"""``python -m runner.generate`` (also the ``kvcore-generate`` script): run the engine end to end.
 
 With no ``--model`` it builds a tiny random Qwen3-shaped model (byte-level tokenizer) on the
 CPU, so a fresh install can exercise the whole stack; ``--model DIR`` loads a local folder with

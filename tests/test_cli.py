@@ -91,7 +91,31 @@ def test_plot_marks_the_offline_bound_and_leaves_out_skipped_capacities() -> Non
     assert "offline bound" in bound.get_label() and bound.get_linestyle() == "--"
     lru = next(line for label, line in lines.items() if label.startswith("lru"))
     assert lru.get_linestyle() == "-" and list(lru.get_xdata()) == [64 * 16, 128 * 16]
-    assert "2 skipped" in lru.get_label() and ax.get_title() == "trace.jsonl"
+    assert ax.get_title() == "trace.jsonl"
+
+
+def test_plot_legend_covers_no_curve_and_notes_skipped_requests_once() -> None:
+    """The legend stands beside the axes (it used to sit on the Belady curve), and the requests
+    skipped at small capacities are said once, not on every line."""
+    from kvcore.sim.plots import plot_hit_rate_curves
+    from kvcore.sim.policies import PolicyResult
+
+    curves = {p: [PolicyResult(p, 4, 0, 0, 0, 10), PolicyResult(p, 64, 50 + 40 * (p == "belady"),
+                                                                100, 3, 2),
+                  PolicyResult(p, 128, 60 + 30 * (p == "belady"), 100, 1, 0)]
+              for p in ("lru", "fifo", "lfu", "belady")}
+    ax = plot_hit_rate_curves(curves, block_size=16, ideal=0.95)
+    fig = ax.figure
+    fig.canvas.draw()
+    legend = ax.get_legend().get_window_extent()
+    assert legend.x0 >= ax.get_window_extent().x1  # outside the axes: over no data
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert len(labels) == 5 and not any("skipped" in label for label in labels)
+    notes = [t.get_text() for t in ax.texts if "skipped" in t.get_text()]
+    assert notes == ["requests larger than the cache skipped: 2 at 1,024 tokens"]
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
 
 
 def test_replay_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -100,11 +124,23 @@ def test_replay_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert rc == 0 and png.stat().st_size > 1000 and "plot written" in out
 
 
-@pytest.mark.skipif(default_trace_path() is None, reason="shipped Mooncake trace not present")
 def test_replay_trace_file(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = run(capsys, "replay", str(default_trace_path()), "--limit", "200",
                      "--block-size", "512", "--json")
     assert rc == 0 and json.loads(out)["replay"]["num_requests"] == 200
+
+
+def test_replay_the_shipped_trace_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.sim.test_traces_workloads import anywhere_the_trace_is_found
+
+    monkeypatch.chdir(anywhere_the_trace_is_found(tmp_path))
+    monkeypatch.delenv("KVCORE_MOONCAKE_TRACE", raising=False)
+    rc, out, err = run(capsys, "replay", "mooncake-synthetic", "--limit", "50", "--block-size",
+                       "512", "--json")
+    assert rc == 0, err
+    data = json.loads(out)
+    assert data["source"] == "mooncake-synthetic" and data["replay"]["num_requests"] == 50
 
 
 @pytest.mark.parametrize("argv, message", [

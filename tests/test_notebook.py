@@ -1,7 +1,10 @@
-"""The experiments notebook runs top to bottom (nbclient) and is committed without outputs."""
+"""The experiments notebook runs top to bottom (nbclient), is committed without outputs, and its
+figures in ``docs/notebook/`` are current."""
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from pathlib import Path
 
@@ -9,6 +12,7 @@ import nbformat
 import pytest
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "prefix_cache_experiments.ipynb"
+FIGURES = NOTEBOOK.parents[1] / "docs" / "notebook"
 
 
 def test_notebook_is_committed_without_outputs() -> None:
@@ -18,8 +22,20 @@ def test_notebook_is_committed_without_outputs() -> None:
             assert not cell.outputs and cell.execution_count is None
 
 
-def test_notebook_executes_within_a_minute() -> None:
+def test_notebook_loads_the_shipped_trace_without_a_fallback() -> None:
+    """The Mooncake trace ships in the repository: the notebook loads it by its built-in name
+    and has no path outside the repository, nor a workload to fall back on."""
+    source = "\n".join(c.source for c in nbformat.read(NOTEBOOK, as_version=4).cells)
+    assert 'load_mooncake("mooncake-synthetic")' in source
+    assert "../shared" not in source and "is_file()" not in source
+
+
+def test_notebook_executes_within_a_minute_and_its_committed_figures_are_current(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The notebook writes its figures and the numbers they plot (``figures.json``); those in
+    ``docs/notebook/``, which the README shows, must be what it draws now."""
     nbclient = pytest.importorskip("nbclient")
+    monkeypatch.setenv("KVCORE_NOTEBOOK_FIGURES", str(tmp_path))
     nb = nbformat.read(NOTEBOOK, as_version=4)
     start = time.perf_counter()
     nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
@@ -31,3 +47,26 @@ def test_notebook_executes_within_a_minute() -> None:
     assert "LRU→Belady gap closed" in text and "queue_hints" in text  # the eviction-policy section
     assert any("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code"
                for o in c.outputs)
+    drawn = json.loads((tmp_path / "figures.json").read_text())
+    committed = json.loads((FIGURES / "figures.json").read_text())
+    assert drawn.keys() == committed.keys() == {"hit_rate_vs_capacity", "kv_usage", "queue_hints"}
+    for name in drawn:
+        assert drawn[name] == committed[name], (
+            f"docs/notebook/{name}.png is out of date: run the notebook and commit docs/notebook/")
+        assert (tmp_path / f"{name}.png").stat().st_size > 10_000
+        assert (FIGURES / f"{name}.png").stat().st_size > 10_000
+
+
+def test_readme_says_how_to_open_the_notebook_and_shows_its_figures() -> None:
+    repo = NOTEBOOK.parents[1]
+    readme = (repo / "README.md").read_text()
+    command = ".venv/bin/pip install -e '.[notebook]' && .venv/bin/jupyter lab " \
+              "notebooks/prefix_cache_experiments.ipynb"
+    assert f"```bash\n{command}\n```" in readme
+    pyproject = (repo / "pyproject.toml").read_text()
+    extras = dict(re.findall(r"^(\w+) = \[(.*?)\]$", pyproject, flags=re.M | re.S))
+    assert '"jupyterlab"' in extras["notebook"]
+    assert "jupyter" not in extras["dev"]  # hence the extra
+    shown = re.findall(r"!\[[^]]*\]\((docs/notebook/[^)]+\.png)\)", readme)
+    assert sorted(shown) == sorted(f"docs/notebook/{p.name}" for p in FIGURES.glob("*.png"))
+    assert len(shown) == 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from collections.abc import Iterator
 
@@ -328,3 +329,67 @@ def test_cli_replay_publishes(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", "--publish", ""]) == 2  # not silently ignored
     assert "endpoint" in capsys.readouterr().err
 
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _replay_publishing(capsys: pytest.CaptureFixture[str], endpoint: str,
+                       *extra: str) -> tuple[int, str, str]:
+    from kvcore.cli import main
+
+    rc = main(["replay", "--workload", "shared-prefix", "--num-blocks", "400", "--limit", "20",
+               "--no-progress", "--publish", endpoint, *extra])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_publish_says_bind_or_connect_and_warns_when_a_connecting_one_had_no_peer(
+        ctx: zmq.Context[zmq.Socket[bytes]], capsys: pytest.CaptureFixture[str]) -> None:
+    # A subscriber that binds: the connecting publisher reaches it.
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.bind("tcp://127.0.0.1:*")
+    last = sub.getsockopt(zmq.LAST_ENDPOINT)
+    assert isinstance(last, bytes)
+    endpoint = last.decode()
+    rc, out, err = _replay_publishing(capsys, endpoint, "--json")
+    assert rc == 0, err
+    pub = json.loads(out)["published"]
+    assert (pub["mode"], pub["peer_connected"]) == ("connect", True) and pub["batches"] > 0
+    assert f"publishing KV events: connected to {endpoint} (a subscriber must bind it)" in err
+    assert "warning" not in err
+
+    # A subscriber that connects too: nothing can be delivered, and the replay says so.
+    lost = f"tcp://127.0.0.1:{_free_port()}"
+    other = ctx.socket(zmq.SUB)
+    other.connect(lost)
+    rc, out, err = _replay_publishing(capsys, lost)
+    assert rc == 0, err
+    assert f"batches published, connected to {lost} (no peer reached)" in out
+    warning = [line for line in err.splitlines() if "warning" in line]
+    assert len(warning) == 1 and f"connected to {lost} but no peer ever accepted" in warning[0]
+    assert "none of the" in warning[0] and "tcp://*:PORT" in warning[0]
+    rc, out, err = _replay_publishing(capsys, lost, "--json")
+    pub = json.loads(out)["published"]
+    assert (pub["mode"], pub["peer_connected"]) == ("connect", False) and "warning" in err
+
+    # A wildcard port binds: subscribers connect to it, and no peer is not a warning.
+    rc, out, err = _replay_publishing(capsys, LOCAL)
+    assert rc == 0 and "batches published, bound tcp://127.0.0.1:" in out
+    assert "(subscribers connect to it)" in err and "warning" not in err
+
+
+def test_publish_help_says_which_addresses_bind_and_which_connect(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from kvcore.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["replay", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "a wildcard host (tcp://*:5557), ipc:// and inproc:// bind" in text
+    assert "any other address (tcp://127.0.0.1:5557) connects, so a subscriber must bind it" in text

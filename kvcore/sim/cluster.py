@@ -100,6 +100,7 @@ class ClusterResult:
     index_blocks: int
     wall_s: float
     replicas: list[ReplicaResult] = field(default_factory=list)
+    interrupted: bool = False  # stopped early (should_stop): the counts cover the steps run
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -147,9 +148,11 @@ class _Replica:
 
 def replay_cluster(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None,
                    cluster: ClusterConfig | None = None, *,
-                   on_finished: Callable[[int], object] | None = None) -> ClusterResult:
+                   on_finished: Callable[[int], object] | None = None,
+                   should_stop: Callable[[], bool] | None = None) -> ClusterResult:
     """Run ``requests`` on ``cluster.num_replicas`` replicas (see the module docstring).
-    ``on_finished(n)`` is called as requests finish (a progress bar)."""
+    ``on_finished(n)`` is called as requests finish (a progress bar); ``should_stop``, asked
+    before every event, ends the run early with what was done (``interrupted``)."""
     cfg = cfg or ReplayConfig()
     cluster = cluster or ClusterConfig()
     if not requests:
@@ -166,7 +169,11 @@ def replay_cluster(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = 
     ttft: list[float] = []
     rejected = finished = 0
     wall0 = time.perf_counter()
+    interrupted = False
     while True:
+        if should_stop is not None and should_stop():
+            interrupted = True
+            break
         busy = [r for r in reps if r.sched.has_unfinished_requests()]
         next_step = min(busy, key=lambda r: (r.clock, r.rid)) if busy else None
         t_arrival = pending[0].arrival_ms * cfg.time_scale if pending else math.inf
@@ -225,4 +232,5 @@ def replay_cluster(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = 
         sim_time_ms=max(r.clock for r in reps),
         event_batches=sum(r.channel.seq for r in reps),
         event_bytes=sum(r.channel.num_bytes for r in reps), index_blocks=len(index),
-        wall_s=time.perf_counter() - wall0, replicas=[r.result for r in reps])
+        wall_s=time.perf_counter() - wall0, replicas=[r.result for r in reps],
+        interrupted=interrupted)

@@ -112,6 +112,7 @@ class ReplayResult:
     cpu_us_per_step_p99: float
     wall_s: float
     usage: list[tuple[float, float]] = field(default_factory=list)  # (sim time ms, usage)
+    interrupted: bool = False  # stopped early (should_stop): the counts cover the steps run
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -220,11 +221,15 @@ def check_inputs(requests: Sequence[TraceRequest], cfg: ReplayConfig) -> None:
 
 
 def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None, *,
-           event_sink: Callable[[list[KVCacheEvent]], object] | None = None) -> ReplayResult:
+           event_sink: Callable[[list[KVCacheEvent]], object] | None = None,
+           should_stop: Callable[[], bool] | None = None) -> ReplayResult:
     """Run ``requests`` (in any order: they are sorted by arrival) to completion; see the module
     docstring.  ``event_sink`` (e.g. ``ZmqEventPublisher.publish``) receives the manager's KV
-    events after every step.  Raises :class:`InvalidArgumentError` before running if an arrival
-    time is NaN, infinite or negative, or a length is negative."""
+    events after every step.  ``should_stop`` is asked before every step: when it returns true
+    the replay ends there, with the result of the steps run so far (``interrupted``).  Raises
+    :class:`InvalidArgumentError` before running if an arrival time is NaN, infinite or
+    negative, or a length is negative.  A prompt at or over the model length is counted as
+    rejected without its tokens ever being made."""
     cfg = cfg or ReplayConfig()
     if not requests:
         raise InvalidArgumentError("the trace has no requests")
@@ -256,11 +261,22 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None, *,
     rejected = finished = 0
     prompt_tokens = 0
     wall0 = time.perf_counter()
+    interrupted = False
     while pending or arrived or sched.has_unfinished_requests():
+        if should_stop is not None and should_stop():
+            interrupted = True
+            break
         while pending and pending[0].arrival_ms * cfg.time_scale <= clock:
             arrived.append(pending.popleft())
         while arrived and sched.num_waiting < window:
             tr = arrived.popleft()
+            if tr.num_prompt_tokens >= manager.max_model_len:
+                # The scheduler would reject it: never make its tokens (they may not fit in
+                # memory: a hash-id prompt can claim any length).
+                rejected += 1
+                if bar is not None:
+                    bar.update(1)
+                continue
             req = made.pop(tr.request_id, None) or make_request(manager, tr)
             try:
                 sched.add_request(req)
@@ -297,7 +313,7 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None, *,
         sim_time_ms=clock, cpu_s=sum(cpu),
         cpu_us_per_step_median=statistics.median(cpu) * 1e6 if cpu else 0.0,
         cpu_us_per_step_p99=cpu_sorted[int(0.99 * (len(cpu) - 1))] * 1e6 if cpu else 0.0,
-        wall_s=time.perf_counter() - wall0, usage=usage)
+        wall_s=time.perf_counter() - wall0, usage=usage, interrupted=interrupted)
 
 
 def make_request(manager: KVCacheManager, tr: TraceRequest) -> Request:
@@ -314,6 +330,8 @@ def _teach_oracle(oracle: ReplayBelady, manager: KVCacheManager,
     index: dict[str, int] = {}
     uses: dict[BlockHash, list[int]] = {}
     for i, tr in enumerate(order):
+        if tr.num_prompt_tokens >= manager.max_model_len:
+            continue  # rejected on arrival, never made (see replay)
         req = make_request(manager, tr)
         made[tr.request_id] = req
         index[tr.request_id] = i

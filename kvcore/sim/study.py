@@ -1,6 +1,6 @@
 """Eviction-policy study: the scheduler replay over a grid of cache sizes × configurations.
 
-    python -m kvcore.sim.study ../shared/data/mooncake/synthetic_trace.jsonl --block-size 512 \\
+    python -m kvcore.sim.study mooncake-synthetic --block-size 512 \\
         --blocks 1024,2048,4096,8192 --configs lru,slru,s3fifo,lru+64,slru+64,s3fifo+64,belady
 
 A configuration is ``POLICY`` or ``POLICY+DEPTH`` (queue hints: the scheduler declares its first
@@ -56,7 +56,8 @@ def gap_closed(rate: float, lru: float, belady: float) -> float | None:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = OneLineParser(prog="python -m kvcore.sim.study", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("trace", nargs="?", help="Mooncake JSONL trace (default: --workload)")
+    ap.add_argument("trace", nargs="?", help="Mooncake JSONL trace, or mooncake-synthetic (the "
+                    "shipped one; default: --workload)")
     ap.add_argument("--workload", default="multi-turn", help="built-in workload without TRACE")
     ap.add_argument("--block-size", type=positive_int, default=16)
     ap.add_argument("--blocks", default="256,512,1024,2048",

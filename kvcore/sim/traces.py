@@ -25,6 +25,9 @@ from kvcore.errors import InvalidArgumentError
 
 MOONCAKE_BLOCK_TOKENS = 512
 _FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+MOONCAKE_SYNTHETIC = "mooncake-synthetic"
+"""The built-in name of the shipped Mooncake trace (``data/mooncake/synthetic_trace.jsonl``)."""
+_SHIPPED = Path("data") / "mooncake" / "synthetic_trace.jsonl"
 
 
 class _RecordError(Exception):
@@ -130,9 +133,11 @@ def _int_field(rec: dict[str, Any], name: str, minimum: int) -> int:
     return value
 
 
-def _parse_record(text: str) -> tuple[float, int, int, tuple[int, ...]]:
+def _parse_record(text: str, max_model_len: int | None = None
+                  ) -> tuple[float, int, int, tuple[int, ...]]:
     """``(timestamp, input_length, output_length, hash_ids)`` of one JSONL record, or
-    :class:`_RecordError` saying which field is wrong and how."""
+    :class:`_RecordError` saying which field is wrong and how (a request longer than
+    ``max_model_len`` included)."""
     try:
         rec = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -166,23 +171,32 @@ def _parse_record(text: str) -> tuple[float, int, int, tuple[int, ...]]:
     if len(ids) != need:
         raise _RecordError(f"hash_ids: input_length {n_in} needs {need} hash ids (one per "
                            f"{MOONCAKE_BLOCK_TOKENS} tokens), got {len(ids)}")
+    # The replay generates at least one token (max_tokens = max(output_length, 1)).
+    if max_model_len is not None and n_in + max(n_out, 1) > max_model_len:
+        raise _RecordError(f"request of {n_in:,} prompt + {n_out:,} output tokens is longer than "
+                           f"the model length (max_model_len {max_model_len:,})")
     return ts, n_in, n_out, tuple(ids)
 
 
 def load_mooncake(path: str | Path, *, limit: int | None = None, vocab_size: int = 32_000,
-                  seed: int = 0) -> list[TraceRequest]:
+                  seed: int = 0, max_model_len: int | None = None) -> list[TraceRequest]:
     """Load a Mooncake trace: UTF-8 JSONL, one object per line with ``timestamp`` (arrival, ms,
     a finite number >= 0), ``input_length`` (an integer >= 1), ``output_length`` (an integer
     >= 0) and ``hash_ids`` (integers, exactly ``ceil(input_length / 512)`` of them); other keys
     are ignored, blank lines skipped.  Requests come back in file order: timestamps need not be
-    monotone (:func:`~kvcore.sim.replay.replay` sorts by arrival).
+    monotone (:func:`~kvcore.sim.replay.replay` sorts by arrival).  ``path`` may be the built-in
+    name :data:`MOONCAKE_SYNTHETIC` (``"mooncake-synthetic"``): the shipped trace.  With
+    ``max_model_len``, a request whose prompt plus output (at least one token) is longer is a
+    malformed record, refused before any of its tokens is made.
 
     Raises :class:`InvalidArgumentError` for a missing, unreadable or empty file, and for the
     first malformed record, as ``<path>:<line>: <what is wrong>`` (one line; physical lines
     counted from 1, blank ones included)."""
     if isinstance(path, str) and not path.strip():
         raise InvalidArgumentError("trace file path is empty")
-    path = Path(path)
+    if max_model_len is not None and (type(max_model_len) is not int or max_model_len < 2):
+        raise InvalidArgumentError(f"max_model_len must be an int >= 2, got {max_model_len!r}")
+    path = resolve_trace(path)
     if not path.is_file():
         if path.is_dir():
             raise InvalidArgumentError(f"trace file is a directory: {path}")
@@ -205,7 +219,7 @@ def load_mooncake(path: str | Path, *, limit: int | None = None, vocab_size: int
                 if not line.strip():
                     continue
                 try:
-                    ts, n_in, n_out, ids = _parse_record(line)
+                    ts, n_in, n_out, ids = _parse_record(line, max_model_len)
                 except _RecordError as exc:
                     raise InvalidArgumentError(f"{path}:{lineno}: {exc}") from None
                 out.append(TraceRequest(f"mc{len(out)}", ts, n_in, n_out, hash_ids=ids,
@@ -222,14 +236,30 @@ def load_mooncake(path: str | Path, *, limit: int | None = None, vocab_size: int
 
 def default_trace_path() -> Path | None:
     """The shipped Mooncake trace, if present: ``$KVCORE_MOONCAKE_TRACE``, else
-    ``../shared/data/mooncake/synthetic_trace.jsonl`` beside the working directory or the
-    repository."""
+    ``data/mooncake/synthetic_trace.jsonl`` in the repository kvcore was imported from (a clone,
+    installed editable), else in the working directory (a clone's root, kvcore installed from
+    it)."""
     env = os.environ.get("KVCORE_MOONCAKE_TRACE")
     if env:
         return Path(env) if Path(env).is_file() else None
-    here = Path(__file__).resolve()
-    for base in (Path.cwd(), here.parents[2]):
-        p = base.parent / "shared" / "data" / "mooncake" / "synthetic_trace.jsonl"
+    for base in (Path(__file__).resolve().parents[2], Path.cwd()):
+        p = base / _SHIPPED
         if p.is_file():
             return p
     return None
+
+
+def resolve_trace(trace: str | Path) -> Path:
+    """``trace`` as a path: the built-in name :data:`MOONCAKE_SYNTHETIC` stands for the shipped
+    trace (:func:`default_trace_path`); anything else is a path, checked by the loader."""
+    if trace != MOONCAKE_SYNTHETIC:
+        return Path(trace)
+    path = default_trace_path()
+    if path is None:
+        where = os.environ.get("KVCORE_MOONCAKE_TRACE")
+        raise InvalidArgumentError(
+            f"{MOONCAKE_SYNTHETIC}: the shipped trace is not at $KVCORE_MOONCAKE_TRACE={where}"
+            if where else
+            f"{MOONCAKE_SYNTHETIC}: the shipped trace ({_SHIPPED}) is not here; it comes with a "
+            "clone of the kvcore repository (run from its root, or set KVCORE_MOONCAKE_TRACE)")
+    return path

@@ -235,3 +235,48 @@ def test_hash_id_tokens_accept_any_json_int() -> None:
     # Negative and huge hash ids are valid JSON integers; token generation must not overflow.
     src = HashIdTokens()
     assert len(src.block(-1)) == 512 and len(src.block(10**30)) == 512
+
+
+def test_a_request_longer_than_the_model_length_is_refused_before_its_tokens(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A line whose hash ids imply a 102,400,000-token prompt: one line naming the line and the
+    model length, exit 2, at once (its tokens would need gigabytes)."""
+    ids = list(range(200_000))
+    trace = tmp_path / "huge.jsonl"
+    trace.write_bytes(GOOD + b"\n" + record(input_length=102_400_000, hash_ids=ids) + b"\n")
+    rc, out, err = within(20, lambda: run(capsys, "replay", str(trace)))
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "huge.jsonl:2: request of 102,400,000 prompt + 1 output tokens is longer than the " \
+           "model length (max_model_len 1,048,576)" in err
+    # --max-model-len moves the limit; a request that fits it exactly is accepted.
+    fits = tmp_path / "fits.jsonl"
+    fits.write_bytes(record(input_length=1023, output_length=1, hash_ids=[1, 2]) + b"\n")
+    rc, _, err = run(capsys, "replay", str(fits), "--max-model-len", "1024", "--json")
+    assert rc == 0, err
+    rc, _, err = run(capsys, "replay", str(fits), "--max-model-len", "1023")
+    assert rc == 2 and "fits.jsonl:1: request of 1,023 prompt + 1 output tokens" in err
+
+
+def test_load_mooncake_max_model_len(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes(GOOD + b"\n" + record(input_length=600, output_length=0,
+                                            hash_ids=[1, 2]) + b"\n")
+    assert len(load_mooncake(trace, max_model_len=601)) == 2  # output 0 still makes one token
+    with pytest.raises(InvalidArgumentError, match=r"t\.jsonl:2: .*max_model_len 600"):
+        load_mooncake(trace, max_model_len=600)
+    with pytest.raises(InvalidArgumentError, match="max_model_len must be an int >= 2, got 1"):
+        load_mooncake(trace, max_model_len=1)
+
+
+class _NoTokens(HashIdTokens):
+    def tokens(self, hash_ids: Any, num_tokens: int) -> list[int]:
+        raise AssertionError(f"made the tokens of a {num_tokens}-token prompt")
+
+
+@pytest.mark.parametrize("policy", ["lru", "belady"])
+def test_replay_rejects_an_overlong_request_without_making_its_tokens(policy: str) -> None:
+    huge = TraceRequest("huge", 0.0, 102_400_000, 1, hash_ids=tuple(range(200_000)),
+                        source=_NoTokens())
+    small = TraceRequest("small", 1.0, 40, 2, prompt=tuple(range(40)))
+    result = replay([huge, small], ReplayConfig(max_model_len=4096, eviction_policy=policy))
+    assert (result.num_rejected, result.num_finished) == (1, 1)

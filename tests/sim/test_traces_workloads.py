@@ -89,3 +89,39 @@ def test_workloads_are_deterministic_and_shaped() -> None:
         assert cur.arrival_ms > prev.arrival_ms
     with pytest.raises(InvalidArgumentError, match="unknown workload"):
         W.make_workload("nope")
+
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = REPO / "data" / "mooncake" / "synthetic_trace.jsonl"
+
+
+def anywhere_the_trace_is_found(tmp_path: Path) -> Path:
+    """A working directory from which the shipped trace must be found: any, when kvcore is
+    imported from this clone (``pip install -e``); the clone's root for an installed build (the
+    compiled one of ``scripts/test_compiled.sh``)."""
+    import kvcore
+
+    return tmp_path if Path(kvcore.__file__).resolve().is_relative_to(REPO) else REPO
+
+
+def test_the_mooncake_trace_ships_in_the_repository(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """From a clone alone (nothing beside it): the trace is the repository's copy, with its
+    attribution and license note beside it, and the built-in name loads it."""
+    from kvcore.sim.traces import MOONCAKE_SYNTHETIC
+
+    monkeypatch.delenv("KVCORE_MOONCAKE_TRACE", raising=False)
+    monkeypatch.chdir(anywhere_the_trace_is_found(tmp_path))
+    assert default_trace_path() == SHIPPED
+    assert sum(1 for _ in SHIPPED.open()) == 3993
+    note = (SHIPPED.parent / "README.md").read_text()
+    assert "Apache License, Version 2.0" in note and "kvcache-ai/Mooncake" in note
+    reqs = load_mooncake(MOONCAKE_SYNTHETIC, limit=3)
+    assert reqs == load_mooncake(SHIPPED, limit=3) and len(reqs) == 3
+
+
+def test_the_built_in_name_when_the_trace_is_missing(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVCORE_MOONCAKE_TRACE", str(tmp_path / "gone.jsonl"))
+    with pytest.raises(InvalidArgumentError, match=r"mooncake-synthetic: .*gone\.jsonl"):
+        load_mooncake("mooncake-synthetic")
