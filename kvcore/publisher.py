@@ -111,7 +111,7 @@ def _check_int(name: str, value: object, minimum: int) -> int:
     return value
 
 
-def _check_endpoint(name: str, value: object) -> str:
+def check_endpoint(name: str, value: object) -> str:
     """``value`` as a ZeroMQ endpoint: ``tcp://host:port`` (port 1-65535 or ``*``),
     ``ipc://path`` or ``inproc://name``."""
     ok = False
@@ -165,9 +165,9 @@ class ZmqEventPublisher:
                  buffer_steps: int = 10_000, hwm: int = 100_000, max_queue_size: int = 100_000,
                  topic: str = "", data_parallel_rank: int = 0, int_block_hashes: bool = True,
                  encoding: str = "map") -> None:
-        endpoint = _check_endpoint("endpoint", endpoint)
+        endpoint = check_endpoint("endpoint", endpoint)
         if replay_endpoint is not None:
-            replay_endpoint = _check_endpoint("replay_endpoint", replay_endpoint)
+            replay_endpoint = check_endpoint("replay_endpoint", replay_endpoint)
             if _same_address(endpoint, replay_endpoint):
                 raise InvalidArgumentError(f"replay_endpoint {replay_endpoint!r} is the PUB "
                                            f"endpoint's address ({endpoint!r})")

@@ -18,6 +18,7 @@ import torch
 
 from kvcore.errors import InvalidArgumentError
 from kvcore.eviction import parse_policy
+from kvcore.publisher import check_endpoint
 
 BACKENDS = ("torch", "triton", "flash_attn")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -65,8 +66,14 @@ class EngineConfig:
     # torch's CPU threads per rank (None: OMP_NUM_THREADS if set, else the idle cores' share;
     # see runner.threads).
     cpu_threads: int | None = None
+    # Publish the KV cache's events (device and host tier) after every step over ZeroMQ, as
+    # vLLM does (its wire format): a PUB endpoint, e.g. tcp://*:5557 (binds) or
+    # tcp://host:5557 (connects); None = no events.
+    kv_events: str | None = None
 
     def __post_init__(self) -> None:
+        if self.kv_events is not None:
+            check_endpoint("kv_events", self.kv_events)
         if self.backend not in BACKENDS:
             raise InvalidArgumentError(
                 f"unknown attention backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")

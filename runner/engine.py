@@ -67,8 +67,10 @@ import torch
 
 from kvcore.errors import InvalidArgumentError
 from kvcore.manager import KVCacheManager
+from kvcore.publisher import ZmqEventPublisher
 from kvcore.request import Request, RequestStatus
 from kvcore.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from kvcore.settings import CacheSettings
 from kvcore.specs import KVCacheConfig, config_dtype, kv_cache_config_from_hf
 from runner.batch import BatchBuilder, ModelInputs
 from runner.config import EngineConfig
@@ -133,6 +135,8 @@ class LLM:
         self._workers = Workers()
         self.tp = TPGroup()
         self._dead: str | None = None  # why the engine can no longer run (tensor parallel)
+        # Made first: a bad endpoint fails before the model is loaded.
+        self._publisher = ZmqEventPublisher(c.kv_events) if c.kv_events is not None else None
         apply_cpu_threads(threads)
         try:
             if c.tensor_parallel_size > 1:
@@ -145,9 +149,10 @@ class LLM:
             self.close()
             raise
         self.kv_config = KVCacheConfig(self.runner.num_blocks, groups)
-        self.manager = KVCacheManager(self.kv_config, max_len,
-                                      enable_caching=c.enable_prefix_caching,
-                                      max_num_batched_tokens=c.max_num_batched_tokens)
+        self.manager = KVCacheManager(
+            self.kv_config, max_len, max_num_batched_tokens=c.max_num_batched_tokens,
+            settings=CacheSettings(enable_caching=c.enable_prefix_caching,
+                                   enable_events=self._publisher is not None))
         connector, self._offload = self._host_tier(c)
         self.async_scheduling = c.use_async_scheduling
         self.scheduler = Scheduler(self.manager, SchedulerConfig(
@@ -328,6 +333,8 @@ class LLM:
             connector_output = worker.connector_output(set(step.out.finished_request_ids))
             worker.clear_connector_metadata()
         finished = self.scheduler.update_from_output(step.out, sampled, connector_output)
+        if self._publisher is not None:  # the step's KV events, device and host tier
+            self._publisher.publish(self.scheduler.take_events())
         for r in finished:
             self.sampler.forget(r.request_id)
         return finished
@@ -445,6 +452,10 @@ class LLM:
         if self._workers:
             self._workers.stop(clean=self._dead is None)
             self._dead = self._dead or "the tensor-parallel engine is closed"
+        publisher = getattr(self, "_publisher", None)  # None if __init__ failed before it
+        if publisher is not None:
+            self._publisher = None
+            publisher.shutdown()
 
     def __enter__(self) -> LLM:
         return self
