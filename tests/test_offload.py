@@ -536,3 +536,33 @@ def test_instant_transfer_reports_everything_at_the_next_poll() -> None:
     assert t.poll() == ({3}, {"x", "y"}, {5})
     assert t.poll() == (set(), set(), set())
     assert t.num_stored_blocks == 2 and t.num_loaded_blocks == 1
+
+
+def test_host_tier_events_are_self_describing() -> None:
+    """The host tier announces each stored block as the device does: its tokens, its parent
+    hash, its block size and its group's spec (vLLM 0.32's self-describing offload events), so a
+    router can index host copies without having seen the device's events."""
+    from kvcore.events import MEDIUM_CPU, MEDIUM_GPU, BlockStored
+    from kvcore.sim.replay import ReplayConfig, replay
+    from kvcore.sim.workloads import shared_prefix
+
+    reqs = shared_prefix(num_groups=2, prompts_per_group=3, system_len=64, seed=0)
+    batches: list[list[object]] = []
+    replay(reqs, ReplayConfig(block_size=16, num_blocks=40, host_blocks=64),
+           event_sink=batches.append)
+    events = [e for batch in batches for e in batch if isinstance(e, BlockStored)]
+    host = [e for e in events if e.medium == MEDIUM_CPU]
+    device = [e for e in events if e.medium == MEDIUM_GPU]
+    assert host and device
+    # Every device block's (parent, tokens) by its hash; the host's events must agree.
+    known: dict[bytes, tuple[object, tuple[int, ...]]] = {}
+    for e in device:
+        parent = e.parent_block_hash
+        for i, h in enumerate(e.block_hashes):
+            known[h] = (parent, tuple(e.token_ids[16 * i:16 * (i + 1)]))
+            parent = h
+    for e in host:
+        assert len(e.block_hashes) == 1 and e.block_size == 16 and len(e.token_ids) == 16
+        assert e.kv_cache_spec_kind == "full_attention" and e.group_id == 0
+        h = e.block_hashes[0]
+        assert known[h] == (e.parent_block_hash, tuple(e.token_ids))

@@ -35,6 +35,7 @@ from kvcore.connector.base import (
     KVConnectorRole,
 )
 from kvcore.errors import InvalidArgumentError
+from kvcore.events import MEDIUM_CPU, EventRecorder
 from kvcore.offload.manager import HostOffloadingManager, OffloadKey
 from kvcore.specs import FullAttentionSpec, KVCacheConfig
 
@@ -151,9 +152,9 @@ class OffloadingConnector(KVConnectorBase):
                                            "to equal the block size")
             self.block_size = specs[0].block_size
             self.num_groups = len(specs)
-            self.host = HostOffloadingManager(num_host_blocks, self.block_size,
-                                              eviction_policy=eviction_policy,
-                                              admit_after=admit_after)
+            self.host = HostOffloadingManager(
+                num_host_blocks, self.block_size, eviction_policy=eviction_policy,
+                admit_after=admit_after, events=EventRecorder.for_config(kv_config, MEDIUM_CPU))
         # worker side
         self.transfer = transfer if transfer is not None else InstantTransfer()
         self._finished_stores: set[int] = set()
@@ -223,7 +224,9 @@ class OffloadingConnector(KVConnectorBase):
             table = s.block_ids
             device = {(g, h): table[g][start + i] for g in range(self.num_groups)
                       for i, h in enumerate(hashes)}
-            out = host.prepare_store(list(device))
+            sources = {(g, h): (s.request, start + i) for g in range(self.num_groups)
+                       for i, h in enumerate(hashes)}
+            out = host.prepare_store(list(device), sources)
             if out is None:
                 continue
             job = self._next_job

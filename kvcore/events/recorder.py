@@ -94,6 +94,15 @@ class EventRecorder:
             session_id=request.session_id,
         ))
 
+    def stored_keys(self, hashes: Sequence[BlockHash], block_size: int, group_id: int) -> None:
+        """Blocks with these hashes entered group ``group_id``'s cache with nothing known of
+        their tokens (a placeholder, as vLLM sends for a host tier that was not told)."""
+        kind, window = self._stamp(group_id)
+        self._pending.append(BlockStored(
+            block_hashes=tuple(hashes), parent_block_hash=None, token_ids=(),
+            block_size=block_size, medium=self.medium, group_id=group_id,
+            kv_cache_spec_kind=kind, kv_cache_spec_sliding_window=window))
+
     def removed(self, block_hash: BlockHash, group_id: int) -> None:
         """The block cached under ``block_hash`` left group ``group_id``'s prefix cache."""
         self._pending.append(BlockRemoved(block_hashes=(block_hash,), medium=self.medium,

@@ -16,22 +16,29 @@ kvcore's eviction policies (``lru``, ``arc``, ... over the slots, as in the devi
 the tier evicts exactly as the device pool would.  An admission filter stores a key only once it
 was offered ``admit_after`` times (1 = always): blocks seen once never displace reused ones.
 Events: ``BlockStored`` / ``BlockRemoved`` with ``medium="CPU"``, so a routing index weighs host
-copies as such.
+copies as such.  A store whose caller names each key's request and block (``prepare_store``'s
+``sources``) is announced self-describing, as the device's: one ``BlockStored`` per block with its
+parent hash, tokens, LoRA and the group's spec (vLLM 0.32's self-describing offload events);
+without sources, a placeholder (hashes only).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
 from kvcore.blocks import BlockHash, KVCacheBlock
 from kvcore.errors import BlockStateError, InvalidArgumentError, InvariantError
-from kvcore.events import MEDIUM_CPU, BlockRemoved, BlockStored, KVCacheEvent
+from kvcore.events import MEDIUM_CPU, EventRecorder, KVCacheEvent
 from kvcore.eviction import make_policy
+from kvcore.kv_request import KVRequest
 
 OffloadKey: TypeAlias = tuple[int, BlockHash]
 """``(group id, block hash)``."""
+
+StoreSource: TypeAlias = tuple[KVRequest, int]
+"""Where a stored key's KV comes from: the request and the block's index in it."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +75,9 @@ class OffloadingManager:
     def complete_load(self, keys: Iterable[OffloadKey]) -> None:
         raise NotImplementedError
 
-    def prepare_store(self, keys: Sequence[OffloadKey]) -> PrepareStoreOutput | None:
+    def prepare_store(self, keys: Sequence[OffloadKey],
+                      sources: Mapping[OffloadKey, StoreSource] | None = None
+                      ) -> PrepareStoreOutput | None:
         raise NotImplementedError
 
     def complete_store(self, keys: Iterable[OffloadKey], success: bool = True) -> None:
@@ -85,10 +94,13 @@ class HostOffloadingManager(OffloadingManager):
         eviction_policy: a :mod:`kvcore.eviction` policy name (``"lru"``, ``"arc"``, ...).
         admit_after: store a key only on its ``admit_after``-th offer (>= 1).
         enable_events: record ``medium="CPU"`` events for ``take_events``.
+        events: the recorder they go to (default: one stamping no spec; the connector passes
+            one stamped with its groups' specs).
     """
 
     def __init__(self, num_blocks: int, block_size: int, *, eviction_policy: str = "lru",
-                 admit_after: int = 1, enable_events: bool = True) -> None:
+                 admit_after: int = 1, enable_events: bool = True,
+                 events: EventRecorder | None = None) -> None:
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size),
                             ("admit_after", admit_after)):
             if type(value) is not int or value < 1:
@@ -96,7 +108,9 @@ class HostOffloadingManager(OffloadingManager):
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.admit_after = admit_after
-        self.enable_events = bool(enable_events)
+        self.events: EventRecorder | None = (
+            (events if events is not None else EventRecorder(medium=MEDIUM_CPU))
+            if enable_events else None)
         self.slots = [KVCacheBlock(i) for i in range(num_blocks)]
         self.policy = make_policy(eviction_policy, self.slots)
         self.policy_name = eviction_policy
@@ -105,7 +119,7 @@ class HostOffloadingManager(OffloadingManager):
         # Offers of keys not admitted yet, in two generations (bounded memory, no scan).
         self._offers: dict[OffloadKey, int] = {}
         self._offers_old: dict[OffloadKey, int] = {}
-        self._events: list[KVCacheEvent] = []
+        self._sources: dict[OffloadKey, StoreSource] = {}  # keys being written: their origin
         self.num_stored = 0
         self.num_loaded = 0
         self.num_evicted = 0
@@ -171,9 +185,12 @@ class HostOffloadingManager(OffloadingManager):
             self.policy.on_hit(pinned)
 
     # -- stores ---------------------------------------------------------------------------------
-    def prepare_store(self, keys: Sequence[OffloadKey]) -> PrepareStoreOutput | None:
+    def prepare_store(self, keys: Sequence[OffloadKey],
+                      sources: Mapping[OffloadKey, StoreSource] | None = None
+                      ) -> PrepareStoreOutput | None:
         """Slots for the keys not stored yet that pass the admission filter, as many leading
-        ones as free or evictable slots allow; ``None`` if none is to be stored."""
+        ones as free or evictable slots allow; ``None`` if none is to be stored.  ``sources``
+        (optional) names each key's request and block, for self-describing events."""
         todo: list[OffloadKey] = []
         seen: set[OffloadKey] = set()
         for key in keys:
@@ -196,6 +213,8 @@ class HostOffloadingManager(OffloadingManager):
                 evicted.append(self._evict(block))
         for key, block in zip(todo, victims):
             self._writing[key] = block
+            if sources is not None and self.events is not None and key in sources:
+                self._sources[key] = sources[key]
         return PrepareStoreOutput(todo, HostLoadStoreSpec(tuple(b.block_id for b in victims)),
                                   evicted)
 
@@ -207,28 +226,40 @@ class HostOffloadingManager(OffloadingManager):
         if missing:
             raise BlockStateError(f"complete_store of keys not being stored: {missing[:3]}")
         blocks = [self._writing.pop(k) for k in keys]
+        origins = [self._sources.pop(k, None) for k in keys] if self._sources else []
         for block in blocks:
             block.ref_cnt = 0
         if not success:
             self.policy.on_free(blocks, ())
             return
-        by_group: dict[int, list[BlockHash]] = {}
         for (g, h), block in zip(keys, blocks):
             block.block_hash = h
             block.group_id = g
             self._ready[(g, h)] = block
-            by_group.setdefault(g, []).append(h)
         self.policy.on_free((), blocks)
         self.num_stored += len(blocks)
-        if self.enable_events:
-            for g, hashes in by_group.items():
-                self._events.append(BlockStored(
-                    block_hashes=tuple(hashes), parent_block_hash=None, token_ids=(),
-                    block_size=self.block_size, medium=MEDIUM_CPU, group_id=g))
+        if self.events is not None:
+            self._announce(keys, origins)
+
+    def _announce(self, keys: Sequence[OffloadKey], origins: Sequence[StoreSource | None]) -> None:
+        """``BlockStored`` for stored ``keys``: one self-describing event per key whose origin is
+        known, one placeholder per group for the others."""
+        events = self.events
+        assert events is not None
+        bs = self.block_size
+        unknown: dict[int, list[BlockHash]] = {}
+        for i, (g, h) in enumerate(keys):
+            origin = origins[i] if origins else None
+            if origin is None:
+                unknown.setdefault(g, []).append(h)
+            else:
+                request, index = origin
+                events.stored(request, request.block_hashes, index, 1, bs, g, (0,))
+        for g, hashes in unknown.items():
+            events.stored_keys(hashes, bs, g)
 
     def take_events(self) -> list[KVCacheEvent]:
-        events, self._events = self._events, []
-        return events
+        return self.events.take() if self.events is not None else []
 
     # -- helpers --------------------------------------------------------------------------------
     def _ready_blocks(self, keys: Sequence[OffloadKey], op: str) -> list[KVCacheBlock]:
@@ -256,9 +287,8 @@ class HostOffloadingManager(OffloadingManager):
         block.block_hash = None
         block.group_id = -1
         self.num_evicted += 1
-        if self.enable_events:
-            self._events.append(BlockRemoved(block_hashes=(h,), medium=MEDIUM_CPU,
-                                             group_id=key[0]))
+        if self.events is not None:
+            self.events.removed(h, key[0])
         return key
 
     def check_invariants(self) -> None:
