@@ -94,11 +94,14 @@ class BlockPool(PoolChecks):
         # the policy until needed (_reserved aliases its id set: the hot paths test it).
         self._hint_reserve = HintReserve(num_blocks - 1, self.free_queue)
         self._reserved = self._hint_reserve.held
+        self._reserve = self._hint_reserve.queue
+        self._hints = self._hint_reserve.hints  # kept equal by set_hints
         # The prefix-cache maps (per group: hash -> first block cached under it; duplicates and
-        # partial prompt-tail entries apart, see kvcore.pool.maps); _cached aliases their
-        # first-block maps, read on every lookup.
-        self._maps = PrefixMaps(num_groups)
-        self._cached = self._maps.cached
+        # partial prompt-tail entries apart, see kvcore.pool.maps); the aliases are the same
+        # objects, read on the hot paths.
+        self._maps = maps = PrefixMaps(num_groups)
+        self._cached, self._dups = maps.cached, maps.dups
+        self._secondary, self._partial_primary = maps.secondary, maps.partial_primary
         self.num_evicted_blocks = 0
         self.num_resets = 0  # successful reset_prefix_cache calls
         self.num_rejected_hits = 0  # lookups whose block held another prefix (verify mode)
@@ -111,7 +114,7 @@ class BlockPool(PoolChecks):
     @property
     def num_free_blocks(self) -> int:
         """Blocks that ``get_new_blocks`` can hand out (cached-but-free blocks included)."""
-        return len(self.free_queue) + len(self._hint_reserve.queue)
+        return len(self.free_queue) + len(self._reserve)
 
     @property
     def usage(self) -> float:
@@ -276,7 +279,7 @@ class BlockPool(PoolChecks):
                     if not undo.is_null:
                         undo.ref_cnt += 1
                 raise DoubleFreeError(f"block {block.block_id} freed with ref_cnt {ref_cnt}")
-        if to_tail and self._hint_reserve.hints is not None:
+        if to_tail and self._hints is not None:
             to_tail = self._hint_reserve.divert(to_tail, self._cached)
         if to_head or to_tail:
             self.free_queue.on_free(to_head, to_tail)
@@ -298,6 +301,7 @@ class BlockPool(PoolChecks):
                 f"got {hashes!r:.80}")
         new = [dict.fromkeys(check_hashes(group)) for group in hashes]
         self._hint_reserve.declare(new if self.enable_caching and any(new) else None, self._cached)
+        self._hints = self._hint_reserve.hints
 
     # -- prefix cache ---------------------------------------------------------------------------
     def cache_full_blocks(
@@ -336,7 +340,7 @@ class BlockPool(PoolChecks):
             return
         cached = self._cached[group_id]
         nodes = prefix_nodes if self.verify_hits else None
-        partial = self._maps.partial_primary
+        partial = self._partial_primary
         stored: list[int] = []  # indices into new_blocks
         num_already_cached = 0
         for i, block in enumerate(new_blocks):
@@ -354,7 +358,7 @@ class BlockPool(PoolChecks):
             if nodes is not None:
                 block.prefix_node = nodes[idx]
             if h in cached:
-                self._maps.dups[group_id].setdefault(h, {})[block.block_id] = block
+                self._dups[group_id].setdefault(h, {})[block.block_id] = block
             else:
                 cached[h] = block
             stored.append(i)
@@ -392,17 +396,16 @@ class BlockPool(PoolChecks):
         """Remove every key of ``block`` from its group's map (the block itself stays where it
         is): its hash, and any partial entries it also carries."""
         g = block.group_id
-        maps = self._maps
-        if maps.secondary or maps.partial_primary:
-            removed = maps.drop_keys(block)
+        if self._secondary or self._partial_primary:
+            removed = self._maps.drop_keys(block)
         else:  # the common case, inlined (lazy eviction runs for every reused cached block)
             h = block.block_hash
             assert h is not None
             cached = self._cached[g]
-            if cached.get(h) is block and h not in maps.dups[g]:
+            if cached.get(h) is block and h not in self._dups[g]:
                 del cached[h]
             else:
-                maps.unmap(g, h, block)
+                self._maps.unmap(g, h, block)
             block.block_hash = None
             block.group_id = -1
             block.prefix_node = None

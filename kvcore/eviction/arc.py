@@ -141,7 +141,8 @@ class ARCPolicy(SegmentedPolicy):
             if home:
                 to = T2 if home == T2 or marks[bid] else T1
             else:  # first free since it was cached: did its hash come back from a ghost list?
-                h: GhostKey = (block.group_id, block.block_hash)  # type: ignore[assignment]  # cached: hashed
+                g = block.group_id
+                h: GhostKey = block.block_hash if g == 0 else (g, block.block_hash)  # type: ignore[assignment]  # cached: hashed
                 to = T2 if marks[bid] else T1  # hit while in use: a second access
                 if b1 and h in b1:
                     self.target = min(self.target + max(len(b2) / len(b1), 1.0), self.capacity)
@@ -201,7 +202,8 @@ class ARCPolicy(SegmentedPolicy):
             if home:
                 sizes[home] -= 1
                 homes[block.block_id] = 0
-            (frequent if home == T2 else recent).append((block.group_id, h))
+            g = block.group_id
+            (frequent if home == T2 else recent).append(h if g == 0 else (g, h))
         if recent:
             self._b2.discard_all(recent)
             self._b1.extend(recent)

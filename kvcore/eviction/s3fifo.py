@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from kvcore.blocks import KVCacheBlock
-from kvcore.eviction.segmented import SegmentedPolicy, check_share
+from kvcore.eviction.segmented import SegmentedPolicy, check_share, ghost_key
 
 SMALL = 1
 MAIN = 2
@@ -56,8 +56,8 @@ class S3FIFOPolicy(SegmentedPolicy):
             bid = block.block_id
             home = homes[bid]
             if not home:
-                key = (block.group_id, block.block_hash)
-                home = MAIN if self._recall(key) else SMALL  # type: ignore[arg-type]  # cached
+                key = ghost_key(block.group_id, block.block_hash)  # type: ignore[arg-type]  # cached
+                home = MAIN if self._recall(key) else SMALL
                 homes[bid] = home
             self._link(home, (block,))
 

@@ -16,9 +16,16 @@ from kvcore.errors import InvalidArgumentError
 from kvcore.eviction.base import EvictionPolicy
 from kvcore.eviction.lru import FreeBlockQueue
 
-GhostKey = tuple[int, BlockHash]
-"""A ghost table's key: the evicted block's group and hash.  Each KV-cache group caches its own
-copy of a prefix, so one group's eviction must not make another group's copy a ghost return."""
+GhostKey = BlockHash | tuple[int, BlockHash]
+"""A ghost table's key: the evicted block's group and hash, as the hash itself for group 0 (no
+tuple on the common path) and ``(group, hash)`` for the others (bytes never equal a tuple).
+Each KV-cache group caches its own copy of a prefix, so one group's eviction must not make
+another group's copy a ghost return."""
+
+
+def ghost_key(group_id: int, h: BlockHash) -> GhostKey:
+    """The ghost key of ``h`` in group ``group_id`` (see :data:`GhostKey`)."""
+    return h if group_id == 0 else (group_id, h)
 
 NOT_FREE = -1
 CLEAN = 0  # segment of the uncached free blocks
@@ -88,7 +95,7 @@ class SegmentedPolicy(EvictionPolicy):
 
     def in_ghost(self, h: BlockHash, group_id: int = 0) -> bool:
         """Whether ``h`` is a remembered evicted hash (see the class docstring)."""
-        key = (group_id, h)
+        key = ghost_key(group_id, h)
         return key in self._ghost or key in self._ghost_old
 
     def mark(self, block: KVCacheBlock) -> int:
@@ -195,7 +202,8 @@ class SegmentedPolicy(EvictionPolicy):
             if h is not None:
                 marks[block.block_id] = 0
                 if remember:
-                    ghost.add((block.group_id, h))
+                    g = block.group_id
+                    ghost.add(h if g == 0 else (g, h))
         if remember and len(ghost) >= self.ghost_capacity:
             self._age_ghost()
 

@@ -63,7 +63,8 @@ class SLRUPolicy(SegmentedPolicy):
         protected: list[KVCacheBlock] = []
         for block in cached:
             bid = block.block_id
-            key = (block.group_id, block.block_hash)
+            g = block.group_id
+            key = block.block_hash if g == 0 else (g, block.block_hash)
             if marks[bid] or key in ghost or key in old:
                 if not marks[bid]:
                     self._recall(key)  # type: ignore[arg-type]  # cached: hashed
@@ -116,7 +117,8 @@ class SLRUPolicy(SegmentedPolicy):
                 segment_of[node.block_id] = NOT_FREE
                 h = node.block_hash
                 if h is not None and remember:
-                    ghost.add((node.group_id, h))
+                    g = node.group_id
+                    ghost.add(h if g == 0 else (g, h))
                 out.append(node)
                 node = nxt
             head.next_free = node
