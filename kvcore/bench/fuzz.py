@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvcore.cmdline import OneLineParser
-from kvcore.testing.driver import HostileDriver, random_operation
+from kvcore.testing.driver import HostileDriver
+from kvcore.testing.operations import random_operation
 from kvcore.testing.setups import SETUPS, Setup
 
 
