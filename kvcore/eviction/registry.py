@@ -83,7 +83,9 @@ class PolicyRegistry:
             raise InvalidArgumentError(f"eviction policy {name!r} is already registered "
                                        f"({self._entries[name].cls.__name__})")
         if summary is None:
-            summary = (cls.__doc__ or "").strip().partition("\n")[0]
+            # getattr: mypyc refuses cls.__doc__ on a native class ("Cannot access instance
+            # attribute \"__doc__\" through class object"), and the compiled build would not build.
+            summary = (getattr(cls, "__doc__", None) or "").strip().partition("\n")[0]
         self._entries[name] = PolicyInfo(name, cls, summary, bool(offline))
 
     def unregister(self, name: str) -> None:
