@@ -31,8 +31,9 @@ from kvcore.events import (
 from kvcore.eviction import FreeBlockQueue, register_policy
 from kvcore.hashing import HASH_ALGORITHMS, BlockHasher, RequestBlockHasher, random_seed
 from kvcore.invariants import check_invariants, check_manager_invariants
+from kvcore.kv_request import KVRequest, MultiModalItem
 from kvcore.manager import KVCacheBlocks, KVCacheManager
-from kvcore.request import KVRequest, MultiModalItem, Request
+from kvcore.request import Request
 from kvcore.settings import CacheSettings
 from kvcore.specs import (
     ChunkedLocalAttentionSpec,

@@ -41,7 +41,7 @@ from kvcore.settings import CacheSettings
 
 if TYPE_CHECKING:
     from kvcore.blocks import PrefixNode
-    from kvcore.request import KVRequest
+    from kvcore.kv_request import KVRequest
 
 __all__ = ["HINT_RESERVE_SHARE", "BlockPool"]
 

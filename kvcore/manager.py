@@ -35,8 +35,9 @@ from kvcore.errors import (
 )
 from kvcore.events import EventRecorder, KVCacheEvent
 from kvcore.hashing import BlockHasher, RequestBlockHasher, hashes_at
+from kvcore.kv_request import KVRequest
 from kvcore.manager_checks import ManagerChecks, check_count, check_counts
-from kvcore.request import KVRequest, Request
+from kvcore.request import Request
 from kvcore.settings import CacheSettings
 from kvcore.specs import KVCacheConfig
 from kvcore.stats import PrefixCacheStats

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, SupportsIndex
 from kvcore._mypyc import mypyc_attr
 from kvcore.blocks import BlockHash
 from kvcore.errors import InvalidArgumentError
-from kvcore.kv_request import KVRequest, MultiModalItem
+from kvcore.kv_request import KVRequest as KVRequest  # re-exported: the protocol Request implements
+from kvcore.kv_request import MultiModalItem as MultiModalItem
 
 if TYPE_CHECKING:
     from kvcore.hashing import RequestBlockHasher
@@ -67,9 +68,12 @@ def _check_name(name: str, value: object) -> str | None:
 
 
 # Subclasses defined outside the compiled build (a scheduler's own request type) are allowed.
-# Naming the protocol it implements lets the compiled manager read its attributes natively.
+# It implements the KVRequest protocol structurally: naming the protocol as a base would put a
+# Python class (typing.Protocol) in the compiled class's bases, and mypyc 2.4 then gives it a
+# __weakref__ slot that its deallocator never clears (a weak reference to a freed Request, e.g.
+# Hypothesis', dangles: a segfault at the next garbage collection; BENCHMARKS.md, 2026-11-26).
 @mypyc_attr(allow_interpreted_subclasses=True)
-class Request(KVRequest):
+class Request:
     """A generation request.
 
     ``all_token_ids`` is prompt followed by output; ``num_computed_tokens`` counts tokens whose KV

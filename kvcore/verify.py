@@ -28,7 +28,7 @@ from kvcore.blocks import PrefixNode
 from kvcore.hashing import block_extra_keys
 
 if TYPE_CHECKING:
-    from kvcore.request import KVRequest
+    from kvcore.kv_request import KVRequest
 
 
 def _is_plain(request: KVRequest) -> bool:

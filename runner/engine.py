@@ -173,6 +173,11 @@ class LLM:
         self._in_flight: _Launched | None = None  # async scheduling: launched, not applied
         self._non_finite: list[str] = []  # requests aborted for NaN/inf logits, not reported yet
 
+    @property
+    def kv_events_endpoint(self) -> str | None:
+        """Where the engine publishes its KV events (a bound wildcard port resolved), or None."""
+        return self._publisher.endpoint if self._publisher is not None else None
+
     def _host_tier(self, c: EngineConfig) -> tuple[Any, Any]:
         """The offloading connector's two sides for ``host_kv_blocks`` (or ``(None, None)``):
         write-through stores of computed blocks, loads of host hits before recompute."""

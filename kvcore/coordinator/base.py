@@ -16,9 +16,9 @@ from typing import ClassVar
 
 from kvcore.block_pool import BlockPool
 from kvcore.blocks import BlockHash, KVCacheBlock, PrefixNode
+from kvcore.kv_request import KVRequest
 from kvcore.managers import SingleTypeKVCacheManager, make_manager
 from kvcore.managers.base import ManagerContext
-from kvcore.request import KVRequest
 from kvcore.settings import CacheSettings
 from kvcore.specs import KVCacheConfig
 from kvcore.verify import HitVerifier, PrefixChains

@@ -23,7 +23,7 @@ from kvcore.events.wire import (
 from kvcore.hashing import block_extra_keys
 
 if TYPE_CHECKING:
-    from kvcore.request import KVRequest
+    from kvcore.kv_request import KVRequest
     from kvcore.specs import KVCacheConfig
 
 GroupStamp = tuple[str | None, int | None]

@@ -21,7 +21,7 @@ from kvcore._mypyc import mypyc_attr
 from kvcore.block_pool import BlockPool
 from kvcore.blocks import BlockHash, KVCacheBlock
 from kvcore.hashing import hashes_at
-from kvcore.request import KVRequest
+from kvcore.kv_request import KVRequest
 from kvcore.specs import KVCacheSpec
 from kvcore.verify import HitVerifier, PrefixChains
 

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 from kvcore._mypyc import mypyc_attr
 from kvcore.blocks import BlockHash, KVCacheBlock
+from kvcore.kv_request import KVRequest
 from kvcore.managers.base import HitBlocks, HitQuery, ManagerContext, SingleTypeKVCacheManager
-from kvcore.request import KVRequest
 from kvcore.specs import KVCacheSpec
 
 

@@ -10,8 +10,8 @@ retention interval (``KVCacheConfig.prefix_cache_retention_interval``).
 from __future__ import annotations
 
 from kvcore._mypyc import mypyc_attr
+from kvcore.kv_request import KVRequest
 from kvcore.managers.base import HitBlocks, HitQuery, ManagerContext, SingleTypeKVCacheManager, cdiv
-from kvcore.request import KVRequest
 from kvcore.specs import KVCacheSpec, SlidingWindowSpec
 
 
