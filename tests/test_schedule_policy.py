@@ -196,3 +196,14 @@ def test_study_parses_the_order() -> None:
     assert parse_config("lru") == ("lru", 0, "fcfs")
     with pytest.raises(Exception, match="sjf"):
         parse_config("lru@sjf")
+
+
+@pytest.mark.parametrize("policy", ["lpm", "dfs-weight"])
+def test_reordered_replay_with_a_host_tier(policy: str) -> None:
+    """The connector path (host tier loads as external tokens) under a non-FCFS order: every
+    request finishes and the host tier serves hits."""
+    reqs = multi_turn(num_conversations=8, turns=4)
+    r = replay(reqs, ReplayConfig(num_blocks=120, host_blocks=2000, schedule_policy=policy,
+                                  time_scale=0.1))
+    assert r.num_finished == len(reqs)
+    assert r.host_hit_tokens > 0
