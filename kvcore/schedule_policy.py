@@ -39,8 +39,10 @@ LPM = "lpm"
 DFS_WEIGHT = "dfs-weight"
 POLICIES = (FCFS, LPM, DFS_WEIGHT)
 RECOMMENDED_NAME = "recommended"
-RECOMMENDED = FCFS
-"""What ``recommended`` means (the README's measurements; see its science section)."""
+RECOMMENDED = LPM
+"""What ``recommended`` means: ``lpm``, measured with the recommended eviction on the shipped
+Mooncake trace and a loaded multi-turn workload (README science section, BENCHMARKS.md
+2026-11-26).  The default stays ``fcfs``: vLLM's order, which the differential suite checks."""
 DFS_MAX_DEPTH = 256  # block hashes per request in the dfs-weight tree
 
 
