@@ -1,7 +1,7 @@
 """The ``kvcore`` command line.
 
     kvcore replay [TRACE] [--workload NAME] [--block-size N] [--num-blocks N | --capacity-tokens N]
-                  [--eviction-policy NAME] [--queue-hints DEPTH]
+                  [--eviction-policy NAME] [--queue-hints DEPTH] [--schedule-policy NAME]
                   [--policy lru,slru,s3fifo,arc,fifo,lfu,belady] [--plot FILE] [--json]
     kvcore bench pool|hash|manager [...]
     kvcore --version                 (and which build: compiled with mypyc, or pure Python)
@@ -65,6 +65,15 @@ def _eviction_policy(text: str) -> str:
     """``--eviction-policy``: a pool policy, ``recommended``, or the offline bound (the replay
     runs it with the trace's future)."""
     return text if text == OFFLINE_BOUND else _pool_policy(text)
+
+
+def _schedule_policy(text: str) -> str:
+    from kvcore.schedule_policy import resolve
+
+    try:
+        return resolve(text)
+    except InvalidArgumentError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _host_policy(text: str) -> str:
@@ -151,6 +160,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the scheduler declares its first DEPTH waiting requests to the cache "
                     "every step, so their cached prefixes are evicted last (0 = off; default: "
                     "0, or the recommended depth with --eviction-policy recommended)")
+    rp.add_argument("--schedule-policy", type=_schedule_policy, default="fcfs", metavar="NAME",
+                    help="admission order of waiting requests: fcfs (arrival, the default), lpm "
+                    "(longest cached prefix first), dfs-weight (grouped by shared prefix), or "
+                    "recommended; non-FCFS orders admit a request waiting over "
+                    "--max-waiting-steps first")
+    rp.add_argument("--max-waiting-steps", type=positive_int, default=256, metavar="STEPS",
+                    help="the starvation bound of non-FCFS orders (default 256 steps)")
     rp.add_argument("--policy", type=_policies,
                     help="also simulate these eviction policies (comma separated) at the same "
                     f"capacity, one request at a time: {REGISTRY.describe()}")
@@ -230,7 +246,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
                        max_num_batched_tokens=args.max_num_batched_tokens,
                        eviction_policy=policy, queue_hints=hints or 0, progress=progress,
                        host_blocks=args.host_blocks, host_eviction_policy=args.host_policy,
-                       host_admit_after=args.host_admit_after)
+                       host_admit_after=args.host_admit_after,
+                       schedule_policy=args.schedule_policy,
+                       max_waiting_steps=args.max_waiting_steps)
     num_blocks = cfg.resolve_num_blocks()
     if args.publish_replay is not None and args.publish is None:
         raise InvalidArgumentError("--publish-replay needs --publish")
@@ -258,7 +276,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             result = replay(reqs, cfg, should_stop=stop)
     out: dict[str, Any] = {"source": source, "requests": len(reqs), "block_size": args.block_size,
                            "num_blocks": num_blocks, "eviction_policy": policy,
-                           "queue_hints": cfg.queue_hints, "replay": result.to_dict()}
+                           "queue_hints": cfg.queue_hints,
+                           "schedule_policy": cfg.schedule_policy, "replay": result.to_dict()}
     if args.publish is not None:
         out["published"] = published
     out["replay"].pop("usage", None)
@@ -308,12 +327,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
           f"({r.num_rejected} rejected) in {r.steps} steps, {r.wall_s:.2f}s wall")
     print(f"  KV cache:        {num_blocks - 1} blocks x {args.block_size} tokens "
           f"= {(num_blocks - 1) * args.block_size:,} tokens; eviction {policy}, queue hints "
-          f"{cfg.queue_hints or 'off'}")
+          f"{cfg.queue_hints or 'off'}; schedule {cfg.schedule_policy}")
     print(f"  token hit rate:  {r.token_hit_rate:.2%} ({r.hit_tokens:,} of {r.prompt_tokens:,} "
           "prompt tokens)")
     if args.host_blocks:
         _print_tiers(r, args.host_blocks, args.host_policy)
     print(f"  evicted blocks:  {r.evicted_blocks:,}   preemptions: {r.preemptions:,}")
+    print(f"  simulated clock: TTFT {r.ttft_ms_p50:,.0f} ms p50, {r.ttft_ms_p99:,.0f} ms p99; "
+          f"queueing {r.queue_ms_p50:,.0f} ms p50, {r.queue_ms_p99:,.0f} ms p99; "
+          f"{r.output_tokens_per_s:,.0f} output tokens/s")
     print(f"  scheduler+manager CPU: {r.cpu_us_per_step_median:.1f} µs/step median, "
           f"{r.cpu_us_per_step_p99:.1f} µs p99, {r.cpu_s:.2f}s total")
     if "published" in out:

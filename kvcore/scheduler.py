@@ -12,9 +12,9 @@ tokens as the step's budget allows (decodes take 1; a prefill is split into chun
 and mixed with decodes).  When the KV cache is full the most recently admitted running request is
 preempted by recompute: its blocks are freed — they stay in the prefix cache, so re-admission
 mostly hits — and it goes back to the front of the waiting queue.  Waiting requests are admitted
-(first come, first served) only in steps that preempted nobody, while the token budget and
-``max_num_seqs`` allow.  A request that could never fit in the KV cache is rejected at
-``add_request`` with :class:`RequestRejectedError`, never retried forever.
+in steps that preempted nobody, while the budget and ``max_num_seqs`` allow, in arrival order or
+``SchedulerConfig.schedule_policy``'s (:mod:`kvcore.schedule_policy`; queue hints follow it).  A
+request that could never fit is rejected at ``add_request`` (``RequestRejectedError``).
 
 With a KV connector (:mod:`kvcore.connector`, e.g. a host-memory tier), admission also asks it for
 tokens beyond the device prefix hit (``get_num_new_matched_tokens``); they are allocated as
@@ -55,6 +55,7 @@ from kvcore.errors import InvalidArgumentError, UnknownRequestError
 from kvcore.events import KVCacheEvent
 from kvcore.manager import KVCacheManager
 from kvcore.request import Request, RequestStatus
+from kvcore.schedule_policy import WaitingOrder
 from kvcore.scheduler_connector import ConnectorSteps
 from kvcore.scheduling import (
     RequestRejectedError,
@@ -87,6 +88,7 @@ class Scheduler(ConnectorSteps):
         if self.config.async_scheduling and connector is not None:
             raise InvalidArgumentError("async_scheduling is not supported with a KV connector")
         self.waiting: deque[Request] = deque()
+        self._order = WaitingOrder(kv_cache_manager, self.config)  # admission order
         self.running: list[Request] = []
         self.loading: dict[str, Request] = {}  # WAITING_FOR_REMOTE_KVS
         self._load_target: dict[str, int] = {}  # their computed tokens once the load is done
@@ -223,8 +225,7 @@ class Scheduler(ConnectorSteps):
             kv.pool.evict_blocks([b for b in stale if b != kv.pool.null_block.block_id])
 
     def has_unfinished_requests(self) -> bool:
-        """Requests waiting, running or loading, or finished ones whose blocks a transfer still
-        holds (keep stepping until it is reported done)."""
+        """Waiting, running or loading requests, or finished ones a transfer still holds."""
         return bool(self.waiting or self.running or self.loading or self._delayed_free)
 
     @property
@@ -240,6 +241,7 @@ class Scheduler(ConnectorSteps):
         """Choose this step's requests and token counts, allocating their KV slots."""
         kv = self.kv
         kv.new_step()
+        self._order.reorder(self.waiting, self.stats.steps)  # fresh requests; hints follow it
         if self.queue_hints:
             self._declare_upcoming()
         budget = self.config.max_num_batched_tokens
@@ -272,8 +274,7 @@ class Scheduler(ConnectorSteps):
     def _declare_upcoming(self) -> None:
         """Hint the manager with the head of the waiting queue (only when it changed)."""
         head = list(islice(self.waiting, self.queue_hints))
-        # A chained hash names its whole prefix: the last one (and the count) identify what a
-        # request would declare, whatever object carries it.
+        # (count, last chained hash) names what a request declares, whatever object carries it.
         key = tuple((len(h), h[-1] if h else None) for h in (r.block_hashes for r in head))
         if key != self._declared:
             self.kv.declare_upcoming(head)
@@ -317,7 +318,7 @@ class Scheduler(ConnectorSteps):
         return budget
 
     def _schedule_waiting(self, budget: int, scheduled: list[ScheduledRequest]) -> int:
-        """Admit waiting requests first come, first served (prefix hits first) while the budget
+        """Admit waiting requests in the queue's order (prefix hits first) while the budget
         and ``max_num_seqs`` allow; a request that cannot fit even alone with an empty cache is
         rejected.  Appends to ``scheduled``; returns the budget left."""
         kv = self.kv

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from kvcore.errors import InvalidArgumentError, KVCoreError, check_flag
 from kvcore.manager import KVCacheManager
 from kvcore.request import Request
+from kvcore.schedule_policy import resolve as resolve_schedule_policy
 
 
 class KVConnectorMetadata:
@@ -41,9 +42,21 @@ class SchedulerConfig:
     async_scheduling: bool = False
     """Let the engine schedule the next step before reporting the current one's tokens
     (placeholders; see the module docstring).  Not with a KV connector."""
+    schedule_policy: str = "fcfs"
+    """Admission order of fresh waiting requests: ``fcfs`` (arrival), ``lpm`` (longest cached
+    prefix first), ``dfs-weight`` (grouped by shared prefix), or ``recommended``; see
+    :mod:`kvcore.schedule_policy`."""
+    max_waiting_steps: int = 256
+    """Starvation guard of the non-FCFS policies: a request waiting more than this many steps
+    is admitted before every fresh request that has not."""
+    lpm_lookups_per_step: int = 32
+    """``lpm``: at most this many prefix lookups per step refresh the hit estimates."""
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens"):
+        object.__setattr__(self, "schedule_policy",
+                           resolve_schedule_policy(self.schedule_policy))
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting_steps",
+                     "lpm_lookups_per_step"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise InvalidArgumentError(f"{name} must be a positive int, got {value!r}")

@@ -45,6 +45,7 @@ def test_notebook_executes_within_a_minute_and_its_committed_figures_are_current
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "hit rate" in text and "requests" in text
     assert "LRU→Belady gap closed" in text and "queue_hints" in text  # the eviction-policy section
+    assert "schedule policy x eviction policy" in text  # the schedule-policy section
     assert any("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code"
                for o in c.outputs)
     drawn = json.loads((tmp_path / "figures.json").read_text())

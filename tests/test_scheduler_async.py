@@ -108,10 +108,11 @@ def workload(rng: random.Random) -> Workload:
 
 
 def make(specs: tuple[KVCacheSpec, ...], num_blocks: int, async_scheduling: bool,
-         budget: int, max_num_seqs: int = 8) -> Scheduler:
+         budget: int, max_num_seqs: int = 8, policy: str = "fcfs") -> Scheduler:
     m = make_manager(*specs, num_blocks=num_blocks, max_model_len=96)
     return Scheduler(m, SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
-                                        async_scheduling=async_scheduling))
+                                        async_scheduling=async_scheduling,
+                                        schedule_policy=policy, max_waiting_steps=4))
 
 
 def submit(s: Scheduler, w: Workload) -> list[Request]:
@@ -178,8 +179,11 @@ SPECS = {
 
 
 @pytest.mark.parametrize("kind", sorted(SPECS))
-@pytest.mark.parametrize("seed", range(12))
-def test_async_outputs_equal_sync(kind: str, seed: int) -> None:
+@pytest.mark.parametrize(("seed", "policy"), [(seed, "fcfs") for seed in range(12)]
+                         + [(seed, p) for seed in range(4) for p in ("lpm", "dfs-weight")])
+def test_async_outputs_equal_sync(kind: str, seed: int, policy: str) -> None:
+    """(Non-FCFS admission orders too: reordered, async and sync still read only the KV they
+    wrote, so every request's output is the same.)"""
     rng = random.Random(seed)
     w = workload(rng)
     specs = SPECS[kind]
@@ -189,7 +193,7 @@ def test_async_outputs_equal_sync(kind: str, seed: int) -> None:
     num_blocks = need + 1 + rng.choice([0, 3, 200])  # small pools preempt
     results = []
     for async_scheduling in (False, True):
-        s = make(specs, num_blocks, async_scheduling, budget)
+        s = make(specs, num_blocks, async_scheduling, budget, policy=policy)
         reqs = submit(s, w)
         dev = FakeDevice(specs)
         if async_scheduling:
@@ -281,8 +285,10 @@ def test_async_scheduling_is_refused_with_a_connector_and_must_be_a_bool() -> No
 
 
 @pytest.mark.parametrize("kind", sorted(SPECS))
-@pytest.mark.parametrize("seed", range(10))
-def test_failing_the_in_flight_step_after_the_next_schedule(kind: str, seed: int) -> None:
+@pytest.mark.parametrize(("seed", "policy"), [(seed, "fcfs") for seed in range(10)]
+                         + [(seed, "lpm") for seed in range(3)])
+def test_failing_the_in_flight_step_after_the_next_schedule(kind: str, seed: int,
+                                                            policy: str) -> None:
     """Step N fails after step N+1 was scheduled on top of it (and preempted some of its
     requests, or moved sliding windows): both are failed and the device forgets both steps'
     writes.  No later step may read KV they did not write, nothing is stuck, and new traffic
@@ -293,7 +299,7 @@ def test_failing_the_in_flight_step_after_the_next_schedule(kind: str, seed: int
     budget = rng.choice([5, 16, 64])
     probe = make(specs, 1000, False, budget)
     num_blocks = max(probe.blocks_needed(r) for r in submit(probe, w)) + 1 + rng.choice([0, 3])
-    s = make(specs, num_blocks, True, budget)
+    s = make(specs, num_blocks, True, budget, policy=policy)
     submit(s, w)
 
     def fail(i: int, out: SchedulerOutput) -> bool:

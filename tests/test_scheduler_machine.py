@@ -3,7 +3,7 @@ class a user subclasses for theirs (dogfooding)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from kvcore.manager import KVCacheManager
 from kvcore.scheduler import Scheduler, SchedulerConfig
@@ -12,8 +12,11 @@ from kvcore.testing.setups import chunked, full, mamba, swa
 
 
 class KvcoreSchedulerMachine(SchedulerMachine):
+    order: ClassVar[dict[str, Any]] = {}  # schedule_policy and its starvation bound (default: FCFS)
+
     def make_scheduler(self, manager: KVCacheManager) -> Any:
-        return Scheduler(manager, SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16))
+        return Scheduler(manager, SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16,
+                                                  **self.order))
 
 
 def _machine(name: str, specs: tuple[Any, ...], **attrs: Any) -> type[SchedulerMachine]:
@@ -29,3 +32,14 @@ TestHybridMamba = _machine("Mamba", (full(4), mamba(4)), num_blocks=48).TestCase
 TestFullAttentionFailedSteps = _machine("FullFailing", (full(4),), fail_steps=True).TestCase
 TestHybridFailedSteps = _machine("HybridFailing", (full(4), swa(6, 4)), num_blocks=48,
                                  fail_steps=True).TestCase
+# Non-FCFS admission orders (kvcore.schedule_policy) under the same hostile machine, with a short
+# starvation bound so that the guard reorders too: invariants, hit contents, every request done.
+_LPM = {"schedule_policy": "lpm", "max_waiting_steps": 3, "lpm_lookups_per_step": 2}
+_DFS = {"schedule_policy": "dfs-weight", "max_waiting_steps": 3}
+TestFullAttentionLpm = _machine("FullLpm", (full(4),), order=_LPM).TestCase
+TestHybridDfsWeight = _machine("HybridDfs", (full(4), swa(6, 4)), num_blocks=48,
+                               order=_DFS).TestCase
+TestFullAttentionDfsFailedSteps = _machine("FullDfsFailing", (full(4),), fail_steps=True,
+                                           order=_DFS).TestCase
+TestHybridLpmFailedSteps = _machine("HybridLpmFailing", (full(4), swa(6, 4)), num_blocks=48,
+                                    fail_steps=True, order=_LPM).TestCase

@@ -6,7 +6,9 @@ step advances the clock by ``step_base_ms + step_ms_per_token * batched_tokens``
 model of a GPU step.  Generated tokens are deterministic pseudo-random ids, and each request
 generates exactly its trace output length (``ignore_eos``).  The replay reports prefix-cache hit
 rates (first admissions only, as vLLM counts them), evictions, preemptions, KV usage over time
-and the scheduler + manager CPU time per step.
+and the scheduler + manager CPU time per step; and, from the simulated clock, per-request time to
+first token (arrival to the end of the step that samples its first token), queueing delay
+(arrival to admission) and output throughput.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from kvcore.events import KVCacheEvent
 from kvcore.eviction import OFFLINE_BOUND
 from kvcore.manager import KVCacheManager
 from kvcore.request import Request
+from kvcore.schedule_policy import resolve as resolve_schedule_policy
 from kvcore.scheduler import RequestRejectedError, Scheduler, SchedulerConfig, SchedulerOutput
 from kvcore.settings import CacheSettings
 from kvcore.sim.oracle import ReplayBelady
@@ -57,6 +60,8 @@ class ReplayConfig:
     eviction_policy: str = "lru"  # the real pool's policy (kvcore.eviction), or "belady"
     queue_hints: int = 0  # waiting requests the scheduler declares upcoming each step
     retain_sessions: bool = False  # SchedulerConfig.retain_sessions (the retention hint)
+    schedule_policy: str = "fcfs"  # SchedulerConfig.schedule_policy (kvcore.schedule_policy)
+    max_waiting_steps: int = 256  # its starvation guard
     host_blocks: int = 0  # a host-memory tier of this many blocks behind the device cache
     host_eviction_policy: str = "lru"  # its eviction policy (kvcore.eviction names)
     host_admit_after: int = 1  # store a block in it on its N-th offer
@@ -111,6 +116,12 @@ class ReplayResult:
     cpu_us_per_step_median: float
     cpu_us_per_step_p99: float
     wall_s: float
+    ttft_ms_p50: float = 0.0  # simulated clock: arrival -> end of the first sampling step
+    ttft_ms_p99: float = 0.0
+    queue_ms_p50: float = 0.0  # arrival -> admission (first time)
+    queue_ms_p99: float = 0.0
+    queue_ms_mean: float = 0.0
+    output_tokens_per_s: float = 0.0  # sampled tokens / simulated time
     usage: list[tuple[float, float]] = field(default_factory=list)  # (sim time ms, usage)
     interrupted: bool = False  # stopped early (should_stop): the counts cover the steps run
 
@@ -154,7 +165,10 @@ def make_scheduler(manager: KVCacheManager, cfg: ReplayConfig) -> Scheduler:
                                         admit_after=cfg.host_admit_after)
     return Scheduler(manager, SchedulerConfig(max_num_seqs=cfg.max_num_seqs,
                                               max_num_batched_tokens=cfg.max_num_batched_tokens,
-                                              retain_sessions=cfg.retain_sessions), connector)
+                                              retain_sessions=cfg.retain_sessions,
+                                              schedule_policy=cfg.schedule_policy,
+                                              max_waiting_steps=cfg.max_waiting_steps),
+                     connector)
 
 
 class SimulatedStep:
@@ -234,6 +248,10 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None, *,
     if not requests:
         raise InvalidArgumentError("the trace has no requests")
     check_inputs(requests, cfg)
+    if cfg.eviction_policy == OFFLINE_BOUND and resolve_schedule_policy(
+            cfg.schedule_policy) != "fcfs":
+        raise InvalidArgumentError(f"{OFFLINE_BOUND} is the bound for arrival order: replay it "
+                                   f"with schedule_policy fcfs, not {cfg.schedule_policy!r}")
     manager = make_manager(cfg, requests, enable_events=event_sink is not None)
     order = sorted(requests, key=lambda r: r.arrival_ms)
     oracle = manager.pool.free_queue if isinstance(manager.pool.free_queue, ReplayBelady) else None
@@ -244,10 +262,16 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None, *,
     sched = make_scheduler(manager, cfg)
     step = SimulatedStep(sched, event_sink)
 
+    arrival = {r.request_id: r.arrival_ms * cfg.time_scale for r in order}
+    admitted: dict[str, float] = {}  # request id -> simulated time of its first admission
+    first_token: dict[str, float] = {}
+    output_tokens = 0
+
     def advance(out: SchedulerOutput) -> None:  # the offline policy learns who was admitted
-        if oracle is not None:
-            for s in out.scheduled:
-                if s.is_new:
+        for s in out.scheduled:
+            if s.is_new:
+                admitted.setdefault(s.request_id, clock)
+                if oracle is not None:
                     oracle.advance(index[s.request_id], s.request.block_hashes)
     pending = deque(order)
     arrived: deque[TraceRequest] = deque()
@@ -293,6 +317,10 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None, *,
         out, done = step(advance)
         cpu.append(time.perf_counter() - t0)
         clock += cfg.step_base_ms + cfg.step_ms_per_token * out.num_batched_tokens
+        for s in out.scheduled:
+            if s.samples:
+                output_tokens += 1
+                first_token.setdefault(s.request_id, clock)
         usage.append((clock, manager.usage))
         finished += len(done)
         if bar is not None and done:
@@ -303,6 +331,8 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None, *,
     hits = stats.hits if stats else 0
     queries = stats.queries if stats else 0
     cpu_sorted = sorted(cpu)
+    ttft = sorted(t - arrival[rid] for rid, t in first_token.items())
+    queued = sorted(t - arrival[rid] for rid, t in admitted.items())
     return ReplayResult(
         num_requests=len(requests), num_finished=finished, num_rejected=rejected,
         steps=sched.stats.steps, prompt_tokens=prompt_tokens, hit_tokens=hits,
@@ -313,7 +343,16 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None, *,
         sim_time_ms=clock, cpu_s=sum(cpu),
         cpu_us_per_step_median=statistics.median(cpu) * 1e6 if cpu else 0.0,
         cpu_us_per_step_p99=cpu_sorted[int(0.99 * (len(cpu) - 1))] * 1e6 if cpu else 0.0,
-        wall_s=time.perf_counter() - wall0, usage=usage, interrupted=interrupted)
+        wall_s=time.perf_counter() - wall0, usage=usage, interrupted=interrupted,
+        ttft_ms_p50=_quantile(ttft, 0.5), ttft_ms_p99=_quantile(ttft, 0.99),
+        queue_ms_p50=_quantile(queued, 0.5), queue_ms_p99=_quantile(queued, 0.99),
+        queue_ms_mean=statistics.fmean(queued) if queued else 0.0,
+        output_tokens_per_s=output_tokens / clock * 1000 if clock else 0.0)
+
+
+def _quantile(ordered: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of sorted values (nearest rank below; 0 for none)."""
+    return ordered[int(q * (len(ordered) - 1))] if ordered else 0.0
 
 
 def make_request(manager: KVCacheManager, tr: TraceRequest) -> Request:

@@ -3,12 +3,15 @@
     python -m kvcore.sim.study mooncake-synthetic --block-size 512 \\
         --blocks 1024,2048,4096,8192 --configs lru,slru,s3fifo,lru+64,slru+64,s3fifo+64,belady
 
-A configuration is ``POLICY`` or ``POLICY+DEPTH`` (queue hints: the scheduler declares its first
-DEPTH waiting requests).  Every cell is a full replay through the real scheduler and pool
+A configuration is ``POLICY``, ``POLICY+DEPTH`` (queue hints: the scheduler declares its first
+DEPTH waiting requests), and either with ``@ORDER``, the schedule policy (``lru@lpm``,
+``slru+64@dfs-weight``; default ``fcfs``, see :mod:`kvcore.schedule_policy`).  Every cell is a full replay through the real scheduler and pool
 (:func:`kvcore.sim.replay.replay`), run in parallel worker processes.  The table gives each
 configuration's token hit rate and, when ``lru`` and ``belady`` (the offline bound) are in the
-grid, the fraction of the LRU→Belady gap it closes: ``(rate - lru) / (belady - lru)``.  Without
-TRACE, ``--workload`` names a built-in workload.
+grid, the fraction of the LRU→Belady gap it closes: ``(rate - lru) / (belady - lru)`` (both in
+arrival order: Belady is the bound for FCFS); a second table gives each cell's TTFT p50/p99 on
+the simulated clock, and ``--json`` adds queueing delay and throughput.  Without TRACE,
+``--workload`` names a built-in workload.
 """
 
 from __future__ import annotations
@@ -21,17 +24,26 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from kvcore.cmdline import OneLineParser, positive_int
+from kvcore.errors import InvalidArgumentError
 from kvcore.eviction import OFFLINE_BOUND
+from kvcore.schedule_policy import resolve as resolve_schedule_policy
 from kvcore.sim.replay import ReplayConfig, replay
 from kvcore.sim.traces import TraceRequest
 
 
-def parse_config(text: str) -> tuple[str, int]:
-    """``"slru+64"`` → ("slru", 64); ``"lru"`` → ("lru", 0)."""
-    policy, plus, depth = text.partition("+")
+def parse_config(text: str) -> tuple[str, int, str]:
+    """``"slru+64@lpm"`` → ("slru", 64, "lpm"); ``"lru"`` → ("lru", 0, "fcfs")."""
+    head, at, order = text.partition("@")
+    policy, plus, depth = head.partition("+")
     if plus and (not depth.isdigit()):
-        raise argparse.ArgumentTypeError(f"bad configuration {text!r}: use POLICY or POLICY+DEPTH")
-    return policy, int(depth) if plus else 0
+        raise argparse.ArgumentTypeError(
+            f"bad configuration {text!r}: use POLICY, POLICY+DEPTH, either with @ORDER")
+    if at:
+        try:
+            order = resolve_schedule_policy(order)
+        except InvalidArgumentError as exc:
+            raise argparse.ArgumentTypeError(f"bad configuration {text!r}: {exc}") from None
+    return policy, int(depth) if plus else 0, order if at else "fcfs"
 
 
 def _load(trace: str | None, workload: str) -> list[TraceRequest]:
@@ -40,12 +52,20 @@ def _load(trace: str | None, workload: str) -> list[TraceRequest]:
     return traces.load_mooncake(trace) if trace else workloads.make_workload(workload)
 
 
-def _cell(args: tuple[str | None, str, int, int, str, int, int]) -> float:
-    trace, workload, block_size, num_blocks, policy, depth, max_num_seqs = args
+METRICS = ("token_hit_rate", "ttft_ms_p50", "ttft_ms_p99", "queue_ms_p50", "queue_ms_p99",
+           "queue_ms_mean", "output_tokens_per_s", "sim_time_ms", "preemptions")
+
+
+def _cell(args: tuple[str | None, str, int, int, tuple[str, int, str], int, float, int]
+          ) -> dict[str, float]:
+    trace, workload, block_size, num_blocks, config, max_num_seqs, time_scale, bound = args
+    policy, depth, order = config
     reqs = _load(trace, workload)
     cfg = ReplayConfig(block_size=block_size, num_blocks=num_blocks + 1,
-                       max_num_seqs=max_num_seqs, eviction_policy=policy, queue_hints=depth)
-    return replay(reqs, cfg).token_hit_rate
+                       max_num_seqs=max_num_seqs, eviction_policy=policy, queue_hints=depth,
+                       schedule_policy=order, time_scale=time_scale, max_waiting_steps=bound)
+    result = replay(reqs, cfg).to_dict()
+    return {m: result[m] for m in METRICS}
 
 
 def gap_closed(rate: float, lru: float, belady: float) -> float | None:
@@ -65,26 +85,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--configs", default="lru,slru,s3fifo,lru+64,slru+64,s3fifo+64,belady",
                     help="POLICY or POLICY+DEPTH, comma separated")
     ap.add_argument("--max-num-seqs", type=positive_int, default=64)
+    ap.add_argument("--time-scale", type=float, default=1.0,
+                    help="arrival times are multiplied by this (< 1 loads the scheduler more)")
+    ap.add_argument("--max-waiting-steps", type=positive_int, default=256,
+                    help="starvation bound of the non-FCFS orders")
     ap.add_argument("--workers", type=positive_int, default=2)
     ap.add_argument("--json", metavar="FILE", help="also write the grid as JSON")
     args = ap.parse_args(argv)
     sizes = [positive_int(x) for x in args.blocks.split(",")]
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     parsed = [parse_config(c) for c in configs]
-    jobs = [(args.trace, args.workload, args.block_size, n, p, d, args.max_num_seqs)
-            for n in sizes for p, d in parsed]
+    jobs = [(args.trace, args.workload, args.block_size, n, c, args.max_num_seqs,
+             args.time_scale, args.max_waiting_steps) for n in sizes for c in parsed]
     with ProcessPoolExecutor(args.workers) as pool:
-        rates = list(pool.map(_cell, jobs))
-    grid: dict[int, dict[str, float]] = {n: {} for n in sizes}
-    for (_, _, _, n, _, _, _), config, rate in zip(jobs, configs * len(sizes), rates):
-        grid[n][config] = rate
+        results = list(pool.map(_cell, jobs))
+    full: dict[int, dict[str, dict[str, float]]] = {n: {} for n in sizes}
+    for job, config, cell in zip(jobs, configs * len(sizes), results):
+        full[job[3]][config] = cell
+    grid = {n: {c: m["token_hit_rate"] for c, m in row.items()} for n, row in full.items()}
     source = args.trace or f"workload:{args.workload}"
     print(f"token hit rate, scheduler replay of {source} ({args.block_size}-token blocks, "
           f"{args.max_num_seqs} running requests); in brackets: share of the LRU→{OFFLINE_BOUND}"
           " gap closed\n")
     print("| blocks | " + " | ".join(configs) + " |")
     print("| ---: | " + " | ".join("---:" for _ in configs) + " |")
-    out: dict[str, Any] = {"source": source, "block_size": args.block_size, "grid": {}}
+    out: dict[str, Any] = {"source": source, "block_size": args.block_size,
+                           "time_scale": args.time_scale, "grid": {}, "metrics": full}
     for n in sizes:
         row = grid[n]
         cells = []
@@ -95,6 +121,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             cells.append(f"{row[c]:.1%}" + (f" ({closed:+.0%})" if closed is not None else ""))
         print(f"| {n:,} | " + " | ".join(cells) + " |")
         out["grid"][n] = row
+    print("\nTTFT p50 / p99 (ms, simulated clock)\n")
+    print("| blocks | " + " | ".join(configs) + " |")
+    print("| ---: | " + " | ".join("---:" for _ in configs) + " |")
+    for n in sizes:
+        print(f"| {n:,} | " + " | ".join(
+            f"{full[n][c]['ttft_ms_p50']:,.0f} / {full[n][c]['ttft_ms_p99']:,.0f}"
+            for c in configs) + " |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -1,0 +1,177 @@
+"""Admission order of a scheduler's waiting queue (``SchedulerConfig(schedule_policy=...)``).
+
+Eviction decides which cached block goes; this decides which waiting request is admitted next,
+so that requests sharing a prefix run while it is cached.  Policies (``POLICIES``):
+
+* ``fcfs``: arrival order (vLLM's; the default).  Nothing is reordered.
+* ``lpm``: longest cached prefix first (SGLang's ``lpm``).  Estimates are not a full lookup per
+  request per step: each step refreshes at most ``lpm_lookups_per_step`` of them (requests never
+  looked up first, then the stalest), the others keep their last estimate.
+* ``dfs-weight``: groups requests by shared prefix even when nothing is cached yet (SGLang's
+  ``dfs-weight``, over the waiting requests' own block hashes instead of the radix cache): a
+  prefix tree of the waiting requests' chained block hashes (the first ``DFS_MAX_DEPTH``), walked
+  depth first with the heavier subtree (more requests) first, ties to the earlier arrival; a
+  request whose path ends at a node comes before its node's children.
+
+Only fresh requests are reordered.  Requests that already hold KV or a step's token (preempted
+ones, connector loads, a token in flight) keep their place at the head, in the scheduler's
+order, as under FCFS.
+
+Starvation guard (every non-FCFS policy): a request that has waited more than
+``max_waiting_steps`` scheduler steps (counted from the first step that saw it waiting) goes
+ahead of every fresh request that has not, in arrival order.  So once past the bound it waits
+only for the pinned head, older starved requests, and room in the batch and the cache.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import Protocol
+
+from kvcore.blocks import BlockHash
+from kvcore.errors import InvalidArgumentError
+from kvcore.manager import KVCacheManager
+from kvcore.request import Request, RequestStatus
+
+FCFS = "fcfs"
+LPM = "lpm"
+DFS_WEIGHT = "dfs-weight"
+POLICIES = (FCFS, LPM, DFS_WEIGHT)
+RECOMMENDED_NAME = "recommended"
+RECOMMENDED = LPM
+"""What ``recommended`` means: ``lpm``, measured with the recommended eviction on the shipped
+Mooncake trace and a loaded multi-turn workload (README science section, BENCHMARKS.md
+2026-11-26).  The default stays ``fcfs``: vLLM's order, which the differential suite checks."""
+DFS_MAX_DEPTH = 256  # block hashes per request in the dfs-weight tree
+
+
+def resolve(name: object) -> str:
+    """A policy name (``recommended`` resolved); raises naming an unknown one."""
+    if name == RECOMMENDED_NAME:
+        return RECOMMENDED
+    if not isinstance(name, str) or name not in POLICIES:
+        raise InvalidArgumentError(f"unknown schedule_policy {name!r}; the policies are "
+                                   f"{', '.join(POLICIES)} and {RECOMMENDED_NAME}")
+    return name
+
+
+class OrderConfig(Protocol):
+    """The fields of ``SchedulerConfig`` a :class:`WaitingOrder` reads."""
+
+    @property
+    def schedule_policy(self) -> str: ...
+    @property
+    def max_waiting_steps(self) -> int: ...
+    @property
+    def lpm_lookups_per_step(self) -> int: ...
+
+
+def _pinned(req: Request) -> bool:
+    """Holds KV or a token in flight: keeps its place at the head of the queue."""
+    return (req.status is not RequestStatus.WAITING or req.num_computed_tokens > 0
+            or req.num_output_placeholders > 0)
+
+
+class WaitingOrder:
+    """Reorders a waiting queue in place each step (``fcfs``: leaves it alone)."""
+
+    def __init__(self, kv: KVCacheManager, config: OrderConfig) -> None:
+        self.policy = resolve(config.schedule_policy)
+        self.kv = kv
+        self.max_waiting_steps = config.max_waiting_steps
+        self.lookups_per_step = config.lpm_lookups_per_step
+        self._since: dict[str, tuple[int, int]] = {}  # id -> (first step seen waiting, seq)
+        self._seq = 0
+        self._hits: dict[str, tuple[int, int]] = {}  # lpm: id -> (hit tokens, step looked up)
+        self.num_lookups = 0  # lpm prefix lookups made (bounded per step)
+        self._dfs_cache: tuple[tuple[str, ...], list[Request]] = ((), [])  # last input, order
+
+    def reorder(self, waiting: deque[Request], step: int) -> None:
+        """Put ``waiting`` in this policy's admission order for scheduler step ``step``."""
+        if self.policy == FCFS:
+            return
+        pinned: list[Request] = []
+        fresh: list[Request] = []
+        for req in waiting:
+            (pinned if _pinned(req) else fresh).append(req)
+        since = {}
+        for req in fresh:
+            rid = req.request_id
+            first = self._since.get(rid)
+            if first is None:
+                first = (step, self._seq)
+                self._seq += 1
+            since[rid] = first
+        self._since = since  # forget requests that left the queue
+        if len(fresh) < 2:
+            return
+        bound = step - self.max_waiting_steps
+        starved = sorted((r for r in fresh if since[r.request_id][0] < bound),
+                         key=lambda r: since[r.request_id])
+        rest = [r for r in fresh if since[r.request_id][0] >= bound]
+        rest.sort(key=lambda r: since[r.request_id])  # arrival order: the tie-break
+        ordered = self._lpm(rest, step) if self.policy == LPM else self._dfs(rest)
+        waiting.clear()
+        waiting.extend(pinned)
+        waiting.extend(starved)
+        waiting.extend(ordered)
+
+    # -- policies -----------------------------------------------------------------------------
+    def _lpm(self, reqs: list[Request], step: int) -> list[Request]:
+        hits = {r.request_id: self._hits.get(r.request_id) for r in reqs}
+
+        def looked_up(req: Request) -> int:  # never (-1) first, then the stalest
+            h = hits[req.request_id]
+            return -1 if h is None else h[1]
+        for req in sorted(reqs, key=looked_up)[:self.lookups_per_step]:
+            _, num_hit = self.kv.get_computed_blocks(req)
+            self.num_lookups += 1
+            hits[req.request_id] = (num_hit, step)
+        self._hits = {rid: h for rid, h in hits.items() if h is not None}
+        # Stable sort: equal estimates stay in arrival order.
+        return sorted(reqs, key=lambda r: -self._hits.get(r.request_id, (0, 0))[0])
+
+    def _dfs(self, reqs: list[Request]) -> list[Request]:
+        key = tuple(r.request_id for r in reqs)
+        if key != self._dfs_cache[0]:  # the same requests keep their order (hashes are fixed)
+            self._dfs_cache = (key, dfs_weight_order(
+                reqs, [r.block_hashes[:DFS_MAX_DEPTH] for r in reqs]))
+        return self._dfs_cache[1]
+
+
+class _Node:
+    __slots__ = ("children", "ends", "first", "weight")
+
+    def __init__(self, first: int) -> None:
+        self.children: dict[BlockHash, _Node] = {}
+        self.ends: list[int] = []  # requests whose path ends here (indices, arrival order)
+        self.weight = 0  # requests in this subtree
+        self.first = first  # the earliest request index in it
+
+
+def dfs_weight_order(reqs: Sequence[Request], paths: Sequence[Sequence[BlockHash]]
+                     ) -> list[Request]:
+    """``reqs`` (in arrival order) grouped by shared prefix: the depth-first walk of the prefix
+    tree of ``paths`` (chained block hashes: each names its whole prefix), heavier subtrees
+    first, ties to the earlier arrival."""
+    root = _Node(0)
+    for i, path in enumerate(paths):
+        node = root
+        node.weight += 1
+        for h in path:
+            child = node.children.get(h)
+            if child is None:
+                child = node.children[h] = _Node(i)
+            child.weight += 1
+            node = child
+        node.ends.append(i)
+    out: list[Request] = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        out.extend(reqs[i] for i in node.ends)
+        # Pushed lightest last-first: the heaviest (then earliest) child is popped next.
+        stack.extend(sorted(node.children.values(), key=lambda n: (n.weight, -n.first)))
+    return out
+

@@ -1,0 +1,209 @@
+"""Admission orders of the waiting queue (kvcore.schedule_policy): each policy's order on
+hand-built queues, the pinned head, queue hints in the new order, the bounded lookups of lpm and
+the starvation bound; the replay's and the CLI's schedule-policy options."""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from typing import Any
+
+import pytest
+
+from kvcore import InvalidArgumentError, Request
+from kvcore.cli import main as cli_main
+from kvcore.request import RequestStatus
+from kvcore.schedule_policy import RECOMMENDED, WaitingOrder, dfs_weight_order
+from kvcore.scheduler import Scheduler, SchedulerConfig
+from kvcore.sim.replay import ReplayConfig, replay
+from kvcore.sim.study import parse_config
+from kvcore.sim.workloads import multi_turn
+from tests.factories import full_spec, make_manager
+
+BS = 4  # block size
+
+
+def sched(policy: str = "fcfs", num_blocks: int = 64, queue_hints: int = 0,
+          **cfg: Any) -> Scheduler:
+    m = make_manager(full_spec(BS), num_blocks=num_blocks, max_model_len=256,
+                     queue_hints=queue_hints)
+    return Scheduler(m, SchedulerConfig(schedule_policy=policy, **cfg))
+
+
+def add(s: Scheduler, rid: str, tokens: list[int], max_tokens: int = 1) -> Request:
+    r = s.kv.make_request(rid, tokens, max_tokens=max_tokens, ignore_eos=True)
+    s.add_request(r)
+    return r
+
+
+def step(s: Scheduler) -> list[str]:
+    """One step; returns the ids admitted in it, in admission order."""
+    out = s.schedule()
+    s.update_from_output(out, {x.request_id: 1 for x in out.scheduled if x.samples})
+    s.kv.check_invariants()
+    return [x.request_id for x in out.scheduled if x.is_new]
+
+
+def drain(s: Scheduler) -> None:
+    for _ in range(1000):
+        if not s.has_unfinished_requests():
+            return
+        step(s)
+    raise AssertionError("did not finish")
+
+
+P = list(range(100, 124))  # 6 blocks: the prefix cached by warm()
+
+
+def warm(s: Scheduler) -> None:
+    add(s, "warm", [*P, 1])
+    drain(s)
+
+
+def queue(s: Scheduler) -> None:
+    add(s, "none", list(range(500, 525)))  # nothing cached
+    add(s, "half", P[:12] + list(range(600, 613)))  # 3 blocks cached
+    add(s, "full", [*P, 7])  # 6 blocks cached
+
+
+@pytest.mark.parametrize(("policy", "expected"), [
+    ("fcfs", ["none", "half", "full"]),
+    ("lpm", ["full", "half", "none"]),
+    ("dfs-weight", ["half", "full", "none"]),  # half and full share 3 blocks: a group of 2
+])
+def test_admission_order_by_cached_prefix(policy: str, expected: list[str]) -> None:
+    s = sched(policy)
+    warm(s)
+    queue(s)
+    assert step(s) == expected
+
+
+def test_dfs_weight_groups_shared_prefixes_heaviest_first() -> None:
+    s = sched("dfs-weight")
+    x, y = list(range(200, 208)), list(range(300, 308))  # two 2-block prefixes, never cached
+    for rid, prefix, tail in [("y1", y, 1), ("x1", x, 2), ("y2", y, 3), ("z", [9] * 8, 4),
+                              ("x2", x, 5), ("x3", x, 6)]:
+        add(s, rid, prefix + [tail] * 5)
+    # x (3 requests) before y (2), y before z (1); within a group, arrival order.
+    assert step(s) == ["x1", "x2", "x3", "y1", "y2", "z"]
+
+
+def test_dfs_weight_order_on_paths() -> None:
+    reqs = [Request(f"r{i}", [i]) for i in range(5)]
+    paths = [["a", "b"], ["c"], ["a"], ["a", "d"], ["a", "b", "e"]]
+    order = dfs_weight_order(reqs, paths)  # type: ignore[arg-type]  # str stands for a hash
+    # Node a (4 requests): r2 ends there, then its heavier child b (r0, r4), then d (r3); c last.
+    assert [r.request_id for r in order] == ["r2", "r0", "r4", "r3", "r1"]
+
+
+def test_pinned_head_keeps_its_place() -> None:
+    s = sched("lpm")
+    warm(s)
+    queue(s)
+    waiting = deque(s.waiting)
+    pre = s.kv.make_request("pre", list(range(700, 710)), max_tokens=1)
+    pre.status = RequestStatus.PREEMPTED
+    waiting.appendleft(pre)
+    order = WaitingOrder(s.kv, s.config)
+    order.reorder(waiting, 0)
+    assert [r.request_id for r in waiting] == ["pre", "full", "half", "none"]
+
+
+@pytest.mark.parametrize(("policy", "declared"), [("fcfs", "none"), ("lpm", "full")])
+def test_queue_hints_follow_the_order(policy: str, declared: str) -> None:
+    s = sched(policy, queue_hints=1, max_num_seqs=1)
+    warm(s)
+    add(s, "long", list(range(800, 840)), max_tokens=50)
+    step(s)  # "long" runs and holds the only seat from now on
+    queue(s)
+    step(s)
+    # What the scheduler last declared to the cache (count and last chained hash per request).
+    hashes = s.requests[declared].block_hashes
+    assert s._declared == ((len(hashes), hashes[-1]),)
+
+
+def test_lpm_lookups_are_bounded_per_step() -> None:
+    s = sched("lpm", max_num_seqs=1, lpm_lookups_per_step=2)
+    add(s, "long", list(range(800, 840)), max_tokens=50)
+    step(s)
+    for i in range(6):
+        add(s, f"w{i}", list(range(1000 + 40 * i, 1030 + 40 * i)))
+    step(s)
+    assert s._order.num_lookups == 2
+    step(s)
+    step(s)
+    assert s._order.num_lookups == 6  # the stalest next: every request looked up once
+
+
+def _stream(policy: str, bound: int) -> int | None:
+    """One request with nothing cached, then every step a new request that hits the cached
+    prefix; one seat.  The step at which the lonely request is admitted (None: within 40)."""
+    s = sched(policy, max_num_seqs=1, max_waiting_steps=bound)
+    warm(s)
+    add(s, "first", [*P, 50])
+    add(s, "lonely", list(range(900, 930)))
+    start = s.stats.steps
+    for k in range(40):
+        add(s, f"hit{k}", [*P, 60 + k])
+        if "lonely" in step(s):
+            return s.stats.steps - start
+    return None
+
+
+def test_starvation_bound() -> None:
+    assert _stream("lpm", 10_000) is None  # without the guard, lpm starves it
+    admitted = _stream("lpm", 5)
+    # Waiting more than 5 steps puts it first; admitted in the step after that.
+    assert admitted is not None and admitted <= 5 + 2
+    dfs = _stream("dfs-weight", 5)
+    assert dfs is not None and dfs <= 5 + 2
+
+
+def test_config_names_bad_values() -> None:
+    with pytest.raises(InvalidArgumentError, match="'sjf'"):
+        SchedulerConfig(schedule_policy="sjf")
+    with pytest.raises(InvalidArgumentError, match=r"max_waiting_steps.*0"):
+        SchedulerConfig(schedule_policy="lpm", max_waiting_steps=0)
+    with pytest.raises(InvalidArgumentError, match="lpm_lookups_per_step"):
+        SchedulerConfig(lpm_lookups_per_step=-1)
+    assert SchedulerConfig(schedule_policy="recommended").schedule_policy == RECOMMENDED
+
+
+def test_replay_reports_ttft_and_refuses_belady_reordered() -> None:
+    reqs = multi_turn(num_conversations=4, turns=3)
+    r = replay(reqs, ReplayConfig(num_blocks=400, schedule_policy="dfs-weight"))
+    assert r.num_finished == len(reqs)
+    assert 0 < r.queue_ms_p50 <= r.ttft_ms_p50 <= r.ttft_ms_p99
+    assert r.output_tokens_per_s > 0
+    with pytest.raises(InvalidArgumentError, match=r"belady.*'lpm'"):
+        replay(reqs, ReplayConfig(num_blocks=400, eviction_policy="belady",
+                                  schedule_policy="lpm"))
+
+
+def test_cli_json_names_the_schedule_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["replay", "--workload", "multi-turn", "--num-blocks", "300",
+                     "--schedule-policy", "lpm", "--json", "--no-progress"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["schedule_policy"] == "lpm"
+    assert out["replay"]["ttft_ms_p99"] >= out["replay"]["ttft_ms_p50"] > 0
+    assert "queue_ms_p50" in out["replay"] and "token_hit_rate" in out["replay"]
+    with pytest.raises(SystemExit):
+        cli_main(["replay", "--schedule-policy", "sjf"])
+
+
+def test_study_parses_the_order() -> None:
+    assert parse_config("slru+64@lpm") == ("slru", 64, "lpm")
+    assert parse_config("lru") == ("lru", 0, "fcfs")
+    with pytest.raises(Exception, match="sjf"):
+        parse_config("lru@sjf")
+
+
+@pytest.mark.parametrize("policy", ["lpm", "dfs-weight"])
+def test_reordered_replay_with_a_host_tier(policy: str) -> None:
+    """The connector path (host tier loads as external tokens) under a non-FCFS order: every
+    request finishes and the host tier serves hits."""
+    reqs = multi_turn(num_conversations=8, turns=4)
+    r = replay(reqs, ReplayConfig(num_blocks=120, host_blocks=2000, schedule_policy=policy,
+                                  time_scale=0.1))
+    assert r.num_finished == len(reqs)
+    assert r.host_hit_tokens > 0
