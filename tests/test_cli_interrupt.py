@@ -27,9 +27,12 @@ REPO = Path(__file__).resolve().parents[1]
 def _interrupt_a_replay(*extra: str) -> tuple[int, str, str]:
     """``kvcore replay`` of the shipped trace in a process of its own, sent SIGINT once its replay
     loop runs (its progress bar is on stderr)."""
+    # A user's terminal delivers Ctrl-C; a suite run as a background job inherits an ignored
+    # SIGINT, which the command rightly keeps ignored: give the child the terminal's default.
     proc = subprocess.Popen([sys.executable, "-m", "kvcore.cli", "replay", "mooncake-synthetic",
                              "--block-size", "512", *extra], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+                            stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stderr is not None
     seen = b""
     deadline = time.monotonic() + 120
@@ -107,6 +110,15 @@ def test_cluster_replay_stops_when_asked() -> None:
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
                     reason="signal handlers are the main thread's")
 def test_sigint_stop_records_the_first_ctrl_c_and_lets_the_second_through() -> None:
+    # As at a terminal, even when the suite runs as a background job (SIGINT ignored).
+    original = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _first_ctrl_c_then_the_second()
+    finally:
+        signal.signal(signal.SIGINT, original)
+
+
+def _first_ctrl_c_then_the_second() -> None:
     before = signal.getsignal(signal.SIGINT)
     stop = SigintStop()
     with stop:
