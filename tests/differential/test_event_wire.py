@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import textwrap
+import time
 from typing import Any
 
 import pytest
@@ -151,6 +152,11 @@ def test_published_batches_are_what_vllm_publishes() -> None:
     with ZmqEventPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*") as pub:
         assert pub.replay_endpoint is not None
         pub.publish(events, ts=1.5)
+        # The publisher's thread sends (and buffers) the batch on its own time: ask for its
+        # replay once it is out, or the answer is the "nothing from there" end marker.
+        deadline = time.monotonic() + 10
+        while pub.num_published < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         sock = ctx.socket(zmq.DEALER)
         sock.connect(pub.replay_endpoint)
