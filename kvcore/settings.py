@@ -40,9 +40,9 @@ class CacheSettings:
         enable_caching: prefix caching on/off.
         eviction_policy: which free cached block is reused first: a registered name
             (``"lru"``, vLLM's order, the default; ``"slru"``, ``"s3fifo"``, ``"arc"``; options
-            as ``"slru:protected_share=0.3"``; see :mod:`kvcore.eviction`), ``"recommended"``
-            (the README's policy; use :meth:`recommended` for its hint depth too), or a factory
-            ``blocks -> EvictionPolicy``.
+            as ``"slru:protected_share=0.3"``; see :mod:`kvcore.eviction`) or a factory
+            ``blocks -> EvictionPolicy``.  The README's recommendation (a policy and a hint
+            depth) is :meth:`recommended`.
         queue_hints: how many waiting requests a scheduler declares to the cache every step
             (``declare_upcoming``), so that their cached prefixes are evicted last (0 = off).
         enable_events: record KV events (``take_events``).
@@ -77,9 +77,10 @@ class CacheSettings:
         for name in _FLAGS:
             check_flag(name, getattr(self, name))
         policy = self.eviction_policy
-        if policy == RECOMMENDED_NAME:
-            object.__setattr__(self, "eviction_policy", RECOMMENDED.policy)
-        elif not callable(policy):
+        if policy == RECOMMENDED_NAME:  # a policy and a hint depth: not one field's value
+            raise InvalidArgumentError(f"eviction_policy {policy!r} names a policy and a queue-"
+                                       "hint depth: use CacheSettings.recommended()")
+        if not callable(policy):
             REGISTRY.parse(policy)  # raises naming an unknown, offline or malformed policy
         hints = self.queue_hints
         if type(hints) is not int or hints < 0:
