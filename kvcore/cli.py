@@ -21,7 +21,7 @@ from typing import Any
 
 from kvcore.cmdline import OneLineParser, non_negative_int, positive_int
 from kvcore.errors import InvalidArgumentError, KVCoreError
-from kvcore.eviction import OFFLINE_BOUND, RECOMMENDED, RECOMMENDED_NAME, REGISTRY
+from kvcore.eviction import OFFLINE_BOUND, RECOMMENDED, RECOMMENDED_NAME, REGISTRY, REUSE_ORACLE
 from kvcore.sim.interrupt import INTERRUPTED, SigintStop, partial_note
 
 DEFAULT_MAX_MODEL_LEN = 1 << 20  # tokens; the shipped Mooncake trace's longest request: 191,386
@@ -62,9 +62,9 @@ def _pool_policy(text: str) -> str:
 
 
 def _eviction_policy(text: str) -> str:
-    """``--eviction-policy``: a pool policy, ``recommended``, or the offline bound (the replay
-    runs it with the trace's future)."""
-    return text if text == OFFLINE_BOUND else _pool_policy(text)
+    """``--eviction-policy``: a pool policy, ``recommended``, or an offline policy the replay
+    runs with the trace's future (``belady``, ``reuse_oracle``)."""
+    return text if text in (OFFLINE_BOUND, REUSE_ORACLE) else _pool_policy(text)
 
 
 def _schedule_policy(text: str) -> str:
@@ -135,7 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "built-in workload)")
     rp.add_argument("--workload", default="shared-prefix",
                     help="built-in workload when no TRACE: shared-prefix, multi-turn, few-shot, "
-                    "random (default: shared-prefix)")
+                    "random (sized for the default 16-token blocks), agent (tool-using agent "
+                    "sessions, 148M prompt tokens: sized for --block-size 512 and a cache of "
+                    "1024-8192 blocks) (default: shared-prefix)")
     rp.add_argument("--block-size", type=positive_int, default=16, help="tokens per block (16)")
     cap = rp.add_mutually_exclusive_group()
     cap.add_argument("--num-blocks", type=positive_int, help="KV-cache blocks (null block included)")
@@ -153,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--eviction-policy", type=_eviction_policy, default="lru", metavar="NAME",
                     help="the real pool's eviction policy for the replay: "
                     f"{REGISTRY.describe(offline=False)}; options as slru:protected_share=0.3; "
-                    f"or {OFFLINE_BOUND} (offline bound, knows the trace's future), or "
+                    f"or {OFFLINE_BOUND} (offline bound, knows the trace's future), "
+                    f"{REUSE_ORACLE} (offline: knows which blocks are needed again), or "
                     f"{RECOMMENDED_NAME} (the README's policy and queue-hint depth: "
                     f"{RECOMMENDED.policy}, {RECOMMENDED.queue_hints}). Default: lru")
     rp.add_argument("--queue-hints", type=non_negative_int, metavar="DEPTH",

@@ -48,7 +48,7 @@ def test_replay_eviction_policy_contract(capsys: pytest.CaptureFixture[str]) -> 
                                                       "--queue-hints", "8"),
                   ("--eviction-policy", "recommended"),
                   ("--eviction-policy", "recommended", "--queue-hints", "0"),
-                  ("--eviction-policy", "belady")):
+                  ("--eviction-policy", "belady"), ("--eviction-policy", "reuse_oracle")):
         rc, out, err = run(capsys, *common, *extra)
         assert rc == 0, err
         data = json.loads(out)
@@ -64,6 +64,7 @@ def test_replay_eviction_policy_contract(capsys: pytest.CaptureFixture[str]) -> 
     # Under this much pressure the offline bound beats LRU, and SLRU's scan resistance helps.
     assert rate[("--eviction-policy", "belady")] > rate[()]
     assert rate[("--eviction-policy", "slru")] > rate[()]
+    assert rate[("--eviction-policy", "reuse_oracle")] >= rate[()]
 
 
 def test_replay_progress_goes_to_stderr_with_json(tmp_path: Path,

@@ -1275,6 +1275,20 @@ def test_belady_bound_hits_at_least_as_much_as_lru_under_pressure() -> None:
     assert belady.token_hit_rate > lru.token_hit_rate  # on this workload it is strictly better
 
 
+def test_reuse_oracle_evicts_blocks_never_needed_again_first() -> None:
+    lru = _replay("lru", 0)
+    with _every_manager_checked() as built:
+        oracle = _replay("reuse_oracle", 0)
+    assert built and oracle.num_finished == lru.num_requests
+    assert lru.token_hit_rate <= oracle.token_hit_rate <= _replay("belady", 0).token_hit_rate
+    # The pool itself refuses it (it reads the future): only the replay and simulator run it.
+    with pytest.raises(InvalidArgumentError, match="reuse_oracle"):
+        KVCacheManager(make_config(full_spec(2), num_blocks=8), 40, eviction_policy="reuse_oracle")
+    with pytest.raises(InvalidArgumentError, match=r"reuse_oracle.*'lpm'"):
+        replay(_workload(), ReplayConfig(num_blocks=40, eviction_policy="reuse_oracle",
+                                         schedule_policy="lpm"))
+
+
 def test_redeclaring_reorders_the_reserve_by_urgency() -> None:
     """A block kept from an earlier declaration is re-ranked by the new one: past the reserve's
     cap, the least urgent declared block yields, not the one declared first."""

@@ -80,7 +80,8 @@ def mru() -> Iterator[str]:
 
 def test_the_builtin_names_come_from_the_registry() -> None:
     assert REGISTRY.names(offline=False) == ("lru", "slru", "s3fifo", "arc")
-    assert REGISTRY.names() == ("lru", "slru", "s3fifo", "arc", "fifo", "lfu", "belady")
+    assert REGISTRY.names() == ("lru", "slru", "s3fifo", "arc", "fifo", "lfu", "belady",
+                              "reuse_oracle")
     assert all(REGISTRY.info(n).offline for n in ("fifo", "lfu", "belady"))
 
 

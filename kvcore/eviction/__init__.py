@@ -5,7 +5,8 @@
   others are built from);
 * :mod:`~kvcore.eviction.slru`, :mod:`~kvcore.eviction.s3fifo`, :mod:`~kvcore.eviction.arc`
   (over :mod:`~kvcore.eviction.segmented`): the other policies the pool runs;
-* :mod:`~kvcore.eviction.offline`: ``fifo``, ``lfu`` and ``belady``, for the simulator only;
+* :mod:`~kvcore.eviction.offline`: ``fifo``, ``lfu``, ``belady`` and ``reuse_oracle``, for the
+  simulator only;
 * :mod:`~kvcore.eviction.registry`: name -> class, read by every entry point;
   :func:`register_policy` adds your own.
 
@@ -23,6 +24,7 @@ from kvcore.eviction.registry import (
     RECOMMENDED,
     RECOMMENDED_NAME,
     REGISTRY,
+    REUSE_ORACLE,
     PolicyFactory,
     PolicyInfo,
     PolicyRegistry,
@@ -40,6 +42,7 @@ __all__ = [
     "RECOMMENDED",
     "RECOMMENDED_NAME",
     "REGISTRY",
+    "REUSE_ORACLE",
     "ARCPolicy",
     "EvictionPolicy",
     "FreeBlockQueue",

@@ -1,9 +1,11 @@
-"""Simulator-only eviction policies: ``fifo``, ``lfu`` and the offline bound ``belady``.
+"""Simulator-only eviction policies: ``fifo``, ``lfu``, the offline bound ``belady`` and
+``reuse_oracle`` (LRU with a perfect prediction of which blocks are ever needed again).
 
 They are registered with ``offline=True`` (:mod:`kvcore.eviction.registry`): the policy
 simulator (:mod:`kvcore.sim.policies`) runs them, the real pool refuses them.  They keep their
 order in a ``sortedcontainers`` list (O(log n) per block, where the pool's policies are O(1)),
-and ``belady`` needs the future (the simulator sets each block's next use before releasing it).
+and ``belady`` and ``reuse_oracle`` need the future (the simulator sets each block's next use
+before releasing it).
 They are not part of the compiled build.
 """
 
@@ -163,3 +165,15 @@ class BeladyPolicy(PriorityPolicy):
 
     def _priority(self, block: KVCacheBlock, clock: int) -> tuple[float, ...]:
         return (-self.next_use.pop(block.block_id, INFINITE), clock)
+
+
+class ReuseOraclePolicy(BeladyPolicy):
+    """``reuse_oracle``: LRU, except that blocks never needed again go first.  It knows *whether*
+    a block is reused, not *when*: the hit rate a perfect reuse (admission) predictor reaches in
+    recency order, between LRU and Belady."""
+
+    __slots__ = ()
+    name: ClassVar[str] = "reuse_oracle"
+
+    def _priority(self, block: KVCacheBlock, clock: int) -> tuple[float, ...]:
+        return (float(self.next_use.pop(block.block_id, INFINITE) != INFINITE), clock)

@@ -28,7 +28,7 @@ from kvcore.errors import InvalidArgumentError
 from kvcore.eviction.arc import ARCPolicy
 from kvcore.eviction.base import EvictionPolicy
 from kvcore.eviction.lru import FreeBlockQueue
-from kvcore.eviction.offline import BeladyPolicy, FIFOPolicy, LFUPolicy
+from kvcore.eviction.offline import BeladyPolicy, FIFOPolicy, LFUPolicy, ReuseOraclePolicy
 from kvcore.eviction.s3fifo import S3FIFOPolicy
 from kvcore.eviction.slru import SLRUPolicy
 
@@ -61,6 +61,8 @@ shipped Mooncake trace with the scheduler replay, see BENCHMARKS.md."""
 
 OFFLINE_BOUND = "belady"
 """The offline policy the simulator and the replay report as the bound."""
+REUSE_ORACLE = "reuse_oracle"
+"""The offline policy that knows which blocks are reused but not when (LRU otherwise)."""
 
 
 class PolicyRegistry:
@@ -162,6 +164,8 @@ _BUILTIN: tuple[tuple[str, type[EvictionPolicy], str, bool], ...] = (
     ("fifo", FIFOPolicy, "first cached, first evicted", True),
     ("lfu", LFUPolicy, "fewest releases first, then least recent", True),
     (OFFLINE_BOUND, BeladyPolicy, "offline bound: needed furthest in the future", True),
+    (REUSE_ORACLE, ReuseOraclePolicy,
+     "offline: LRU, blocks never needed again first (a perfect reuse predictor)", True),
 )
 
 REGISTRY = PolicyRegistry()

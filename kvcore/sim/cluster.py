@@ -29,7 +29,7 @@ from kvcore.cluster.index import EventChannel, KVRoutingIndex, request_keys
 from kvcore.cluster.router import ROUTERS, ReplicaLoad, make_router
 from kvcore.errors import InvalidArgumentError
 from kvcore.events import KVCacheEvent
-from kvcore.eviction import OFFLINE_BOUND
+from kvcore.sim.oracle import REPLAY_ORACLES
 from kvcore.manager import KVCacheManager
 from kvcore.scheduler import RequestRejectedError, Scheduler
 from kvcore.sim.replay import (
@@ -158,8 +158,8 @@ def replay_cluster(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = 
     if not requests:
         raise InvalidArgumentError("the trace has no requests")
     check_inputs(requests, cfg)
-    if cfg.eviction_policy == OFFLINE_BOUND:
-        raise InvalidArgumentError("the belady bound replays one replica only")
+    if cfg.eviction_policy in REPLAY_ORACLES:
+        raise InvalidArgumentError(f"the {cfg.eviction_policy} oracle replays one replica only")
     index = KVRoutingIndex(cluster.medium_weights)
     reps = [_Replica(i, cfg, requests, index) for i in range(cluster.num_replicas)]
     hash_block_size = reps[0].manager.hash_block_size

@@ -1,20 +1,25 @@
-"""Belady's offline bound inside the real pool, for the scheduler replay.
+"""Offline policies inside the real pool, for the scheduler replay: Belady's bound and the reuse
+oracle (:data:`REPLAY_ORACLES`, by name).
 
 :class:`ReplayBelady` is a pool eviction policy that knows the whole trace: a free cached block's
 priority is the arrival index of the next request whose prompt holds its hash (furthest first
 evicted).  The replay tells it when a request is admitted (``advance``), so blocks whose next use
 just passed are re-ranked by the use after it.  It is an offline bound for the replay (the
 scheduler's concurrency, chunking and preemption included), not a policy a server could run.
+:class:`ReplayReuseOracle` knows only *whether* a free block's hash is needed again: LRU with
+the blocks never needed again evicted first (what a perfect reuse predictor reaches).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import ClassVar
 
 from kvcore.blocks import BlockHash, KVCacheBlock
 from kvcore.eviction.offline import INFINITE, PriorityPolicy
+from kvcore.eviction.registry import OFFLINE_BOUND, REUSE_ORACLE
 
 
 class ReplayBelady(PriorityPolicy):
@@ -71,3 +76,21 @@ class ReplayBelady(PriorityPolicy):
                 block = self._entries[bid][2]
                 self.remove(block)
                 self.on_free((), (block,))
+
+
+class ReplayReuseOracle(ReplayBelady):
+    """The reuse oracle over block hashes: least recently freed first, except that a block whose
+    hash no later request needs goes before every other."""
+
+    __slots__ = ()
+    name: ClassVar[str] = REUSE_ORACLE
+
+    def _priority(self, block: KVCacheBlock, clock: int) -> tuple[float, ...]:
+        (negated_next_use, _) = super()._priority(block, clock)
+        return (float(negated_next_use != -INFINITE), clock)
+
+
+REPLAY_ORACLES: Mapping[str, type[ReplayBelady]] = MappingProxyType(
+    {OFFLINE_BOUND: ReplayBelady, REUSE_ORACLE: ReplayReuseOracle})
+"""The offline policies the scheduler replay runs, by name: they read the trace and are bounds
+for arrival order (the replay refuses them with another schedule policy)."""

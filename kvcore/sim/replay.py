@@ -30,13 +30,12 @@ from kvcore.blocks import BlockHash
 from kvcore.connector import KVConnectorRole, OffloadingConnector
 from kvcore.errors import InvalidArgumentError
 from kvcore.events import KVCacheEvent
-from kvcore.eviction import OFFLINE_BOUND
 from kvcore.manager import KVCacheManager
 from kvcore.request import Request
 from kvcore.schedule_policy import resolve as resolve_schedule_policy
 from kvcore.scheduler import RequestRejectedError, Scheduler, SchedulerConfig, SchedulerOutput
 from kvcore.settings import CacheSettings
-from kvcore.sim.oracle import ReplayBelady
+from kvcore.sim.oracle import REPLAY_ORACLES, ReplayBelady
 from kvcore.sim.traces import TraceRequest
 from kvcore.specs import FullAttentionSpec, KVCacheConfig, KVCacheGroup
 
@@ -57,7 +56,7 @@ class ReplayConfig:
     # The cache's settings (made into one CacheSettings by cache_settings):
     enable_caching: bool = True
     hash_algo: str = "xxh3_128"
-    eviction_policy: str = "lru"  # the real pool's policy (kvcore.eviction), or "belady"
+    eviction_policy: str = "lru"  # the real pool's policy (kvcore.eviction), or an oracle
     queue_hints: int = 0  # waiting requests the scheduler declares upcoming each step
     retain_sessions: bool = False  # SchedulerConfig.retain_sessions (the retention hint)
     schedule_policy: str = "fcfs"  # SchedulerConfig.schedule_policy (kvcore.schedule_policy)
@@ -72,12 +71,15 @@ class ReplayConfig:
 
     def cache_settings(self, enable_events: bool = False) -> CacheSettings:
         """The replay's :class:`CacheSettings` (validated: a bad policy raises here); the offline
-        bound ``belady`` is :class:`~kvcore.sim.oracle.ReplayBelady`, which reads the trace."""
+        policies ``belady`` and ``reuse_oracle`` are :data:`~kvcore.sim.oracle.REPLAY_ORACLES`,
+        which read the trace."""
         policy: object = self.eviction_policy
-        if policy == OFFLINE_BOUND:
+        oracle = REPLAY_ORACLES.get(self.eviction_policy)
+        if oracle is not None:
             if self.kv_config is not None:
-                raise InvalidArgumentError("the belady bound replays single-group caches only")
-            policy = ReplayBelady
+                raise InvalidArgumentError(
+                    f"the {self.eviction_policy} oracle replays single-group caches only")
+            policy = oracle
         return CacheSettings(enable_caching=self.enable_caching, hash_algo=self.hash_algo,
                              eviction_policy=policy,  # type: ignore[arg-type]  # str or factory
                              queue_hints=self.queue_hints, enable_events=enable_events)
@@ -248,10 +250,10 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None, *,
     if not requests:
         raise InvalidArgumentError("the trace has no requests")
     check_inputs(requests, cfg)
-    if cfg.eviction_policy == OFFLINE_BOUND and resolve_schedule_policy(
+    if cfg.eviction_policy in REPLAY_ORACLES and resolve_schedule_policy(
             cfg.schedule_policy) != "fcfs":
-        raise InvalidArgumentError(f"{OFFLINE_BOUND} is the bound for arrival order: replay it "
-                                   f"with schedule_policy fcfs, not {cfg.schedule_policy!r}")
+        raise InvalidArgumentError(f"{cfg.eviction_policy} is a bound for arrival order: replay "
+                                   f"it with schedule_policy fcfs, not {cfg.schedule_policy!r}")
     manager = make_manager(cfg, requests, enable_events=event_sink is not None)
     order = sorted(requests, key=lambda r: r.arrival_ms)
     oracle = manager.pool.free_queue if isinstance(manager.pool.free_queue, ReplayBelady) else None

@@ -11,6 +11,7 @@ import pytest
 from kvcore import InvalidArgumentError
 from kvcore.sim import workloads as W
 from kvcore.sim.traces import HashIdTokens, TraceRequest, default_trace_path, load_mooncake
+from tests.sim import small_workload
 
 TRACE = default_trace_path()
 
@@ -73,9 +74,10 @@ def test_shipped_trace_loads() -> None:
 
 def test_workloads_are_deterministic_and_shaped() -> None:
     for name in W.WORKLOADS:
-        a, b = W.make_workload(name, seed=3), W.make_workload(name, seed=3)
+        a, b = small_workload(name, seed=3), small_workload(name, seed=3)
         assert a == b and len(a) > 0
-        assert all(r.num_prompt_tokens == len(r.prompt or ()) for r in a)
+        assert all(r.num_prompt_tokens == len(r.prompt_token_ids()) for r in a)
+        assert [r.prompt_token_ids() for r in a] == [r.prompt_token_ids() for r in b]
     sp = W.shared_prefix(num_groups=2, prompts_per_group=3, system_len=40, question_len=5)
     groups: dict[str, list[TraceRequest]] = {}
     for r in sp:
@@ -89,6 +91,33 @@ def test_workloads_are_deterministic_and_shaped() -> None:
         assert cur.arrival_ms > prev.arrival_ms
     with pytest.raises(InvalidArgumentError, match="unknown workload"):
         W.make_workload("nope")
+
+
+def test_agent_workload_sessions_extend_and_share_the_system_prompt() -> None:
+    reqs = W.agent(num_agents=2, num_sessions=12, min_steps=3, max_steps=5, system_len=300,
+                   seed=5)
+    seg = W.AGENT_SEGMENT_TOKENS
+    assert all(r.num_prompt_tokens % seg == 0 and r.output_len % seg == 0 for r in reqs)
+    assert all(a.arrival_ms <= b.arrival_ms for a, b in itertools.pairwise(reqs))
+    sessions: dict[str, list[TraceRequest]] = {}
+    for r in reqs:
+        assert r.session_id is not None
+        sessions.setdefault(r.session_id, []).append(r)
+    assert len(sessions) == 12 and all(3 <= len(s) <= 5 for s in sessions.values())
+    system = -(-300 // seg)  # segments of the system prompt
+    heads = set()
+    for steps in sessions.values():
+        heads.add(steps[0].hash_ids[:system])  # type: ignore[index]
+        for prev, cur in itertools.pairwise(steps):  # each step carries the whole session so far
+            assert cur.arrival_ms > prev.arrival_ms
+            assert cur.prompt_token_ids()[:prev.num_prompt_tokens] == prev.prompt_token_ids()
+            # ...plus the previous step's action (its output length) and a tool output.
+            assert cur.num_prompt_tokens > prev.num_prompt_tokens + prev.output_len
+    assert len(heads) == 2  # one system prompt per agent, shared by its sessions
+    tasks = {s[0].hash_ids[system] for s in sessions.values()}  # type: ignore[index]
+    assert len(tasks) == 12  # but every session's own task differs
+    with pytest.raises(InvalidArgumentError, match="min_steps"):
+        W.agent(min_steps=4, max_steps=3)
 
 
 REPO = Path(__file__).resolve().parents[2]
