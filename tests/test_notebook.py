@@ -50,7 +50,8 @@ def test_notebook_executes_within_a_minute_and_its_committed_figures_are_current
                for o in c.outputs)
     drawn = json.loads((tmp_path / "figures.json").read_text())
     committed = json.loads((FIGURES / "figures.json").read_text())
-    assert drawn.keys() == committed.keys() == {"hit_rate_vs_capacity", "kv_usage", "queue_hints"}
+    assert drawn.keys() == committed.keys() == {"hit_rate_vs_capacity", "kv_usage", "queue_hints",
+                                                "schedule_policies"}
     for name in drawn:
         assert drawn[name] == committed[name], (
             f"docs/notebook/{name}.png is out of date: run the notebook and commit docs/notebook/")
@@ -70,4 +71,4 @@ def test_readme_says_how_to_open_the_notebook_and_shows_its_figures() -> None:
     assert "jupyter" not in extras["dev"]  # hence the extra
     shown = re.findall(r"!\[[^]]*\]\((docs/notebook/[^)]+\.png)\)", readme)
     assert sorted(shown) == sorted(f"docs/notebook/{p.name}" for p in FIGURES.glob("*.png"))
-    assert len(shown) == 3
+    assert len(shown) == 4
