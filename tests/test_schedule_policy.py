@@ -16,7 +16,7 @@ from kvcore.request import RequestStatus
 from kvcore.schedule_policy import RECOMMENDED, WaitingOrder, dfs_weight_order
 from kvcore.scheduler import Scheduler, SchedulerConfig
 from kvcore.sim.replay import ReplayConfig, replay
-from kvcore.sim.study import parse_config
+from kvcore.sim.study import gap_closed, parse_config
 from kvcore.sim.workloads import multi_turn
 from tests.factories import full_spec, make_manager
 
@@ -189,6 +189,13 @@ def test_cli_json_names_the_schedule_policy(capsys: pytest.CaptureFixture[str]) 
     assert "queue_ms_p50" in out["replay"] and "token_hit_rate" in out["replay"]
     with pytest.raises(SystemExit):
         cli_main(["replay", "--schedule-policy", "sjf"])
+
+
+def test_study_divides_only_a_real_gap() -> None:
+    assert gap_closed(0.30, 0.20, 0.40) == pytest.approx(0.5)
+    assert gap_closed(0.15, 0.20, 0.40) == pytest.approx(-0.25)
+    assert gap_closed(0.933, 0.933, 0.934) is None  # a tenth of a point: no share printed
+    assert gap_closed(0.5, 0.5, 0.4) is None
 
 
 def test_study_parses_the_order() -> None:

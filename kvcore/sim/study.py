@@ -68,9 +68,15 @@ def _cell(args: tuple[str | None, str, int, int, tuple[str, int, str], int, floa
     return {m: result[m] for m in METRICS}
 
 
+MIN_GAP = 0.005
+"""A gap between LRU and Belady under half a point of hit rate is not divided (its share would
+be noise)."""
+
+
 def gap_closed(rate: float, lru: float, belady: float) -> float | None:
-    """The fraction of the LRU→Belady gap ``rate`` closes (``None`` when there is no gap)."""
-    return (rate - lru) / (belady - lru) if belady > lru else None
+    """The fraction of the LRU→Belady gap ``rate`` closes (``None`` when there is no gap of at
+    least :data:`MIN_GAP`)."""
+    return (rate - lru) / (belady - lru) if belady - lru >= MIN_GAP else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
