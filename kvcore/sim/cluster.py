@@ -29,9 +29,9 @@ from kvcore.cluster.index import EventChannel, KVRoutingIndex, request_keys
 from kvcore.cluster.router import ROUTERS, ReplicaLoad, make_router
 from kvcore.errors import InvalidArgumentError
 from kvcore.events import KVCacheEvent
-from kvcore.sim.oracle import REPLAY_ORACLES
 from kvcore.manager import KVCacheManager
 from kvcore.scheduler import RequestRejectedError, Scheduler
+from kvcore.sim.oracle import REPLAY_ORACLES
 from kvcore.sim.replay import (
     ReplayConfig,
     SimulatedStep,
