@@ -350,9 +350,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
                  else ""))
     if "ideal_hit_rate" in out:
         print(f"  infinite-capacity hit rate: {out['ideal_hit_rate']:.2%}")
+    width = max((len(p) for p in out.get("policies", {})), default=0)
     for p, rate in out.get("policies", {}).items():
         skipped = out["policies_skipped"][p]
-        print(f"  policy {p:7s} hit rate: {rate:.2%}  (same capacity, one request at a time"
+        print(f"  policy {p:{width}s} hit rate: {rate:.2%}  (same capacity, one request at a time"
               + (f"; {skipped} requests larger than the cache skipped)" if skipped else ")"))
     if "curves" in out:
         policies = list(out["curves"])
