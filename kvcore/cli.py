@@ -23,6 +23,7 @@ from kvcore.cmdline import OneLineParser, non_negative_int, positive_int
 from kvcore.errors import InvalidArgumentError, KVCoreError
 from kvcore.eviction import OFFLINE_BOUND, RECOMMENDED, RECOMMENDED_NAME, REGISTRY, REUSE_ORACLE
 from kvcore.sim.interrupt import INTERRUPTED, SigintStop, partial_note
+from kvcore.sim.oracle import REPLAY_ORACLES
 
 DEFAULT_MAX_MODEL_LEN = 1 << 20  # tokens; the shipped Mooncake trace's longest request: 191,386
 
@@ -63,8 +64,8 @@ def _pool_policy(text: str) -> str:
 
 def _eviction_policy(text: str) -> str:
     """``--eviction-policy``: a pool policy, ``recommended``, or an offline policy the replay
-    runs with the trace's future (``belady``, ``reuse_oracle``)."""
-    return text if text in (OFFLINE_BOUND, REUSE_ORACLE) else _pool_policy(text)
+    runs with the trace's future (``REPLAY_ORACLES``: ``belady``, ``reuse_oracle``)."""
+    return text if text in REPLAY_ORACLES else _pool_policy(text)
 
 
 def _schedule_policy(text: str) -> str:

@@ -39,6 +39,7 @@ from kvcore.sim.replay import (
     make_manager,
     make_request,
     make_scheduler,
+    quantile,
 )
 from kvcore.sim.traces import TraceRequest
 
@@ -228,7 +229,7 @@ def replay_cluster(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = 
         host_hit_rate=sum(r.result.host_hit_tokens for r in reps) / queries if queries else 0.0,
         imbalance=max(busy_ms) / mean_busy if mean_busy else 1.0,
         ttft_ms_median=statistics.median(ttft) if ttft else 0.0,
-        ttft_ms_p99=ttft[int(0.99 * (len(ttft) - 1))] if ttft else 0.0,
+        ttft_ms_p99=quantile(ttft, 0.99),
         sim_time_ms=max(r.clock for r in reps),
         event_batches=sum(r.channel.seq for r in reps),
         event_bytes=sum(r.channel.num_bytes for r in reps), index_blocks=len(index),

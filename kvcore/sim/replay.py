@@ -344,16 +344,17 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None, *,
         evicted_blocks=manager.pool.num_evicted_blocks, preemptions=sched.stats.num_preemptions,
         sim_time_ms=clock, cpu_s=sum(cpu),
         cpu_us_per_step_median=statistics.median(cpu) * 1e6 if cpu else 0.0,
-        cpu_us_per_step_p99=cpu_sorted[int(0.99 * (len(cpu) - 1))] * 1e6 if cpu else 0.0,
+        cpu_us_per_step_p99=quantile(cpu_sorted, 0.99) * 1e6,
         wall_s=time.perf_counter() - wall0, usage=usage, interrupted=interrupted,
-        ttft_ms_p50=_quantile(ttft, 0.5), ttft_ms_p99=_quantile(ttft, 0.99),
-        queue_ms_p50=_quantile(queued, 0.5), queue_ms_p99=_quantile(queued, 0.99),
+        ttft_ms_p50=quantile(ttft, 0.5), ttft_ms_p99=quantile(ttft, 0.99),
+        queue_ms_p50=quantile(queued, 0.5), queue_ms_p99=quantile(queued, 0.99),
         queue_ms_mean=statistics.fmean(queued) if queued else 0.0,
         output_tokens_per_s=output_tokens / clock * 1000 if clock else 0.0)
 
 
-def _quantile(ordered: Sequence[float], q: float) -> float:
-    """The ``q`` quantile of sorted values (nearest rank below; 0 for none)."""
+def quantile(ordered: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of sorted values (nearest rank below; 0 for none): the replay's and
+    the cluster replay's p50 / p99."""
     return ordered[int(q * (len(ordered) - 1))] if ordered else 0.0
 
 

@@ -115,8 +115,8 @@ def agent(num_agents: int = 4, num_sessions: int = 384, min_steps: int = 6, max_
     (log-normal around ``tool_median`` tokens, at most ``tool_max``).  Step ``t + 1`` arrives
     ``step_ms`` plus the tool's latency (log-normal around ``tool_ms_median``) after step ``t``
     arrived: arrivals are open loop, so a loaded server sees a session's next step while it is
-    still queued.  Every length is rounded up to :data:`AGENT_SEGMENT_TOKENS`; segments are hash
-    ids, so the workload holds no token lists (the replay makes each prompt when it arrives)."""
+    still queued.  Every length is a multiple of :data:`AGENT_SEGMENT_TOKENS` (an action's
+    rounded down, at least one segment; the others rounded up); segments are hash ids, so the workload holds no token lists (the replay makes each prompt when it arrives)."""
     seg = AGENT_SEGMENT_TOKENS
     if num_agents < 1 or num_sessions < 1 or not 1 <= min_steps <= max_steps:
         raise InvalidArgumentError(
