@@ -88,7 +88,9 @@ class BlockPool(PoolChecks):
         self.free_queue: EvictionPolicy = make_policy(settings.eviction_policy, self.blocks[1:])
         # Events go to the recorder as they happen; None when events are off.
         self.events: EventRecorder | None = (
-            (events if events is not None else EventRecorder()) if settings.enable_events
+            (events if events is not None
+             else EventRecorder(lookahead=settings.num_hash_lookahead_tokens))
+            if settings.enable_events
             else None)
         # Scheduler hints (set_hints): the free blocks caching declared prefixes, held out of
         # the policy until needed (_reserved aliases its id set: the hot paths test it).

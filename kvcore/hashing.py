@@ -12,6 +12,12 @@ Algorithms: ``xxh3_128`` (default, fast, 16-byte hashes), ``sha256`` (cryptograp
 ``sha256_cbor`` (CBOR-serialised input, reproducible from any language).  Token ids are packed as
 little-endian uint32; extra keys, in order, are the LoRA name, each multimodal item overlapping the
 block (id, offset of the item relative to the block start) and the cache salt (first block only).
+
+Lookahead hashes (``lookahead`` L > 0, vLLM 0.33's ``num_hash_lookahead_tokens``): an EAGLE/MTP
+drafter's KV at a block's last position depends on the L tokens after the block, so the block's
+hash also covers them.  A block is hashed only once those tokens exist; its extra keys then cover
+the window ``[start, end + L)`` and end with ``("next", t_end, ..., t_end+L-1)``
+(:func:`hash_extra_keys`).  The block's tokens are still only its own.
 """
 
 from __future__ import annotations
@@ -221,32 +227,59 @@ def block_extra_keys(request: KVRequest, start: int, end: int) -> ExtraKeys | No
     return tuple(keys) if keys else None
 
 
+def hash_extra_keys(request: KVRequest, start: int, end: int,
+                    lookahead: int = 0) -> ExtraKeys | None:
+    """The extra keys the hash of the block ``[start, end)`` covers: :func:`block_extra_keys`;
+    with ``lookahead`` L > 0, those of the window ``[start, end + L)`` followed by
+    ``("next", *tokens[end:end + L])`` (the request must hold those tokens)."""
+    if not lookahead:
+        return block_extra_keys(request, start, end)
+    keys = block_extra_keys(request, start, end + lookahead) or ()
+    return (*keys, ("next", *request.all_token_ids[end:end + lookahead]))
+
+
+def num_hashable_blocks(num_tokens: int, block_size: int, lookahead: int = 0) -> int:
+    """How many leading blocks of a ``num_tokens``-token request can be hashed: the full ones,
+    each with ``lookahead`` tokens after it."""
+    return (num_tokens - lookahead) // block_size if num_tokens > lookahead else 0
+
+
 class RequestBlockHasher:
     """Computes the hashes of a request's newly completed full blocks.
 
     ``hasher(request)`` returns the hashes of full blocks past ``len(request.block_hashes)``;
-    partial blocks are never hashed.  A :class:`kvcore.request.Request` built with a block hasher
-    calls it at construction and whenever output tokens are appended.
+    partial blocks are never hashed, nor, with ``lookahead`` L > 0, a block before the L tokens
+    after it exist (see the module docstring).  A :class:`kvcore.request.Request` built with a
+    block hasher calls it at construction and whenever output tokens are appended.
     """
 
-    __slots__ = ("block_size", "hasher")
+    __slots__ = ("block_size", "hasher", "lookahead")
 
-    def __init__(self, block_size: int, hasher: BlockHasher | None = None) -> None:
+    def __init__(self, block_size: int, hasher: BlockHasher | None = None,
+                 lookahead: int = 0) -> None:
         if not isinstance(block_size, int) or block_size <= 0:
             raise InvalidArgumentError(f"block_size must be a positive int, got {block_size!r}")
+        if type(lookahead) is not int or lookahead < 0:
+            raise InvalidArgumentError(f"lookahead must be an int >= 0, got {lookahead!r}")
         self.block_size = block_size
         self.hasher = hasher if hasher is not None else BlockHasher()
+        self.lookahead = lookahead
 
     def __call__(self, request: KVRequest) -> list[BlockHash]:
         bs = self.block_size
         hashes = request.block_hashes
         tokens = request.all_token_ids
         start = len(hashes) * bs
-        n = (len(tokens) - start) // bs
+        lookahead = self.lookahead
+        n = (len(tokens) - lookahead - start) // bs
         if n <= 0:
             return []
         parent = hashes[-1] if hashes else None
         end = start + n * bs
+        if lookahead:
+            extra: list[ExtraKeys | None] | None = [
+                hash_extra_keys(request, s, s + bs, lookahead) for s in range(start, end, bs)]
+            return self.hasher.hash_blocks(parent, tokens[start:end], bs, extra)
         plain = (request.lora_name is None and not request.mm_items
                  and request.cache_salt is None)
         if n == 1:  # decoding completes one block at a time

@@ -47,6 +47,7 @@ class ManagerState(Protocol):
     pool: BlockPool
     coordinator: KVCacheCoordinator
     hash_block_size: int
+    num_hash_lookahead_tokens: int
     max_model_len: int
 
     def requests(self) -> dict[str, KVRequest]: ...
@@ -261,7 +262,7 @@ def check_manager_invariants(manager: ManagerState) -> None:
     hbs = manager.hash_block_size
     verify = manager.pool.verify_hits
     for rid, request in requests.items():
-        verifier = HitVerifier(request) if verify else None
+        verifier = HitVerifier(request, manager.num_hash_lookahead_tokens) if verify else None
         for g, m in enumerate(coord.managers):
             blocks = m.req_to_blocks.get(rid, [])
             bs = m.block_size

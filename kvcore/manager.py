@@ -91,7 +91,8 @@ class KVCacheManager(ManagerChecks):
                  "_last_lookup", "_requests", "_sparse_retention",
                  "block_hasher", "config", "coordinator", "enable_caching", "fast_path",
                  "hash_block_size", "log_stats", "max_model_len", "max_num_batched_tokens",
-                 "num_groups", "pool", "prefix_cache_stats", "settings", "verify_hits")
+                 "num_groups", "num_hash_lookahead_tokens", "pool", "prefix_cache_stats",
+                 "settings", "verify_hits")
 
     def __init__(self, config: KVCacheConfig, max_model_len: SupportsIndex, *,
                  max_num_batched_tokens: SupportsIndex | None = None,
@@ -112,12 +113,13 @@ class KVCacheManager(ManagerChecks):
         self.enable_caching = settings.enable_caching
         self.verify_hits = settings.verify_hits and settings.enable_caching
         self.fast_path = settings.fast_path
+        self.num_hash_lookahead_tokens = lookahead = settings.num_hash_lookahead_tokens
         self.block_hasher = RequestBlockHasher(
             config.hash_block_size,
             settings.block_hasher if settings.block_hasher is not None
-            else BlockHasher(settings.hash_algo, settings.hash_seed))
+            else BlockHasher(settings.hash_algo, settings.hash_seed), lookahead)
         self.pool = BlockPool(config.num_blocks, num_groups=config.num_groups, settings=settings,
-                              events=EventRecorder.for_config(config))
+                              events=EventRecorder.for_config(config, lookahead=lookahead))
         self.coordinator: KVCacheCoordinator = make_coordinator(config, self.pool, settings)
         self.hash_block_size = config.hash_block_size
         self.num_groups = config.num_groups
@@ -152,19 +154,28 @@ class KVCacheManager(ManagerChecks):
         return len(self._requests)
 
     # -- the scheduler's calls ------------------------------------------------------------------
-    def get_computed_blocks(self, request: KVRequest) -> tuple[KVCacheBlocks, int]:
+    def get_computed_blocks(self, request: KVRequest,
+                            max_cache_hit_length: SupportsIndex | None = None
+                            ) -> tuple[KVCacheBlocks, int]:
         """The request's prefix hit: per-group blocks and the number of hit tokens.
 
         Reference counts are not changed (``allocate_slots`` takes the blocks).  The hit never
-        covers the last token, whose logits must be computed.
+        covers the last token, whose logits must be computed, nor more than
+        ``max_cache_hit_length`` tokens when that is given (a caller's own bound, e.g. what a
+        side store also holds).
         """
+        max_length = request.num_tokens - 1
+        if max_cache_hit_length is not None:
+            cap = check_count("max_cache_hit_length", max_cache_hit_length)
+            if cap < max_length:
+                max_length = cap
         if not self.enable_caching or request.skip_reading_prefix_cache:
             self._last_boundary = None
             return self._empty, 0
         self._sync_hashes(request)
         blocks, num_hit_tokens = self.coordinator.find_longest_cache_hit(
-            request.block_hashes, request.num_tokens - 1,
-            HitVerifier(request) if self.verify_hits else None)
+            request.block_hashes, max_length,
+            HitVerifier(request, self.num_hash_lookahead_tokens) if self.verify_hits else None)
         self._last_boundary = (request, self.coordinator.last_shared_prefix_boundary)
         if not any(blocks):
             return self._empty, num_hit_tokens
@@ -267,12 +278,13 @@ class KVCacheManager(ManagerChecks):
                 return None
         cache_upto = None  # cache up to the request's real tokens (never draft slots)
         if self.enable_caching and not delay_cache_blocks:
-            tokens = request.all_token_ids
-            if len(request.block_hashes) < len(tokens) // self.hash_block_size:
+            num_tokens = len(request.all_token_ids)
+            if ((len(request.block_hashes) + 1) * self.hash_block_size
+                    <= num_tokens - self.num_hash_lookahead_tokens):
                 self._sync_hashes(request)
             cache_upto = total_computed + num_new_tokens
-            if cache_upto > len(tokens):
-                cache_upto = len(tokens)
+            if cache_upto > num_tokens:
+                cache_upto = num_tokens
         num_slots = total_computed + num_new_tokens + num_lookahead_tokens
         if num_slots > self.max_model_len:
             num_slots = self.max_model_len

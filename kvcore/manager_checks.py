@@ -24,7 +24,7 @@ from kvcore.errors import (
     RequestStateError,
     UnknownRequestError,
 )
-from kvcore.hashing import RequestBlockHasher, hashes_at
+from kvcore.hashing import RequestBlockHasher, hashes_at, num_hashable_blocks
 from kvcore.request import KVRequest
 from kvcore.verify import HitVerifier
 
@@ -70,6 +70,7 @@ class ManagerChecks:
     enable_caching: bool
     verify_hits: bool
     hash_block_size: int
+    num_hash_lookahead_tokens: int
     num_groups: int
     max_model_len: int
     # request id -> [request, num_slots] (see KVCacheManager.__init__)
@@ -80,7 +81,8 @@ class ManagerChecks:
     def _sync_hashes(self, request: KVRequest) -> None:
         # Requests built without this manager's hasher get their missing hashes here.
         hashes = request.block_hashes
-        if len(hashes) < len(request.all_token_ids) // self.hash_block_size:
+        if len(hashes) < num_hashable_blocks(len(request.all_token_ids), self.hash_block_size,
+                                             self.num_hash_lookahead_tokens):
             hashes.extend(self.block_hasher(request))
 
     def _check_allocation(self, request: KVRequest, num_new_tokens: int,
@@ -182,7 +184,7 @@ class ManagerChecks:
             except (AttributeError, IndexError, TypeError):
                 self._bad_hit(rid, g, i, blocks[i], needed_from, hashes)
         if self.verify_hits:
-            verifier = HitVerifier(request)
+            verifier = HitVerifier(request, self.num_hash_lookahead_tokens)
             for g, (m, blocks) in enumerate(zip(self.coordinator.managers, hits)):
                 for i, block in enumerate(blocks):
                     if not block.is_null and not verifier.matches(block.prefix_node, i,

@@ -29,7 +29,8 @@ from kvcore.eviction.registry import (
 )
 from kvcore.hashing import BlockHasher
 
-_FLAGS = ("enable_caching", "enable_events", "verify_hits", "use_eagle", "log_stats", "fast_path")
+_FLAGS = ("enable_caching", "enable_events", "verify_hits", "use_eagle", "eagle_junction_tail",
+          "log_stats", "fast_path")
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,15 @@ class CacheSettings:
             request's tokens, so a hash collision cannot produce a wrong-KV hit.
         use_eagle: EAGLE/MTP speculative decoding: every prefix hit drops its last block (as
             vLLM's ``use_eagle``; not with chunked local attention).
+        num_hash_lookahead_tokens: EAGLE/MTP lookahead hashes (vLLM 0.33's): each block's hash
+            also covers the next this many tokens, which the drafter's KV at the block's last
+            position read, so a block is hashed (and cached) only once they exist and hits need
+            no EAGLE drop; ``KVCacheManager.make_request`` hashes this way, and ``BlockStored``
+            events carry the tokens (``lookahead_token_ids``).  0: plain hashes.
+        eagle_junction_tail: under EAGLE with sparse retention (a sliding window and a
+            ``prefix_cache_retention_interval``), also keep the window tail one block below a
+            request's shared-prefix junction, where a sibling that diverges right after the
+            junction hits (vLLM 0.33; ``False``: vLLM 0.32, which keeps only the junction's).
         log_stats: collect :class:`~kvcore.stats.PrefixCacheStats`.
         fast_path: let ``allocate_slots`` calls that only add new tokens skip the validation they
             cannot fail; ``False`` validates every call in full (both reach the same code).
@@ -66,6 +76,8 @@ class CacheSettings:
     enable_events: bool = False
     verify_hits: bool = False
     use_eagle: bool = False
+    num_hash_lookahead_tokens: int = 0
+    eagle_junction_tail: bool = True
     log_stats: bool = True
     fast_path: bool = True
     hash_algo: str = "xxh3_128"
@@ -85,6 +97,10 @@ class CacheSettings:
         hints = self.queue_hints
         if type(hints) is not int or hints < 0:
             raise InvalidArgumentError(f"queue_hints must be an int >= 0, got {hints!r}")
+        lookahead = self.num_hash_lookahead_tokens
+        if type(lookahead) is not int or lookahead < 0:
+            raise InvalidArgumentError(f"num_hash_lookahead_tokens must be an int >= 0, got "
+                                       f"{lookahead!r}")
         if not isinstance(self.hash_algo, str):
             raise InvalidArgumentError(f"hash_algo must be a str, got {self.hash_algo!r}")
         if self.block_hasher is not None and not isinstance(self.block_hasher, BlockHasher):

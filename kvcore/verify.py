@@ -4,7 +4,8 @@ A block hash is evidence, not proof: a collision — an unlucky one, a deliberat
 hash function — makes a lookup return a block whose KV was computed for other tokens, at another
 position or after another prefix.  In verify mode every cached block also carries a
 :class:`PrefixNode`, the exact identity of the prefix its KV belongs to: the block's tokens and
-extra keys (LoRA, multimodal items, salt), its position, and the node of the block before it,
+extra keys (LoRA, multimodal items, salt; with lookahead hashes, also the tokens after the block
+that the drafter's KV read), its position, and the node of the block before it,
 back to position 0.  A hit is served only when the found block's chain equals the request's own
 prefix, compared token by token; hashes play no part in the proof.
 
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, overload
 
 from kvcore.blocks import PrefixNode
-from kvcore.hashing import block_extra_keys
+from kvcore.hashing import hash_extra_keys
 
 if TYPE_CHECKING:
     from kvcore.kv_request import KVRequest
@@ -42,12 +43,13 @@ class HitVerifier:
     ending with its block ``index`` of ``block_size`` tokens.
     """
 
-    __slots__ = ("_last", "_memo", "_plain", "_request", "_tokens")
+    __slots__ = ("_last", "_lookahead", "_memo", "_plain", "_request", "_tokens")
 
-    def __init__(self, request: KVRequest) -> None:
+    def __init__(self, request: KVRequest, lookahead: int = 0) -> None:
         self._request = request
         self._tokens = request.all_token_ids
-        self._plain = _is_plain(request)
+        self._lookahead = lookahead
+        self._plain = not lookahead and _is_plain(request)
         self._memo: dict[PrefixNode, bool] = {}  # node -> equals the request's prefix there
         self._last: PrefixNode | None = None  # the node proven most recently (None: the root)
 
@@ -61,7 +63,8 @@ class HitVerifier:
             start = index * block_size
             ok = node.tokens == self._tokens[start:start + block_size] and (
                 (self._plain and node.extra is None)
-                or node.extra == block_extra_keys(self._request, start, start + block_size))
+                or node.extra == hash_extra_keys(self._request, start, start + block_size,
+                                                 self._lookahead))
             self._memo[node] = ok
             if ok:
                 self._last = node
@@ -83,7 +86,8 @@ class HitVerifier:
             if (n.tokens != tokens[start:end] or len(n.tokens) != block_size
                     or (parent.index != n.index - 1 if parent is not None else n.index != 0)
                     or n.extra != (None if self._plain
-                                   else block_extra_keys(self._request, start, end))):
+                                   else hash_extra_keys(self._request, start, end,
+                                                        self._lookahead))):
                 ok = False  # other tokens, or a chain that does not reach back to position 0
                 break
             n = parent
@@ -141,10 +145,11 @@ class PrefixChains:
     nodes; ``drop`` forgets the request (its cached blocks keep the nodes they need).
     """
 
-    __slots__ = ("_chains",)
+    __slots__ = ("_chains", "_lookahead")
 
-    def __init__(self) -> None:
+    def __init__(self, lookahead: int = 0) -> None:
         self._chains: dict[str, dict[int, _Chain]] = {}
+        self._lookahead = lookahead
 
     def nodes(self, request: KVRequest, block_size: int, count: int) -> Sequence[PrefixNode]:
         per_size = self._chains.get(request.request_id)
@@ -156,14 +161,15 @@ class PrefixChains:
         have = len(chain)
         if have < count:
             tokens = request.all_token_ids
-            plain = _is_plain(request)
+            lookahead = self._lookahead
+            plain = not lookahead and _is_plain(request)
             parent = chain.last()
             tail = chain.tail
             for i in range(have, count):
                 start = i * block_size
                 end = start + block_size
-                parent = PrefixNode(parent, i, tokens[start:end],
-                                    None if plain else block_extra_keys(request, start, end))
+                parent = PrefixNode(parent, i, tokens[start:end], None if plain
+                                    else hash_extra_keys(request, start, end, lookahead))
                 tail.append(parent)
         return chain
 

@@ -67,6 +67,8 @@ class ManagerOptions(TypedDict, total=False):
     manager_classes: ManagerClasses | None
     block_hasher: BlockHasher | None
     use_eagle: bool
+    num_hash_lookahead_tokens: int
+    eagle_junction_tail: bool
     fast_path: bool
 
 

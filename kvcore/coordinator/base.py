@@ -46,10 +46,12 @@ class KVCacheCoordinator:
         self.hash_block_size = config.hash_block_size
         self.alignment_tokens = alignment_tokens = config.alignment_tokens
         self.cache_alignment = alignment_tokens if self.aligns_caching else None
-        self.prefix_chains = PrefixChains() if self.verify_hits else None
+        self.prefix_chains = (PrefixChains(settings.num_hash_lookahead_tokens) if self.verify_hits
+                              else None)
         ctx = ManagerContext(pool, enable_caching, self.hash_block_size, alignment_tokens,
                              settings.use_eagle, self.prefix_chains,
-                             config.prefix_cache_retention_interval)
+                             config.prefix_cache_retention_interval,
+                             eagle_junction_tail=settings.eagle_junction_tail)
         # Per running request, the shared-prefix boundary of its admission lookup (read by
         # sparse-retention caching); the latest lookup's, set by find_longest_cache_hit.
         self.shared_prefix_boundaries = ctx.shared_prefix_boundaries

@@ -39,17 +39,21 @@ class EventRecorder:
         medium: ``"GPU"`` for the device pool, ``"CPU"`` for a host tier.
     """
 
-    __slots__ = ("_pending", "_stamps", "medium")
+    __slots__ = ("_pending", "_stamps", "lookahead", "medium")
 
-    def __init__(self, stamps: Sequence[GroupStamp] = (), medium: str = MEDIUM_GPU) -> None:
+    def __init__(self, stamps: Sequence[GroupStamp] = (), medium: str = MEDIUM_GPU,
+                 lookahead: int = 0) -> None:
         self._stamps = tuple(stamps)
         self.medium = medium
+        self.lookahead = lookahead
         self._pending: list[KVCacheEvent] = []
 
     @classmethod
-    def for_config(cls, config: KVCacheConfig, medium: str = MEDIUM_GPU) -> EventRecorder:
-        """A recorder stamping each group's events with its spec's kind and window."""
-        return cls(tuple(g.spec.event_stamp() for g in config.groups), medium)
+    def for_config(cls, config: KVCacheConfig, medium: str = MEDIUM_GPU,
+                   lookahead: int = 0) -> EventRecorder:
+        """A recorder stamping each group's events with its spec's kind and window
+        (``lookahead``: the hash lookahead, see :class:`~kvcore.settings.CacheSettings`)."""
+        return cls(tuple(g.spec.event_stamp() for g in config.groups), medium, lookahead)
 
     @property
     def pending(self) -> tuple[KVCacheEvent, ...]:
@@ -72,17 +76,25 @@ class EventRecorder:
         """Blocks ``first .. first+count`` of ``request`` (hashes at ``block_size``) were cached
         in group ``group_id``; ``stored`` are the indices (into that range) of the blocks stored
         now.  Token ids cover the whole range, hashes and extra keys only the stored blocks, as
-        vLLM publishes them (no hashes when every block was skipped)."""
+        vLLM publishes them (no hashes when every block was skipped).  With lookahead hashes,
+        each stored block's extra keys cover its lookahead window too, and its lookahead tokens
+        are listed."""
         start = first * block_size
         extra: list[tuple[object, ...] | None] = []
+        lookahead = self.lookahead
+        ahead: list[tuple[int, ...]] | None = [] if lookahead else None
+        tokens = request.all_token_ids
         for i in stored:
             s = (first + i) * block_size
-            extra.append(untag_extra_keys(block_extra_keys(request, s, s + block_size)))
+            e = s + block_size
+            extra.append(untag_extra_keys(block_extra_keys(request, s, e + lookahead)))
+            if ahead is not None:
+                ahead.append(tuple(tokens[e:e + lookahead]))
         kind, window = self._stamp(group_id)
         self._pending.append(BlockStored(
             block_hashes=tuple(hashes[first + i] for i in stored),
             parent_block_hash=hashes[first - 1] if first > 0 else None,
-            token_ids=tuple(request.all_token_ids[start:start + count * block_size]),
+            token_ids=tuple(tokens[start:start + count * block_size]),
             block_size=block_size,
             lora_id=request.lora_id,
             medium=self.medium,
@@ -92,6 +104,7 @@ class EventRecorder:
             kv_cache_spec_kind=kind,
             kv_cache_spec_sliding_window=window,
             session_id=request.session_id,
+            lookahead_token_ids=None if ahead is None else tuple(ahead),
         ))
 
     def stored_keys(self, hashes: Sequence[BlockHash], block_size: int, group_id: int) -> None:

@@ -2,12 +2,12 @@
 
 The pool records an event when blocks enter the prefix cache (:class:`BlockStored`), leave it
 (:class:`BlockRemoved`, one per evicted block) or when the whole cache is dropped
-(:class:`AllBlocksCleared`).  The classes mirror vLLM 0.32's ``vllm.distributed.kv_events``
-field for field: each event is a msgpack map tagged ``"type": "<ClassName>"`` with the fields in
+(:class:`AllBlocksCleared`).  The classes mirror vLLM 0.33's ``vllm.distributed.kv_events``
+field for field (0.33's ``lookahead_token_ids`` included): each event is a msgpack map tagged ``"type": "<ClassName>"`` with the fields in
 vLLM's declaration order and ``None`` defaults left out, and :class:`KVEventBatch` is the array
 ``[ts, [event, ...], data_parallel_rank]``.  So ``msgspec.msgpack.encode(batch)`` produces the
 bytes vLLM publishes, existing KV-aware routers consume kvcore's events unchanged, and
-:func:`decode_event_batch` reads a vLLM 0.32 batch back into these classes.
+:func:`decode_event_batch` reads a vLLM 0.32 or 0.33 batch back into these classes.
 
 One name differs from the wire: the KV-cache group is the attribute ``group_id`` (as everywhere
 in kvcore) and is encoded as vLLM's ``group_idx``.  Events are frozen; derive a changed copy
@@ -55,9 +55,11 @@ class BlockStored(KVCacheEventBase, frozen=True, kw_only=True):
     (``None`` for a block without extra keys; untagged, see :func:`untag_extra_keys`).
     ``kv_cache_spec_kind`` (``"full_attention"``, ``"sliding_window"``, ...) and
     ``kv_cache_spec_sliding_window`` describe the group, as ``KVCacheManager.take_events``
-    annotates them.  ``session_id`` is the storing request's (as vLLM 0.32 sends it; it names
-    who stored or reused the block, not who owns it).  ``lora_id`` (deprecated in vLLM),
-    ``locality`` and ``ownership`` exist for vLLM's events; kvcore leaves them ``None``."""
+    annotates them.  ``session_id`` is the storing request's (as vLLM sends it; it names
+    who stored or reused the block, not who owns it).  ``lookahead_token_ids`` (vLLM 0.33):
+    with lookahead hashes, per stored block the tokens after it that its hash covers (its
+    ``extra_keys`` then cover that window too); ``None`` without.  ``lora_id`` (deprecated in
+    vLLM), ``locality`` and ``ownership`` exist for vLLM's events; kvcore leaves them ``None``."""
 
     block_hashes: tuple[ExternalBlockHash, ...]
     parent_block_hash: ExternalBlockHash | None
@@ -75,6 +77,7 @@ class BlockStored(KVCacheEventBase, frozen=True, kw_only=True):
     locality: str | None = None
     ownership: str | None = None
     session_id: str | None = None
+    lookahead_token_ids: tuple[tuple[int, ...], ...] | None = None
 
 
 class BlockRemoved(KVCacheEventBase, frozen=True, kw_only=True):

@@ -40,7 +40,8 @@ class ManagerContext:
     (hits drop their last block), the verify-mode prefix chains, the sparse-retention interval
     (``KVCacheConfig.prefix_cache_retention_interval``) and, per running request, the shared
     prefix its admission lookup found some group holding beyond the common hit (a token
-    position; the coordinator keeps it)."""
+    position; the coordinator keeps it), and whether EAGLE retention also keeps the tail one
+    block below that junction (``CacheSettings.eagle_junction_tail``)."""
 
     pool: BlockPool
     enable_caching: bool
@@ -50,6 +51,7 @@ class ManagerContext:
     prefix_chains: PrefixChains | None = None
     retention_interval: int | None = None
     shared_prefix_boundaries: dict[str, int] = field(default_factory=dict)
+    eagle_junction_tail: bool = True
 
 
 @dataclass(slots=True)
@@ -237,12 +239,14 @@ class SingleTypeKVCacheManager:
         return new
 
     def cache_blocks(self, request: KVRequest, num_tokens: int) -> None:
-        """Put the request's blocks that are full within its first ``num_tokens`` tokens into the
-        prefix cache (only the ones not cached yet), then register its partial prompt tail if
-        the type does (``caches_partial_tail``)."""
+        """Put the request's blocks that are full and hashed within its first ``num_tokens``
+        tokens into the prefix cache (only the ones not cached yet; with lookahead hashes a
+        block is hashed once the tokens after it exist), then register its partial prompt tail
+        if the type does (``caches_partial_tail``)."""
         rid = request.request_id
         num_cached = self.num_cached_block.get(rid, 0)
-        num_full = num_tokens // self.block_size
+        num_hashed = len(request.block_hashes) * self.hash_block_size
+        num_full = (num_tokens if num_tokens < num_hashed else num_hashed) // self.block_size
         if num_cached < num_full:
             hashes = hashes_at(request.block_hashes, self.hash_block_size, self.block_size)
             chains = self.prefix_chains

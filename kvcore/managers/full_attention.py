@@ -58,7 +58,8 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         boundary inside a block (once ``num_tokens`` reach it) as a partial entry."""
         hbs = self.hash_block_size
         limit = request.num_prompt_tokens if self.use_eagle else request.num_prompt_tokens - 1
-        boundary = limit // hbs * hbs
+        # Only a hashed boundary (lookahead hashes wait for the tokens after it).
+        boundary = min(limit // hbs, len(request.block_hashes)) * hbs
         if boundary == 0 or boundary > num_tokens or boundary % self.block_size == 0:
             return
         blocks = self.req_to_blocks.get(request.request_id)

@@ -26,6 +26,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         self.sliding_window = spec.sliding_window
         self.retention_interval = ctx.retention_interval
         self.shared_prefix_boundaries = ctx.shared_prefix_boundaries
+        self.junction_tail = ctx.eagle_junction_tail and self.use_eagle
 
     @classmethod
     def find_longest_cache_hit(cls, query: HitQuery) -> tuple[HitBlocks, int]:
@@ -80,7 +81,9 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         ``need`` blocks before that end.  Dense (no retention interval): every aligned end;
         with an interval ``k``: one end per ``k`` tokens; with any interval, also the ends a
         later request can resume at — the prompt's replay boundaries and the shared prefix the
-        request's admission found some other group holding."""
+        request's admission found some other group holding (under EAGLE, with
+        ``eagle_junction_tail``, also one block below it: a sibling that diverges right after
+        the junction cannot peek past it, so its hit ends a block lower)."""
         bs = self.block_size
         align = self.alignment_tokens
         if align % bs:
@@ -100,7 +103,10 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         if retention is not None:
             boundaries = replay_boundaries(request.num_prompt_tokens, align, self.use_eagle)
             shared = self.shared_prefix_boundaries.get(request.request_id, 0)
-            for boundary in (*boundaries, shared) if shared else boundaries:
+            if shared:
+                boundaries = ((*boundaries, shared, shared - bs) if self.junction_tail
+                              else (*boundaries, shared))
+            for boundary in boundaries:
                 end = boundary // align * align // bs + shift
                 for j in range(max(start_block, end - need), min(end_block, end)):
                     mask[j - start_block] = True

@@ -12,7 +12,11 @@ implementation under test, so it runs in the vLLM peer venv without kvcore.
 
 A trace is ``{"config": {...}, "ops": [...]}``.  The config names the groups (``full``, ``swa``,
 ``chunked``, ``mamba``, ``cross``), the pool size, ``caching``, ``eagle`` (``use_eagle``),
-``retention`` (``prefix_cache_retention_interval``: sliding-window blocks cached sparsely) and
+``retention`` (``prefix_cache_retention_interval``: sliding-window blocks cached sparsely),
+``lookahead`` (vLLM 0.33's ``num_hash_lookahead_tokens``: each hash covers that many tokens
+after its block; a vLLM peer must be 0.33),
+``vllm`` (the peer's version, ``"0.32"`` or ``"0.33"``: kvcore follows its semantics where they
+differ; default 0.33's) and
 ``pending``: kvcore divergences not fixed yet, which the replay masks (see traces.py).  Ops act
 on requests by id, the way a scheduler does:
 
@@ -114,9 +118,10 @@ class _Impl:
         start = self._num_labelled.get(rid, 0)
         tokens = req.all_token_ids
         bs = self.hash_block_size
+        ahead = self.cfg.get("lookahead", 0)  # a lookahead hash covers the tokens after it
         for i in range(start, len(hashes)):
             n = (i + 1) * bs
-            label = self._prefixes.setdefault(tuple(tokens[:n]), f"{rid}@{n}")
+            label = self._prefixes.setdefault(tuple(tokens[:n + ahead]), f"{rid}@{n}")
             self._labels.setdefault(self._external_hash(hashes[i]), (label, n))
         self._num_labelled[rid] = len(hashes)
 
@@ -153,6 +158,9 @@ class _Impl:
                 if "event_spec_metadata" not in self.pending:
                     stored += [getattr(e, "kv_cache_spec_kind", None),
                                getattr(e, "kv_cache_spec_sliding_window", None)]
+                if self.cfg.get("lookahead"):
+                    ahead = e.lookahead_token_ids
+                    stored.append(None if ahead is None else [list(t) for t in ahead])
                 out.append(stored)
             elif kind == "BlockRemoved":
                 labels = [self._label(h) for h in e.block_hashes]
@@ -195,6 +203,10 @@ class KvcoreImpl(_Impl):
         groups = [KVCacheGroup((f"layer{i}",), spec) for i, spec in enumerate(specs)]
         config = KVCacheConfig(cfg["num_blocks"], tuple(groups), cfg.get("retention"))
         extra: dict[str, Any] = {"use_eagle": True} if cfg.get("eagle") else {}
+        if cfg.get("vllm") == "0.32":  # the peer's EAGLE retention (see CacheSettings)
+            extra["eagle_junction_tail"] = False
+        if cfg.get("lookahead"):
+            extra["num_hash_lookahead_tokens"] = cfg["lookahead"]
         if cfg.get("general_path"):  # kvcore only: every allocate_slots call fully validated
             extra["fast_path"] = False
         self.m = KVCacheManager(config, cfg["max_model_len"], enable_caching=cfg.get("caching", True),
@@ -292,7 +304,9 @@ class VllmImpl(_Impl):
         sched_bs, hash_bs = vllm_block_sizes(cfg)
         fn = get_hash_fn_by_name("sha256")
         init_none_hash(fn)
-        self.hasher = get_request_block_hasher(hash_bs, fn)
+        # vLLM 0.33's lookahead hashes (its arguments exist only there).
+        ahead = {"num_hash_lookahead_tokens": cfg["lookahead"]} if cfg.get("lookahead") else {}
+        self.hasher = get_request_block_hasher(hash_bs, fn, *ahead.values())
         self.hash_block_size = hash_bs
         self._convert = maybe_convert_block_hash
         self.m = KVCacheManager(KVCacheConfig(num_blocks=cfg["num_blocks"], kv_cache_tensors=[],
@@ -303,7 +317,7 @@ class VllmImpl(_Impl):
                                 hash_block_size=hash_bs, enable_caching=cfg.get("caching", True),
                                 max_in_flight_tokens=cfg.get("budget"),
                                 use_eagle=bool(cfg.get("eagle")), log_stats=True,
-                                enable_kv_cache_events=True)
+                                enable_kv_cache_events=True, **ahead)
         self._params = SamplingParams(max_tokens=1 << 20)
         self._request_cls = Request
 
@@ -370,11 +384,12 @@ class AdapterImpl(VllmImpl):
 
         vllm = self.m
         sched_bs, hash_bs = vllm_block_sizes(cfg)
+        ahead = {"num_hash_lookahead_tokens": cfg["lookahead"]} if cfg.get("lookahead") else {}
         self.m = KVCacheManagerAdapter(
             vllm.kv_cache_config, cfg["max_model_len"], scheduler_block_size=sched_bs,
             hash_block_size=hash_bs, enable_caching=cfg.get("caching", True),
             max_in_flight_tokens=cfg.get("budget"), use_eagle=bool(cfg.get("eagle")),
-            log_stats=True, enable_kv_cache_events=True)
+            log_stats=True, enable_kv_cache_events=True, **ahead)
 
     def free_queue(self) -> list[int]:
         return [b.block_id for b in self.m.kv.pool.free_queue]

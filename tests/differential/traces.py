@@ -42,7 +42,11 @@ EAGLE_KINDS = {"full", "swa", "hybrid", "hybrid_bs", "mamba", "hybrid_mamba", "h
 """vLLM rejects eagle with chunked local attention (an assertion in its hit search)."""
 
 
-def random_config(rng: random.Random, pending: list[str] | None = None) -> dict[str, Any]:
+def random_config(rng: random.Random, pending: list[str] | None = None,
+                  lookahead_hashes: bool = False) -> dict[str, Any]:
+    """A random trace configuration; ``lookahead_hashes`` (a vLLM 0.33 peer) turns half the
+    EAGLE configurations into lookahead-hash ones, as vLLM 0.33 does without a connector
+    (``lookahead`` 1 for EAGLE, more for MTP; no block drop then)."""
     pending = pending_features() if pending is None else pending
     kind = rng.choice(KINDS)
     bs = rng.choice([2, 4, 8]) if kind in ("full", "nocache", "mamba") else 4
@@ -79,6 +83,15 @@ def random_config(rng: random.Random, pending: list[str] | None = None) -> dict[
     config = {"kind": kind, "groups": groups, "num_blocks": num_blocks,
               "max_model_len": MAX_MODEL_LEN, "caching": caching, "eagle": eagle,
               "budget": budget, "pending": list(pending)}
+    if lookahead_hashes and eagle and rng.random() < 0.5:
+        config["eagle"] = False
+        config["lookahead"] = rng.choice([1, 1, 2, 3])
+        if kind == "swa":
+            # vLLM 0.33's sliding-window hit search (one group) indexes the hashes up to the
+            # hit bound without checking how many exist: with more than one lookahead token
+            # (MTP) a prompt whose last tokens cross a block raises IndexError there.  kvcore
+            # bounds the search by the hashes; vLLM is tested where it works (EAGLE's 1).
+            config["lookahead"] = 1
     if any(g["type"] == "swa" for g in groups):
         # Sparse retention of sliding-window blocks (vLLM's default is 0): None = dense; the
         # interval is a multiple of the hit alignment.
@@ -144,10 +157,10 @@ class _MambaDuplicates:
                    for n in range(bs, len(tokens) + 1, bs))
 
 
-def generate_trace(seed: int, num_ops: int = 60, pending: list[str] | None = None
-                   ) -> dict[str, Any]:
+def generate_trace(seed: int, num_ops: int = 60, pending: list[str] | None = None,
+                   lookahead_hashes: bool = False) -> dict[str, Any]:
     rng = random.Random(seed)
-    config = random_config(rng, pending)
+    config = random_config(rng, pending, lookahead_hashes)
     families = [[rng.randrange(5) for _ in range(rng.randint(4, 40))] for _ in range(3)]
     replayer = Replayer(_steering_impl(config))
     requests = replayer.requests

@@ -1,4 +1,4 @@
-"""kvcore as the KV-cache manager of vLLM 0.32's own scheduler.
+"""kvcore as the KV-cache manager of vLLM's own scheduler (vLLM 0.32 and 0.33).
 
 Two ways in (both read kvcore's settings from ``additional_config["kvcore"]``, see
 :mod:`~kvcore.integrations.vllm.settings`):
@@ -11,7 +11,8 @@ Two ways in (both read kvcore's settings from ``additional_config["kvcore"]``, s
   ``"kvcore"`` entry.
 
 Configurations kvcore would manage differently from vLLM are refused at engine start
-(:mod:`~kvcore.integrations.vllm.config`).  Importing this package does not import vLLM; its
+(:mod:`~kvcore.integrations.vllm.config`), as is any other vLLM version
+(:mod:`~kvcore.integrations.vllm.version`).  Importing this package does not import vLLM; its
 names below do, on first use.
 """
 

@@ -1,7 +1,7 @@
 """vLLM's ``KVCacheConfig`` as kvcore's, and every vLLM setting kvcore refuses.
 
 kvcore manages what vLLM's full-attention, sliding-window and chunked-local managers manage.
-Anything else a vLLM 0.32 configuration can ask of its KV-cache manager — Mamba states,
+Anything else a vLLM 0.32 or 0.33 configuration can ask of its KV-cache manager — Mamba states,
 copy-on-write partial hits, block zeroing, context parallelism, sparse retention, scratch or
 host-resident groups, ... — is refused here, at engine start, with an
 :class:`~kvcore.errors.UnsupportedFeatureError` that names it and the setting that turns it
@@ -32,6 +32,7 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 
 from kvcore.errors import UnsupportedFeatureError
+from kvcore.integrations.vllm.version import VllmVersion
 from kvcore.specs import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
@@ -95,11 +96,6 @@ def kvcore_config(kv_cache_config: Any, *, scheduler_block_size: int, hash_block
     if not groups:
         raise refuse("models without KV-cache groups (encoder-only or attention-free)",
                      "serve this model")
-    eagle = [bool(getattr(g, "is_eagle_group", False)) for g in groups]
-    if any(eagle) and not all(eagle):
-        flagged = [i for i, e in enumerate(eagle) if e]
-        raise refuse(f"an EAGLE block drop in some KV-cache groups only (groups {flagged})",
-                     "use speculative decoding without EAGLE or a model with one group")
     config = KVCacheConfig(
         kv_cache_config.num_blocks,
         tuple(KVCacheGroup(tuple(g.layer_names), _spec(i, g)) for i, g in enumerate(groups)),
@@ -118,7 +114,21 @@ def kvcore_config(kv_cache_config: Any, *, scheduler_block_size: int, hash_block
     return config
 
 
-def eagle_groups(kv_cache_config: Any) -> bool:
-    """Whether vLLM flags every group for the EAGLE last-block drop (``kvcore_config`` refuses a
-    partial flagging)."""
-    return any(getattr(g, "is_eagle_group", False) for g in kv_cache_config.kv_cache_groups)
+def eagle_groups(kv_cache_config: Any, use_eagle: bool,
+                 version: VllmVersion) -> tuple[set[int], set[int]]:
+    """vLLM's EAGLE group sets for this version: ``(eagle_group_ids, drop_eagle_group_ids)``.
+
+    Groups flagged ``is_eagle_group`` (all of them when the scheduler passes ``use_eagle`` and
+    none is flagged) are EAGLE groups; vLLM 0.32 drops a hit's last block in every one of them,
+    0.33 only when ``use_eagle`` is passed (lookahead hashes clear it).  kvcore drops in every
+    group or none: a drop in some groups only is refused."""
+    groups = kv_cache_config.kv_cache_groups
+    eagle = {i for i, g in enumerate(groups) if getattr(g, "is_eagle_group", False)}
+    if use_eagle and not eagle:
+        eagle = set(range(len(groups)))
+    drop = eagle if use_eagle or not version.eagle_drop_needs_use_eagle else set()
+    if drop and len(drop) != len(groups):
+        raise refuse(f"an EAGLE block drop in some KV-cache groups only (groups "
+                     f"{sorted(drop)} of {len(groups)})",
+                     "use speculative decoding without EAGLE or a model with one group")
+    return eagle, drop

@@ -1,10 +1,11 @@
-"""kvcore's KV-cache manager with vLLM 0.32's ``KVCacheManager`` surface.
+"""kvcore's KV-cache manager with vLLM's ``KVCacheManager`` surface (vLLM 0.32 and 0.33).
 
 :class:`KVCacheManagerAdapter` is what ``Scheduler.kv_cache_manager`` holds when kvcore runs
 inside vLLM.  It takes vLLM's constructor arguments and requests and returns vLLM's own types
 (``KVCacheBlocks``, ``KVCacheEvent``, ``PrefixCacheStats``); every decision is made by a
 :class:`kvcore.manager.KVCacheManager` over the same groups and the same pool size, so block ids
-are vLLM's (0 is the null block) and vLLM's workers need no change.
+are vLLM's (0 is the null block) and vLLM's workers need no change.  The installed vLLM's
+version picks the semantics where 0.32 and 0.33 differ (:mod:`~kvcore.integrations.vllm.version`).
 
 Where vLLM's manager surface and kvcore's differ, the adapter speaks vLLM:
 
@@ -13,10 +14,13 @@ Where vLLM's manager surface and kvcore's differ, the adapter speaks vLLM:
 * before a running request grows, blocks that left its window are released on vLLM's
   processed-token boundary even if the allocation then fails, as vLLM does;
 * the hooks of features kvcore refuses at start (zeroing, copy-on-write, boundary-state
-  offloads, deferred frees) report nothing or raise if reached anyway.
+  offloads, deferred frees) report nothing or raise if reached anyway;
+* ``block_pool``, ``coordinator`` and its ``single_type_managers`` are views answering the
+  names vLLM's callers read on vLLM's own objects (:mod:`~kvcore.integrations.vllm.views`).
 
 Requests are seen through :class:`~kvcore.integrations.vllm.request.VllmRequestView`, made once
-per admission, so kvcore hashes nothing itself: its prefix cache and events use vLLM's hashes.
+per admission, so kvcore hashes nothing itself: its prefix cache and events use vLLM's hashes
+(lookahead hashes included: a block is cached once vLLM has hashed it).
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from kvcore.hashing import BlockHasher
 from kvcore.integrations.vllm.config import eagle_groups, kvcore_config, refuse
 from kvcore.integrations.vllm.request import VllmRequestView
 from kvcore.integrations.vllm.settings import KvcoreSettings
+from kvcore.integrations.vllm.version import VllmVersion, installed
+from kvcore.integrations.vllm.views import BlockPoolView, CoordinatorView
 from kvcore.manager import KVCacheManager
 
 
@@ -54,69 +60,26 @@ class _VllmHashesOnly(BlockHasher):
                              "block hashes than full blocks: vLLM's engine did not hash it")
 
 
-class _GroupView:
-    """The part of vLLM's ``SingleTypeKVCacheManager`` that vLLM's scheduler and engine read
-    (block size, spec, group id)."""
-
-    __slots__ = ("block_pool", "block_size", "kv_cache_group_id", "kv_cache_spec")
-
-    retains_longer_hit = False
-    records_new_block_ids = False
-
-    def __init__(self, group_id: int, spec: Any, block_pool: Any) -> None:
-        self.kv_cache_group_id = group_id
-        self.kv_cache_spec = spec
-        self.block_size: int = spec.block_size
-        self.block_pool = block_pool
-
-
-class _CoordinatorView:
-    """The part of vLLM's ``KVCacheCoordinator`` that vLLM's scheduler and engine read."""
-
-    enable_partial_hash_hits = False
-    num_reprefillable_tokens = 0
-
-    def __init__(self, adapter: KVCacheManagerAdapter, kv_cache_config: Any) -> None:
-        kv = adapter.kv
-        self._adapter = adapter
-        self.kv_cache_config = kv_cache_config
-        self.block_pool = kv.pool
-        self.single_type_managers = tuple(
-            _GroupView(i, g.kv_cache_spec, kv.pool)
-            for i, g in enumerate(kv_cache_config.kv_cache_groups))
-        self.eagle_group_ids = (set(range(len(self.single_type_managers)))
-                                if adapter.use_eagle else set())
-
-    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
-                                   new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
-                                   num_encoder_tokens: int, total_computed_tokens: int,
-                                   num_local_computed_tokens: int, num_tokens_main_model: int,
-                                   apply_admission_cap: bool = False,
-                                   prefill_end: int = 0) -> int:
-        """Free blocks the request needs to hold ``num_tokens`` tokens (vLLM's reservation of
-        in-flight prefills reads it)."""
-        kv = self._adapter.kv
-        return kv.coordinator.num_blocks_to_allocate(
-            request_id, num_tokens, new_computed_blocks, num_encoder_tokens,
-            total_computed_tokens, kv.admission_caps if apply_admission_cap else None)
-
-
 class KVCacheManagerAdapter:
-    """vLLM 0.32's ``KVCacheManager``, implemented by kvcore (see the module docstring).
+    """vLLM's ``KVCacheManager``, implemented by kvcore (see the module docstring).
 
     Constructed by vLLM's ``Scheduler.__init__`` with its own keyword arguments (the integration
-    binds ``settings``); raises :class:`~kvcore.errors.UnsupportedFeatureError` for any
-    configuration kvcore would manage differently from vLLM.
+    binds ``settings``); raises :class:`~kvcore.errors.UnsupportedFeatureError` for a vLLM
+    version other than 0.32 and 0.33 and for any configuration kvcore would manage differently
+    from vLLM.  ``vllm_version`` overrides the installed version (tests).
     """
 
     def __init__(self, kv_cache_config: Any, max_model_len: int, scheduler_block_size: int,
                  hash_block_size: int, max_in_flight_tokens: int | None = None,
                  enable_caching: bool = True, use_eagle: bool = False,
+                 num_hash_lookahead_tokens: int = 0,
                  num_prefill_lookahead: int = 0, log_stats: bool = False,
                  enable_kv_cache_events: bool = False, dcp_world_size: int = 1,
                  pcp_world_size: int = 1, metrics_collector: Any = None, watermark: float = 0.0,
                  enable_mamba_shared_prefix_checkpoint: bool = False, *,
-                 settings: KvcoreSettings | None = None) -> None:
+                 settings: KvcoreSettings | None = None,
+                 vllm_version: VllmVersion | None = None) -> None:
+        version = vllm_version if vllm_version is not None else installed()
         settings = settings if settings is not None else KvcoreSettings()
         if dcp_world_size > 1 or pcp_world_size > 1:
             raise refuse(f"context parallelism (decode {dcp_world_size}, prefill "
@@ -133,14 +96,20 @@ class KVCacheManagerAdapter:
         if enable_mamba_shared_prefix_checkpoint:
             raise refuse("Mamba shared-prefix checkpoints",
                          "turn enable_mamba_shared_prefix_checkpoint off")
+        if num_hash_lookahead_tokens and not version.lookahead_hashes:
+            raise refuse(f"lookahead block hashes on vLLM {version.text}",
+                         "use vLLM 0.33 for them")
         config = kvcore_config(kv_cache_config, scheduler_block_size=scheduler_block_size,
                                hash_block_size=hash_block_size, enable_caching=enable_caching)
+        eagle_ids, drop_ids = eagle_groups(kv_cache_config, use_eagle, version)
+        self.vllm_version = version
         self.settings = settings
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
         self.enable_kv_cache_events = enable_kv_cache_events
-        self.use_eagle = use_eagle or eagle_groups(kv_cache_config)
+        self.use_eagle = use_eagle
+        self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
         self.log_stats = log_stats
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
         self.watermark_blocks = 0
@@ -152,10 +121,13 @@ class KVCacheManagerAdapter:
             verify_hits=settings.verify_hits, enable_events=enable_kv_cache_events,
             log_stats=False,
             max_num_batched_tokens=max_in_flight_tokens or max_model_len,
-            block_hasher=_VllmHashesOnly(), use_eagle=self.use_eagle,
+            block_hasher=_VllmHashesOnly(), use_eagle=bool(drop_ids),
+            num_hash_lookahead_tokens=num_hash_lookahead_tokens,
+            eagle_junction_tail=version.eagle_junction_tail,
             eviction_policy=settings.eviction_policy)
-        self.block_pool = self.kv.pool
-        self.coordinator = _CoordinatorView(self, kv_cache_config)
+        self.block_pool = BlockPoolView(self.kv.pool, hash_block_size, num_hash_lookahead_tokens)
+        self.coordinator = CoordinatorView(self.kv, kv_cache_config, self.block_pool,
+                                           eagle_ids, drop_ids)
         self.empty_kv_cache_blocks = VllmKVCacheBlocks(
             tuple(() for _ in range(self.num_kv_cache_groups)))
         # Published hashes: 64-bit ints (vLLM's default) or the bytes.  Read once, as vLLM's
@@ -210,12 +182,14 @@ class KVCacheManagerAdapter:
             stats.record(num_tokens=request.num_tokens, num_hits=num_hits,
                          preempted=request.num_preemptions > 0)
 
-    def get_computed_blocks(self, request: Any) -> tuple[VllmKVCacheBlocks, int, int]:
-        """(hit blocks per group, hit tokens, shared-prefix boundary)."""
+    def get_computed_blocks(self, request: Any, max_cache_hit_length: int | None = None
+                            ) -> tuple[VllmKVCacheBlocks, int, int]:
+        """(hit blocks per group, hit tokens, shared-prefix boundary); the hit covers at most
+        ``max_cache_hit_length`` tokens (vLLM 0.33; default and bound: all but the last)."""
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return self.empty_kv_cache_blocks, 0, 0
         view = self._view(request)
-        hit, num_hit_tokens = self.kv.get_computed_blocks(view)
+        hit, num_hit_tokens = self.kv.get_computed_blocks(view, max_cache_hit_length)
         if (num_hit_tokens and self.enable_kv_cache_events
                 and getattr(request, "kv_cache_report_mode", "incremental") == "full"):
             self.kv.report_prefix_hit(view, hit)
@@ -223,9 +197,10 @@ class KVCacheManagerAdapter:
         return self._blocks(hit), num_hit_tokens, self.kv.shared_prefix_boundary(view)
 
     def get_computed_blocks_for_connector(
-            self, request: Any) -> tuple[VllmKVCacheBlocks, int, int, bool]:
+            self, request: Any, max_cache_hit_length: int | None = None
+    ) -> tuple[VllmKVCacheBlocks, int, int, bool]:
         """As vLLM for every model without Mamba layers: the plain lookup, never diverged."""
-        return (*self.get_computed_blocks(request), False)
+        return (*self.get_computed_blocks(request, max_cache_hit_length), False)
 
     def allocate_slots(self, request: Any, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: VllmKVCacheBlocks | None = None,
@@ -333,10 +308,13 @@ class KVCacheManagerAdapter:
         return least or 0
 
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
+        """Cache the request's blocks full (and hashed) within its first
+        ``num_computed_tokens`` tokens; a request holding no blocks raises
+        :class:`~kvcore.errors.UnknownRequestError` (a ``KeyError``, as vLLM's manager)."""
         if self.enable_caching:
             view = self._views.get(request.request_id)
-            self.kv.cache_blocks(view if view is not None else VllmRequestView(request),
-                                 num_computed_tokens)
+            # An untracked request: kvcore's manager raises, naming it.
+            self.kv.cache_blocks(view if view is not None else request, num_computed_tokens)
 
     def create_kv_cache_blocks(self, blocks: Sequence[Sequence[KVCacheBlock]]) -> VllmKVCacheBlocks:
         return self._blocks(tuple(blocks))
@@ -409,7 +387,10 @@ def _vllm_event(e: KVCacheEvent, convert: Callable[[Any], Any] | None) -> VllmKV
             extra_keys=None if e.extra_keys is None else list(e.extra_keys),
             group_idx=e.group_id, kv_cache_spec_kind=e.kv_cache_spec_kind,
             kv_cache_spec_sliding_window=e.kv_cache_spec_sliding_window,
-            session_id=e.session_id)
+            session_id=e.session_id,
+            # vLLM 0.33's field: only with lookahead hashes, which 0.32 refuses at start.
+            **({} if e.lookahead_token_ids is None
+               else {"lookahead_token_ids": [list(t) for t in e.lookahead_token_ids]}))
     if isinstance(e, BlockRemoved):
         removed: list[Any] = list(e.block_hashes)
         if convert is not None:

@@ -30,6 +30,7 @@ from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
 from kvcore.integrations.vllm.config import refuse
 from kvcore.integrations.vllm.manager import KVCacheManagerAdapter
 from kvcore.integrations.vllm.settings import KvcoreSettings, settings_from_additional_config
+from kvcore.integrations.vllm.version import installed as installed_vllm
 
 _CONSTRUCTION_LOCK = threading.Lock()
 _block_hashes = attrgetter("block_hashes")
@@ -51,8 +52,12 @@ def _connectors(connector: Any) -> Iterator[Any]:
 
 
 def _check_connector(connector: Any, defer_block_free: bool) -> None:
-    """Refuse a KV connector that reaches into vLLM's block pool or coordinator (it would read
-    vLLM's internals, which kvcore does not have), and deferred block frees."""
+    """Refuse a KV connector that binds vLLM's block pool or cache manager (overrides
+    ``bind_gpu_block_pool`` / ``bind_kv_cache_manager``: it reads and changes vLLM's pool
+    internals, which kvcore's views only partly answer), and deferred block frees.  A connector
+    that only uses the ``KVConnectorBase_V1`` scheduler interface is accepted, NixlConnector
+    included (its ``supports_divergent_local_hybrid_hits`` asks the manager for a per-group
+    lookup, which for every model kvcore accepts is the plain one)."""
     if connector is None:
         return
     if defer_block_free:
@@ -63,10 +68,9 @@ def _check_connector(connector: Any, defer_block_free: bool) -> None:
         if c is connector and getattr(c, "_connectors", None) is not None:
             continue  # MultiConnector forwards the binds to its children, checked next
         if (cls.bind_gpu_block_pool is not KVConnectorBase_V1.bind_gpu_block_pool
-                or cls.bind_kv_cache_manager is not KVConnectorBase_V1.bind_kv_cache_manager
-                or getattr(c, "supports_divergent_local_hybrid_hits", False)):
-            raise refuse(f"the KV connector {cls.__name__}, which reads vLLM's own block pool "
-                         "or cache coordinator", "use a connector that only uses the "
+                or cls.bind_kv_cache_manager is not KVConnectorBase_V1.bind_kv_cache_manager):
+            raise refuse(f"the KV connector {cls.__name__}, which binds vLLM's own block pool "
+                         "or cache manager", "use a connector that only uses the "
                          "KVConnectorBase_V1 scheduler interface (e.g. NixlConnector)")
 
 
@@ -96,6 +100,7 @@ class KvcoreSchedulerMixin:
         if settings is None:
             vllm_init(vllm_config, kv_cache_config, *args, **kwargs)
             return
+        installed_vllm()  # a vLLM version kvcore was not checked against is refused here
         _check_vllm_config(vllm_config)
         factory = functools.partial(KVCacheManagerAdapter, settings=settings)
         with _CONSTRUCTION_LOCK:

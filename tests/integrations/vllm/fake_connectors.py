@@ -63,3 +63,10 @@ class PoolReadingConnector(ExternalPrefixConnector):
 
     def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
         self.pool = gpu_block_pool
+
+
+class DivergentHitsConnector(ExternalPrefixConnector):
+    """Asks for vLLM's per-group local lookup (``get_computed_blocks_for_connector``), as
+    NixlConnector does; reads nothing of the pool."""
+
+    supports_divergent_local_hybrid_hits = True

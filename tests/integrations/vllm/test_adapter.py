@@ -21,6 +21,7 @@ from vllm.v1.kv_cache_interface import (
 from kvcore.errors import InvalidArgumentError, InvariantError, UnsupportedFeatureError
 from kvcore.integrations.vllm.manager import KVCacheManagerAdapter, _int_hash
 from kvcore.integrations.vllm.settings import KvcoreSettings, parse_settings
+from kvcore.integrations.vllm.version import installed, parse_version
 from tests.integrations.vllm.helpers import (
     admit,
     event_bytes,
@@ -166,7 +167,8 @@ def _mamba() -> MambaSpec:
     (lambda: kv_config(num_blocks=16).__class__(
         num_blocks=16, kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec(["a"], full(), is_eagle_group=True),
-                         KVCacheGroupSpec(["b"], swa(32))]), {}, "EAGLE block drop"),
+                         KVCacheGroupSpec(["b"], swa(32))]), {"use_eagle": True},
+     "EAGLE block drop"),
     (lambda: kv_config(), {"dcp_world_size": 2}, "context parallelism"),
     (lambda: kv_config(), {"watermark": 0.05}, "watermark"),
     (lambda: kv_config(), {"metrics_collector": object()}, "kv_cache_metrics"),
@@ -267,3 +269,98 @@ def test_the_expected_build_runs() -> None:
         assert kvcore.__compiled__ is (expected == "compiled")
     for module in (manager, request):
         assert (module.__file__ or "").endswith(tuple(EXTENSION_SUFFIXES)) is kvcore.__compiled__
+
+
+@pytest.mark.parametrize("text", ["0.32.0", "0.32.0+cpu", "0.33.0", "0.33.2"])
+def test_supported_versions_parse(text: str) -> None:
+    v = parse_version(text)
+    assert (v.major, v.minor) in ((0, 32), (0, 33))
+    assert v.lookahead_hashes is (v.minor == 33)
+
+
+@pytest.mark.parametrize("text", ["0.31.1", "0.34.0", "1.0.0", "dev", ""])
+def test_other_versions_are_refused_naming_the_supported_ones(text: str) -> None:
+    with pytest.raises(UnsupportedFeatureError, match=r"supports vLLM 0\.32, 0\.33"):
+        parse_version(text)
+
+
+def test_an_unsupported_installed_version_stops_the_scheduler_at_start(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import vllm.version
+
+    from kvcore.integrations.vllm.replay import Engine, ReplaySetup, make_scheduler
+
+    monkeypatch.setattr(vllm.version, "__version__", "0.34.0")
+    with pytest.raises(UnsupportedFeatureError, match=r"not vLLM 0\.34\.0"):
+        make_scheduler(ReplaySetup(), Engine.parse("kvcore"))
+    make_scheduler(ReplaySetup(), Engine.parse("vllm"))  # vLLM alone is not kvcore's business
+
+
+def test_lookahead_hashes_are_refused_on_vllm_032() -> None:
+    with pytest.raises(UnsupportedFeatureError, match="lookahead block hashes"):
+        KVCacheManagerAdapter(kv_config(), 4096, 16, 16, num_hash_lookahead_tokens=1,
+                              vllm_version=parse_version("0.32.0"))
+
+
+@pytest.mark.skipif(not installed().lookahead_hashes,
+                    reason="vLLM 0.32 has no lookahead hashes (refused: test above)")
+@pytest.mark.parametrize("lookahead", [1, 3])
+def test_lookahead_hashes_match_vllm_033_call_for_call(lookahead: int) -> None:
+    """A 32-token prompt with lookahead 1 has one hash (the second block waits for token 32):
+    the same blocks cached, hit and published (with their lookahead tokens) as vLLM's."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    fn = get_hash_fn_by_name("sha256")
+    init_none_hash(fn)
+    block_hasher = get_request_block_hasher(16, fn, lookahead)
+
+    def make(rid: str, tokens: list[int]) -> Request:
+        return Request(rid, list(tokens), SamplingParams(max_tokens=1000, ignore_eos=True),
+                       None, block_hasher=block_hasher, cache_salt="t",
+                       mm_features=[MultiModalFeatureSpec(None, "image", "img",
+                                                          PlaceholderRange(offset=30, length=6))])
+
+    theirs, ours = managers(kv_config(num_blocks=12), num_hash_lookahead_tokens=lookahead)
+    assert scenario(ours, make) == scenario(theirs, make)
+    r = make("x", list(range(32)))
+    assert len(r.block_hashes) == (1 if lookahead else 2)
+
+
+def test_the_views_answer_vllms_names_like_vllms_own_objects() -> None:
+    """After the same calls, the names vLLM's tests and connectors read on the pool, the
+    coordinator and its single-type managers give what vLLM's own objects give."""
+    from types import MappingProxyType
+
+    theirs, ours = managers(kv_config(full(), swa(32), num_blocks=24))
+    got = []
+    for m in (theirs, ours):
+        a = request("a", range(70))
+        admit(m, a)
+        b = request("b", range(40))
+        admit(m, b)
+        m.free(b)
+        pool, coord = m.block_pool, m.coordinator
+        groups = coord.single_type_managers
+        cached = pool.get_cached_block(b.block_hashes[1], [0, 1])
+        got.append((
+            pool.get_num_free_blocks(), pool.free_block_queue.num_free_blocks,
+            pool.num_gpu_blocks, pool.hash_block_size, pool.null_block.block_id,
+            [blk.block_id for blk in pool.free_block_queue.get_all_free_blocks()],
+            None if cached is None else [blk.block_id for blk in cached],
+            pool.get_cached_block(b"\x00" * 32, [0]),
+            [(g.kv_cache_group_id, g.block_size, type(g.kv_cache_spec).__name__)
+             for g in groups],
+            [[blk.block_id for blk in g.req_to_blocks["a"]] for g in groups],
+            ["b" in g.req_to_blocks for g in groups],
+            [g._null_block is pool.null_block for g in groups],
+            [pool.blocks[blk.block_id] is blk for blk in groups[0].req_to_blocks["a"]],
+            [blk.ref_cnt for blk in groups[0].req_to_blocks["a"]],
+            coord.kv_cache_config.num_blocks, sorted(coord.eagle_group_ids)))
+    assert got[0] == got[1]
+    assert isinstance(ours.coordinator.single_type_managers[0].req_to_blocks, MappingProxyType)
+    with pytest.raises(TypeError):
+        ours.coordinator.single_type_managers[0].req_to_blocks["c"] = []  # type: ignore[index]
+    assert len(ours.block_pool.cached_block_hash_to_block) > 0

@@ -2,8 +2,12 @@
 the vLLM adapter and through vLLM's own KVCacheManager, both driven with vLLM's requests in this
 process: identical hits and hit block ids, new block ids, tables, free queue in eviction order,
 KV events (vLLM's types, hashes converted as vLLM converts them) and prefix-cache stats after
-every operation.  Trace kinds the adapter refuses (Mamba, cross attention) are left out; that
-it refuses them is tested in test_adapter.py."""
+every operation, on the installed vLLM (0.32 or 0.33; on 0.33 half the EAGLE traces use its
+lookahead hashes instead of the block drop).  Trace kinds the adapter refuses (Mamba, cross
+attention) are left out; that it refuses them is tested in test_adapter.py.
+
+On 0.33 kvcore's own manager (its own hashing, lookahead included) is compared with vLLM's on
+the lookahead traces too."""
 
 from __future__ import annotations
 
@@ -12,29 +16,57 @@ from typing import Any
 
 import pytest
 
+from kvcore.integrations.vllm.version import installed
 from tests.differential.replay import replay_all
 from tests.differential.traces import generate_trace
 
 NUM_TRACES = int(os.environ.get("KVCORE_DIFF_TRACES", "400"))
 REFUSED = {"mamba", "hybrid_mamba", "cross"}
+VERSION = installed()
 
 
 @pytest.fixture(scope="module")
 def traces() -> list[dict[str, Any]]:
-    out = [generate_trace(seed, pending=[]) for seed in range(NUM_TRACES)]
+    out = [generate_trace(seed, pending=[], lookahead_hashes=VERSION.lookahead_hashes)
+           for seed in range(NUM_TRACES)]
+    for t in out:
+        t["config"]["vllm"] = f"{VERSION.major}.{VERSION.minor}"
     return [t for t in out if t["config"]["kind"] not in REFUSED]
+
+
+def _differences(traces: list[dict[str, Any]], ours: list[Any], theirs: list[Any]) -> list[Any]:
+    return [(t["seed"], t["config"]["kind"], next(
+        (i, a, b) for i, (a, b) in enumerate(zip(x, y)) if a != b))
+        for t, x, y in zip(traces, ours, theirs) if x != y]
 
 
 def test_adapter_matches_vllm_on_every_trace(traces: list[dict[str, Any]]) -> None:
     assert len(traces) > NUM_TRACES // 2
     theirs = replay_all("vllm", traces)
     ours = replay_all("adapter", traces)
-    failures = [(t["seed"], t["config"]["kind"], next(
-        (i, a, b) for i, (a, b) in enumerate(zip(x, y)) if a != b))
-        for t, x, y in zip(traces, ours, theirs) if x != y]
+    failures = _differences(traces, ours, theirs)
     errors = [o["error"] for obs in theirs for o in obs if "error" in o]
     assert not errors, f"vLLM raised on {len(errors)} traces: {errors[:3]}"
     hits = sum(1 for obs in ours for o in obs if o.get("hit", 0) > 0)
     events = sum(1 for obs in ours for o in obs if o.get("events"))
     assert hits > 100 and events > 100
+    assert not failures, f"{len(failures)} traces differ; first: {failures[0]}"
+    if VERSION.lookahead_hashes:
+        assert sum(1 for t in traces if t["config"].get("lookahead")) > 20
+
+
+@pytest.mark.skipif(not VERSION.lookahead_hashes,
+                    reason="lookahead hashes exist from vLLM 0.33 (0.32 refuses them: "
+                           "test_adapter.py)")
+def test_kvcores_own_lookahead_hashing_matches_vllm(traces: list[dict[str, Any]]) -> None:
+    """kvcore's own manager and requests (kvcore's hash function, its lookahead hashing, its
+    events' window extra keys and lookahead tokens) against vLLM 0.33's."""
+    ahead = [t for t in traces if t["config"].get("lookahead")]
+    assert len(ahead) > 20
+    theirs = replay_all("vllm", ahead)
+    ours = replay_all("kvcore", ahead)
+    stored = sum(1 for obs in ours for o in obs for e in o.get("events", ())
+                 if e[0] == "stored" and e[-1])
+    assert stored > 50  # events with lookahead tokens were compared
+    failures = _differences(ahead, ours, theirs)
     assert not failures, f"{len(failures)} traces differ; first: {failures[0]}"

@@ -132,6 +132,15 @@ def test_the_connector_sees_the_same_calls() -> None:
     assert seen[0] == seen[1] and any(n for _, n in seen[0])
 
 
+def test_a_connector_asking_for_divergent_hybrid_hits_is_accepted() -> None:
+    """NixlConnector's flag: the per-group lookup is the plain one for every model kvcore
+    accepts, so the schedule is vLLM's (sync and async loads)."""
+    setup = _setup(kv_transfer_config={**CONNECTOR, "kv_connector": "DivergentHitsConnector"},
+                   num_blocks=64)
+    theirs, _ = _same(_connector_requests(), setup)
+    assert theirs.finished == 24 and theirs.event_batches
+
+
 def test_a_connector_that_reads_vllms_pool_is_refused() -> None:
     setup = _setup(kv_transfer_config={**CONNECTOR, "kv_connector": "PoolReadingConnector"})
     with pytest.raises(UnsupportedFeatureError, match="PoolReadingConnector"):
