@@ -30,6 +30,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 PEER_BUILD = "bash scripts/peer_vllm.sh"
+INSTALL_TESTS = "KVCORE_INSTALL_TESTS=1"
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -41,3 +42,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(
             f"vLLM differential suite skipped ({len(skipped)} tests: the vLLM peer venv is "
             f"missing); enable it with: {PEER_BUILD}", yellow=True, bold=True)
+    skipped = [r for r in terminalreporter.stats.get("skipped", [])
+               if isinstance(r.longrepr, tuple) and INSTALL_TESTS in str(r.longrepr[2])]
+    if skipped:
+        terminalreporter.write_line(
+            f"vLLM install-resolution tests skipped ({len(skipped)} tests: they need the "
+            f"package index); run them with: {INSTALL_TESTS} .venv/bin/python -m pytest "
+            "tests/test_install_with_vllm.py", yellow=True, bold=True)

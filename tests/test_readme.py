@@ -24,11 +24,14 @@ def test_readme_opens_with_main_job_and_test_commands() -> None:
     lines = first.group(1).strip().splitlines()
     assert len(lines) == 2
     replay, test = lines
-    setup = "python3 -m venv .venv && .venv/bin/pip install -e '.[dev]'"
+    setup = "python3 -m venv .venv && .venv/bin/pip install -c requirements/cpu.txt -e '.[dev]'"
     assert replay == f"{setup} && .venv/bin/kvcore replay"
     assert test.startswith(f"{setup} && ") and "pytest" in test.rsplit(" && ", 1)[1]
     assert "pytest" not in replay and "kvcore replay" not in test
     assert replay.rsplit(" && ", 1)[0] == test.rsplit(" && ", 1)[0]
+    # The CPU torch comes from the README's own constraint, never from kvcore's metadata.
+    assert (README.parent / "requirements" / "cpu.txt").read_text().splitlines()[-1] == (
+        "torch==2.13.0")
 
 
 @pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
