@@ -77,6 +77,9 @@ class KVCacheManager(ManagerChecks):
         settings: every other option, one :class:`~kvcore.settings.CacheSettings` (prefix
             caching, eviction policy, events, hit verification, EAGLE, hashing, custom attention
             types, validation fast path, stats); see there.
+        events: where the pool records KV events when they are on (default: an
+            :class:`~kvcore.events.EventRecorder` of kvcore's event types, stamped with each
+            group's spec; kvcore inside vLLM passes one that makes vLLM's event objects).
         **options: :class:`CacheSettings` fields, a shorthand for ``settings=``
             (``KVCacheManager(config, 4096, eviction_policy="slru", enable_events=True)``).
 
@@ -96,7 +99,8 @@ class KVCacheManager(ManagerChecks):
 
     def __init__(self, config: KVCacheConfig, max_model_len: SupportsIndex, *,
                  max_num_batched_tokens: SupportsIndex | None = None,
-                 settings: CacheSettings | None = None, **options: Any) -> None:
+                 settings: CacheSettings | None = None, events: EventRecorder | None = None,
+                 **options: Any) -> None:
         if not isinstance(config, KVCacheConfig):
             raise InvalidArgumentError(f"config must be a KVCacheConfig, got {config!r}")
         if type(max_model_len) is not int or max_model_len <= 0:
@@ -118,8 +122,10 @@ class KVCacheManager(ManagerChecks):
             config.hash_block_size,
             settings.block_hasher if settings.block_hasher is not None
             else BlockHasher(settings.hash_algo, settings.hash_seed), lookahead)
+        if events is None:
+            events = EventRecorder.for_config(config, lookahead=lookahead)
         self.pool = BlockPool(config.num_blocks, num_groups=config.num_groups, settings=settings,
-                              events=EventRecorder.for_config(config, lookahead=lookahead))
+                              events=events)
         self.coordinator: KVCacheCoordinator = make_coordinator(config, self.pool, settings)
         self.hash_block_size = config.hash_block_size
         self.num_groups = config.num_groups

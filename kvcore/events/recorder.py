@@ -9,7 +9,7 @@ events over in order.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvcore.blocks import BlockHash
 from kvcore.events.wire import (
@@ -33,6 +33,11 @@ GroupStamp = tuple[str | None, int | None]
 class EventRecorder:
     """Pending KV events of one cache (one medium).
 
+    Events are kvcore's (:mod:`kvcore.events.wire`); a subclass that overrides
+    ``_stored_event``, ``_removed_event`` and ``_cleared_event`` records another wire type's
+    objects with the same content (kvcore inside vLLM records vLLM's own event objects, so
+    they need no conversion on the way out).
+
     Args:
         stamps: per group, the spec kind and sliding window its ``BlockStored`` events carry
             (default: none, for a pool without a model config).
@@ -46,7 +51,8 @@ class EventRecorder:
         self._stamps = tuple(stamps)
         self.medium = medium
         self.lookahead = lookahead
-        self._pending: list[KVCacheEvent] = []
+        # kvcore's event types (a subclass's ``_*_event`` methods may make others).
+        self._pending: list[Any] = []
 
     @classmethod
     def for_config(cls, config: KVCacheConfig, medium: str = MEDIUM_GPU,
@@ -91,36 +97,46 @@ class EventRecorder:
             if ahead is not None:
                 ahead.append(tuple(tokens[e:e + lookahead]))
         kind, window = self._stamp(group_id)
-        self._pending.append(BlockStored(
-            block_hashes=tuple(hashes[first + i] for i in stored),
-            parent_block_hash=hashes[first - 1] if first > 0 else None,
-            token_ids=tuple(tokens[start:start + count * block_size]),
-            block_size=block_size,
-            lora_id=request.lora_id,
-            medium=self.medium,
-            lora_name=request.lora_name,
-            extra_keys=tuple(extra) if extra else None,  # vLLM: None for no block
-            group_id=group_id,
-            kv_cache_spec_kind=kind,
-            kv_cache_spec_sliding_window=window,
-            session_id=request.session_id,
-            lookahead_token_ids=None if ahead is None else tuple(ahead),
-        ))
+        self._pending.append(self._stored_event(
+            [hashes[first + i] for i in stored], hashes[first - 1] if first > 0 else None,
+            tokens[start:start + count * block_size], block_size, request.lora_id,
+            request.lora_name, extra if extra else None,  # vLLM: None for no block
+            group_id, kind, window, request.session_id, ahead))
 
     def stored_keys(self, hashes: Sequence[BlockHash], block_size: int, group_id: int) -> None:
         """Blocks with these hashes entered group ``group_id``'s cache with nothing known of
         their tokens (a placeholder, as vLLM sends for a host tier that was not told)."""
         kind, window = self._stamp(group_id)
-        self._pending.append(BlockStored(
-            block_hashes=tuple(hashes), parent_block_hash=None, token_ids=(),
-            block_size=block_size, medium=self.medium, group_id=group_id,
-            kv_cache_spec_kind=kind, kv_cache_spec_sliding_window=window))
+        self._pending.append(self._stored_event(
+            list(hashes), None, [], block_size, None, None, None, group_id, kind, window, None,
+            None))
 
     def removed(self, block_hash: BlockHash, group_id: int) -> None:
         """The block cached under ``block_hash`` left group ``group_id``'s prefix cache."""
-        self._pending.append(BlockRemoved(block_hashes=(block_hash,), medium=self.medium,
-                                          group_id=group_id))
+        self._pending.append(self._removed_event(block_hash, group_id))
 
     def cleared(self) -> None:
         """The whole prefix cache was dropped."""
-        self._pending.append(AllBlocksCleared())
+        self._pending.append(self._cleared_event())
+
+    # -- the event objects (a subclass may make another wire type's) -------------------------------
+    def _stored_event(self, hashes: list[BlockHash], parent: BlockHash | None,
+                      token_ids: Sequence[int], block_size: int, lora_id: int | None,
+                      lora_name: str | None, extra_keys: list[tuple[object, ...] | None] | None,
+                      group_id: int, kind: str | None, window: int | None,
+                      session_id: str | None,
+                      lookahead_token_ids: list[tuple[int, ...]] | None) -> object:
+        return BlockStored(
+            block_hashes=tuple(hashes), parent_block_hash=parent, token_ids=tuple(token_ids),
+            block_size=block_size, lora_id=lora_id, medium=self.medium, lora_name=lora_name,
+            extra_keys=None if extra_keys is None else tuple(extra_keys), group_id=group_id,
+            kv_cache_spec_kind=kind, kv_cache_spec_sliding_window=window,
+            session_id=session_id,
+            lookahead_token_ids=(None if lookahead_token_ids is None
+                                 else tuple(lookahead_token_ids)))
+
+    def _removed_event(self, block_hash: BlockHash, group_id: int) -> object:
+        return BlockRemoved(block_hashes=(block_hash,), medium=self.medium, group_id=group_id)
+
+    def _cleared_event(self) -> object:
+        return AllBlocksCleared()

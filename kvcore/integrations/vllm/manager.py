@@ -25,22 +25,19 @@ per admission, so kvcore hashes nothing itself: its prefix cache and events use 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import vllm.envs as envs
-from vllm.distributed.kv_events import AllBlocksCleared as VllmAllBlocksCleared
-from vllm.distributed.kv_events import BlockRemoved as VllmBlockRemoved
-from vllm.distributed.kv_events import BlockStored as VllmBlockStored
 from vllm.distributed.kv_events import KVCacheEvent as VllmKVCacheEvent
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks as VllmKVCacheBlocks
 from vllm.v1.metrics.stats import PrefixCacheStats as VllmPrefixCacheStats
 
 from kvcore.blocks import BlockHash, KVCacheBlock
 from kvcore.errors import InvariantError
-from kvcore.events import BlockRemoved, BlockStored, KVCacheEvent
 from kvcore.hashing import BlockHasher
 from kvcore.integrations.vllm.config import eagle_groups, kvcore_config, refuse
+from kvcore.integrations.vllm.events import VllmEventRecorder, int_hash
 from kvcore.integrations.vllm.request import VllmRequestView
 from kvcore.integrations.vllm.settings import KvcoreSettings
 from kvcore.integrations.vllm.version import VllmVersion, installed
@@ -115,6 +112,9 @@ class KVCacheManagerAdapter:
         self.watermark_blocks = 0
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids: tuple[int, ...] = ()
+        # Published hashes: 64-bit ints (vLLM's default) or the bytes.  Read once, as vLLM's
+        # environment is fixed once its engine has started.
+        convert = int_hash if envs.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES else None
         # Prefix-cache stats are kept here, in vLLM's own type (as vLLM's manager keeps them).
         self.kv = KVCacheManager(
             config, max_model_len, enable_caching=enable_caching,
@@ -124,15 +124,13 @@ class KVCacheManagerAdapter:
             block_hasher=_VllmHashesOnly(), use_eagle=bool(drop_ids),
             num_hash_lookahead_tokens=num_hash_lookahead_tokens,
             eagle_junction_tail=version.eagle_junction_tail,
-            eviction_policy=settings.eviction_policy)
+            eviction_policy=settings.eviction_policy,
+            events=VllmEventRecorder(config, num_hash_lookahead_tokens, convert))
         self.block_pool = BlockPoolView(self.kv.pool, hash_block_size, num_hash_lookahead_tokens)
         self.coordinator = CoordinatorView(self.kv, kv_cache_config, self.block_pool,
                                            eagle_ids, drop_ids)
         self.empty_kv_cache_blocks = VllmKVCacheBlocks(
             tuple(() for _ in range(self.num_kv_cache_groups)))
-        # Published hashes: 64-bit ints (vLLM's default) or the bytes.  Read once, as vLLM's
-        # environment is fixed once its engine has started.
-        self._convert_hash = _int_hash if envs.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES else None
         self.prefix_cache_stats: VllmPrefixCacheStats | None = (
             VllmPrefixCacheStats() if log_stats else None)
         # Requests holding blocks, by id: the view kvcore's manager tracks them by.
@@ -267,12 +265,9 @@ class KVCacheManagerAdapter:
         return [0] * self.num_kv_cache_groups
 
     def take_events(self) -> list[VllmKVCacheEvent]:
-        """kvcore's events as vLLM's (hashes converted as vLLM converts its own)."""
-        events = self.kv.take_events()
-        if not events:
-            return events
-        convert = self._convert_hash
-        return [_vllm_event(e, convert) for e in events]
+        """The events recorded since the last call: vLLM's objects, hashes as vLLM publishes
+        them (the pool records them so, :mod:`~kvcore.integrations.vllm.events`)."""
+        return self.kv.take_events()
 
     def get_blocks(self, request_id: str) -> VllmKVCacheBlocks:
         return self._blocks(self.kv.coordinator.get_blocks(request_id))
@@ -363,37 +358,3 @@ class KVCacheManagerAdapter:
 
     def check_invariants(self) -> None:
         self.kv.check_invariants()
-
-
-def _int_hash(h: bytes) -> int:
-    """A block hash as vLLM publishes it by default: its bytes read big-endian, cut to 64 bits
-    (``maybe_convert_block_hash`` with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``, without
-    reading the environment once per hash)."""
-    return int.from_bytes(h, "big") & 0xFFFF_FFFF_FFFF_FFFF
-
-
-def _vllm_event(e: KVCacheEvent, convert: Callable[[Any], Any] | None) -> VllmKVCacheEvent:
-    """One kvcore event as vLLM's; ``convert`` turns hashes into what vLLM publishes (``None``:
-    the bytes themselves, vLLM's default)."""
-    if isinstance(e, BlockStored):
-        hashes: list[Any] = list(e.block_hashes)
-        parent: Any = e.parent_block_hash
-        if convert is not None:
-            hashes = [convert(h) for h in hashes]
-            parent = None if parent is None else convert(parent)
-        return VllmBlockStored(
-            block_hashes=hashes, parent_block_hash=parent, token_ids=list(e.token_ids),
-            block_size=e.block_size, lora_id=e.lora_id, medium=e.medium, lora_name=e.lora_name,
-            extra_keys=None if e.extra_keys is None else list(e.extra_keys),
-            group_idx=e.group_id, kv_cache_spec_kind=e.kv_cache_spec_kind,
-            kv_cache_spec_sliding_window=e.kv_cache_spec_sliding_window,
-            session_id=e.session_id,
-            # vLLM 0.33's field: only with lookahead hashes, which 0.32 refuses at start.
-            **({} if e.lookahead_token_ids is None
-               else {"lookahead_token_ids": [list(t) for t in e.lookahead_token_ids]}))
-    if isinstance(e, BlockRemoved):
-        removed: list[Any] = list(e.block_hashes)
-        if convert is not None:
-            removed = [convert(h) for h in removed]
-        return VllmBlockRemoved(block_hashes=removed, medium=e.medium, group_idx=e.group_id)
-    return VllmAllBlocksCleared()

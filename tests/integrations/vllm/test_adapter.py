@@ -19,7 +19,8 @@ from vllm.v1.kv_cache_interface import (
 )
 
 from kvcore.errors import InvalidArgumentError, InvariantError, UnsupportedFeatureError
-from kvcore.integrations.vllm.manager import KVCacheManagerAdapter, _int_hash
+from kvcore.integrations.vllm.events import int_hash
+from kvcore.integrations.vllm.manager import KVCacheManagerAdapter
 from kvcore.integrations.vllm.settings import KvcoreSettings, parse_settings
 from kvcore.integrations.vllm.version import installed, parse_version
 from tests.integrations.vllm.helpers import (
@@ -71,7 +72,7 @@ def test_int_hash_is_vllms_conversion(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1")
     for h in (b"\x00" * 32, bytes(range(32)), b"\xff" * 16, b"\x01\x02"):
-        assert _int_hash(h) == maybe_convert_block_hash(h)
+        assert int_hash(h) == maybe_convert_block_hash(h)
 
 
 def test_free_of_a_request_without_blocks_does_nothing_and_lists_stay_in_order() -> None:

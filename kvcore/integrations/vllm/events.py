@@ -1,0 +1,67 @@
+"""kvcore's KV events made as vLLM's own event objects.
+
+Inside vLLM the adapter's pool records through :class:`VllmEventRecorder`: the same events
+kvcore's :class:`~kvcore.events.EventRecorder` records (what, when, with which fields), built
+directly as ``vllm.distributed.kv_events`` objects with hashes already in the form vLLM
+publishes (64-bit ints or bytes, ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``), so vLLM's publisher
+sends them as they are and nothing is converted per ``take_events``.  Not part of the compiled
+build (it subclasses an interpreted class).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+
+from kvcore.blocks import BlockHash
+from kvcore.events import EventRecorder
+from kvcore.specs import KVCacheConfig
+
+
+def int_hash(h: bytes) -> int:
+    """A block hash as vLLM publishes it by default: its bytes read big-endian, cut to 64 bits
+    (``maybe_convert_block_hash`` with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``, without
+    reading the environment once per hash)."""
+    return int.from_bytes(h, "big") & 0xFFFF_FFFF_FFFF_FFFF
+
+
+class VllmEventRecorder(EventRecorder):
+    """An :class:`~kvcore.events.EventRecorder` whose events are vLLM's objects; ``convert``
+    turns a hash into what vLLM publishes (``None``: the bytes themselves)."""
+
+    __slots__ = ("_convert",)
+
+    def __init__(self, config: KVCacheConfig, lookahead: int,
+                 convert: Callable[[bytes], Any] | None) -> None:
+        super().__init__(tuple(g.spec.event_stamp() for g in config.groups), lookahead=lookahead)
+        self._convert = convert
+
+    def _stored_event(self, hashes: list[BlockHash], parent: BlockHash | None,
+                      token_ids: Sequence[int], block_size: int, lora_id: int | None,
+                      lora_name: str | None, extra_keys: list[tuple[object, ...] | None] | None,
+                      group_id: int, kind: str | None, window: int | None,
+                      session_id: str | None,
+                      lookahead_token_ids: list[tuple[int, ...]] | None) -> object:
+        convert = self._convert
+        block_hashes: list[Any] = hashes
+        if convert is not None:
+            block_hashes = [convert(h) for h in hashes]
+            parent = None if parent is None else convert(parent)
+        # vLLM 0.33's field, only with lookahead hashes (which 0.32 refuses at start).
+        ahead = ({} if lookahead_token_ids is None
+                 else {"lookahead_token_ids": [list(t) for t in lookahead_token_ids]})
+        return BlockStored(
+            block_hashes=block_hashes, parent_block_hash=parent, token_ids=list(token_ids),
+            block_size=block_size, lora_id=lora_id, medium=self.medium, lora_name=lora_name,
+            extra_keys=extra_keys, group_idx=group_id, kv_cache_spec_kind=kind,
+            kv_cache_spec_sliding_window=window, session_id=session_id, **ahead)
+
+    def _removed_event(self, block_hash: BlockHash, group_id: int) -> object:
+        convert = self._convert
+        return BlockRemoved(block_hashes=[block_hash if convert is None else convert(block_hash)],
+                            medium=self.medium, group_idx=group_id)
+
+    def _cleared_event(self) -> object:
+        return AllBlocksCleared()
