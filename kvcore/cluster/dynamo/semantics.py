@@ -2,8 +2,8 @@
 differ from kvcore's :class:`~kvcore.cluster.index.KVRoutingIndex`.
 
 Rules of ``ai-dynamo-runtime`` 1.6.1's standalone indexer, as measured against kvcore's
-publishers (``tests/cluster/test_dynamo_interop.py`` checks this model against the real
-indexer on every query of a seeded run):
+publishers (``tests/test_dynamo_interop.py`` checks the real indexer against this model on the
+scenarios of ``tests/dynamo_scenarios.py`` and on every query of a seeded run):
 
 1. Only *main-attention* groups count: a ``BlockStored`` whose ``kv_cache_spec_kind`` is
    ``"full_attention"``, or that has no kind and group 0 (or none).  Sliding-window, chunked,
