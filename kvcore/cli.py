@@ -84,13 +84,21 @@ def _host_policy(text: str) -> str:
     return _pool_policy(text)
 
 
-def _router(text: str) -> str:
+def _routers(text: str) -> list[str]:
+    """``--router``: one router or several, comma separated (each runs the same trace)."""
     from kvcore.cluster.router import ROUTERS
 
-    if text not in ROUTERS:
-        raise argparse.ArgumentTypeError(f"unknown router {text!r}; choose from "
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"no router in {text!r}; choose from "
                                          f"{', '.join(ROUTERS)}")
-    return text
+    for name in names:
+        if name not in ROUTERS:
+            raise argparse.ArgumentTypeError(f"unknown router {name!r}; choose from "
+                                             f"{', '.join(ROUTERS)}")
+    if len(set(names)) < len(names):
+        raise argparse.ArgumentTypeError(f"a router is named twice in {text!r}")
+    return names
 
 
 def _non_negative_float(text: str) -> float:
@@ -198,10 +206,13 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--replicas", type=positive_int, default=1, metavar="N",
                     help="replay on N replicas (each with the cache and limits above) behind "
                     "--router, under one simulated clock (default 1)")
-    rp.add_argument("--router", type=_router, default=None, metavar="NAME",
-                    help="how requests are routed to the replicas: prefix (KV-aware, from the "
-                    "replicas' KV events; the default with --replicas), round-robin, "
-                    "least-loaded")
+    rp.add_argument("--router", type=_routers, default=None, metavar="NAME[,NAME...]",
+                    help="how requests are routed to the replicas: prefix (KV-aware, kvcore's "
+                    "index of the replicas' KV events; the default with --replicas), "
+                    "round-robin, least-loaded, dynamo (NVIDIA Dynamo's KV indexer in its own "
+                    "process, fed by real ZeroMQ publishers; needs pip install 'kvcore[dynamo]'). "
+                    "Several, comma separated, replay the same trace with each and print them "
+                    "side by side")
     rp.add_argument("--load-weight", type=_non_negative_float, default=1.0, metavar="W",
                     help="the prefix router's cost of a pending token relative to a token to "
                     "compute (1.0)")
@@ -263,7 +274,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     stop = SigintStop()  # Ctrl-C: the replay ends at its next step, results marked partial
     if clustered:
         with stop:
-            result = _replay_cluster(reqs, cfg, args, progress, stop)
+            results = _replay_cluster(reqs, cfg, args, progress, stop)
+        result = results[0]
     elif args.publish is not None:
         from kvcore.publisher import ZmqEventPublisher
 
@@ -288,6 +300,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if clustered:
         out["replicas"] = args.replicas
         out["router"] = result.router
+        if args.router is not None and len(args.router) > 1:
+            out["routers"] = {r.router: r.to_dict() for r in results}
     block_reqs = []
     try:  # the policy simulations: a Ctrl-C drops those not done yet
         if (args.policy or args.plot) and not stop.requested:
@@ -323,8 +337,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=1))
         return INTERRUPTED if stop.requested else 0
     if clustered:
-        _print_cluster(source, result, num_blocks, args.block_size, policy, args.host_blocks,
-                       args.host_policy)
+        from kvcore.sim.cluster_report import router_table
+
+        for r in results:
+            _print_cluster(source, r, num_blocks, args.block_size, policy, args.host_blocks,
+                           args.host_policy)
+        if len(results) > 1:
+            print(f"\nrouters on {source}, {args.replicas} replicas (same trace, same "
+                  "simulated clock):")
+            print("\n".join(router_table(results)))
         return INTERRUPTED if stop.requested else 0
     r = result
     print(f"replayed {source}: {r.num_finished} of {len(reqs)} requests finished "
@@ -370,18 +391,29 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _replay_cluster(reqs: list[Any], cfg: Any, args: argparse.Namespace,
-                   progress: bool, stop: SigintStop) -> Any:
-    from kvcore.sim.cluster import ClusterConfig, replay_cluster
+                   progress: bool, stop: SigintStop) -> list[Any]:
+    """One cluster replay per router named (a Ctrl-C skips the routers not run yet)."""
+    from kvcore.sim.cluster import ClusterConfig, ClusterResult, replay_cluster
     from kvcore.sim.replay import progress_bar
 
-    cluster = ClusterConfig(args.replicas, args.router or "prefix", args.load_weight)
-    bar = progress_bar(len(reqs)) if progress else None
-    try:
-        return replay_cluster(reqs, cfg, cluster, should_stop=stop,
-                              on_finished=bar.update if bar is not None else None)
-    finally:
-        if bar is not None:
-            bar.close()
+    routers = args.router or ["prefix"]
+    if "dynamo" in routers:  # before any replay, not after the first one
+        from kvcore.cluster.dynamo import require_dynamo
+
+        require_dynamo()
+    results: list[ClusterResult] = []
+    for name in routers:
+        if results and stop.requested:
+            break
+        cluster = ClusterConfig(args.replicas, name, args.load_weight)
+        bar = progress_bar(len(reqs)) if progress else None
+        try:
+            results.append(replay_cluster(reqs, cfg, cluster, should_stop=stop,
+                                          on_finished=bar.update if bar is not None else None))
+        finally:
+            if bar is not None:
+                bar.close()
+    return results
 
 
 def _print_tiers(r: Any, host_blocks: int, host_policy: str) -> None:
@@ -408,6 +440,10 @@ def _print_cluster(source: str, r: Any, num_blocks: int, block_size: int, policy
           "(simulated)")
     print(f"  KV events:       {r.event_batches:,} batches, {r.event_bytes:,} bytes; index holds "
           f"{r.index_blocks:,} blocks")
+    if r.dynamo is not None:
+        from kvcore.sim.cluster_report import dynamo_lines
+
+        print("\n".join(dynamo_lines(r.dynamo)))
     for i, rep in enumerate(r.replicas):
         print(f"  replica {i}: {rep.requests:5,} requests, hit rate {rep.token_hit_rate:6.2%}, "
               f"busy {rep.busy_ms / 1000:,.1f} s, {rep.evicted_blocks:,} evicted")

@@ -31,6 +31,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 PEER_BUILD = "bash scripts/peer_vllm.sh"
 INSTALL_TESTS = "KVCORE_INSTALL_TESTS=1"
+DYNAMO_INSTALL = ".venv/bin/pip install -e '.[dynamo]'"  # tests/test_dynamo_interop.py
+ROUTER_BUILD = "bash scripts/vllm_router.sh"  # tests/test_vllm_router_interop.py
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -49,3 +51,15 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             f"vLLM install-resolution tests skipped ({len(skipped)} tests: they need the "
             f"package index); run them with: {INSTALL_TESTS} .venv/bin/python -m pytest "
             "tests/test_install_with_vllm.py", yellow=True, bold=True)
+    skipped = [r for r in terminalreporter.stats.get("skipped", [])
+               if isinstance(r.longrepr, tuple) and DYNAMO_INSTALL in str(r.longrepr[2])]
+    if skipped:
+        terminalreporter.write_line(
+            f"Dynamo KV-indexer interop tests skipped ({len(skipped)} tests: ai-dynamo-runtime "
+            f"is not installed); enable them with: {DYNAMO_INSTALL}", yellow=True, bold=True)
+    skipped = [r for r in terminalreporter.stats.get("skipped", [])
+               if isinstance(r.longrepr, tuple) and ROUTER_BUILD in str(r.longrepr[2])]
+    if skipped:
+        terminalreporter.write_line(
+            f"vllm-router kv_aware interop test skipped ({len(skipped)} tests: its venv is "
+            f"missing); enable it with: {ROUTER_BUILD}", yellow=True, bold=True)

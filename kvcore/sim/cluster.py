@@ -7,6 +7,14 @@ replica).  Every replica publishes its KV events after each step through an
 the index as a subscriber would); the router sees only that index and the replicas' queue
 lengths when a request arrives.
 
+With ``router="dynamo"`` the replicas also publish every batch on real ZeroMQ publishers
+(127.0.0.1, ports chosen by the OS) to NVIDIA Dynamo's KV indexer, a process the replay starts
+and always stops (:mod:`kvcore.cluster.dynamo`), and requests are routed by its answers.  Before
+each routing decision the replay waits until the indexer has applied every batch published so
+far (a marker block per replica, :class:`~kvcore.cluster.dynamo.DynamoFeed`), so the run is
+deterministic; kvcore's index is still fed in process, and where its answers differ from
+Dynamo's the result counts it (``dynamo["disagreements"]``).
+
 The clock is event driven: the next thing to happen is either the next arrival (routed at its
 arrival time) or the end of the step of the replica that finishes first; each step takes
 ``step_base_ms + step_ms_per_token × batched tokens`` on its replica, replicas run in parallel.
@@ -17,6 +25,7 @@ replica's busy time over the mean), and time to first token (median and p99).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -26,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvcore.cluster.index import EventChannel, KVRoutingIndex, request_keys
-from kvcore.cluster.router import ROUTERS, ReplicaLoad, make_router
+from kvcore.cluster.router import ROUTERS, ReplicaLoad, Router, make_router
 from kvcore.errors import InvalidArgumentError
 from kvcore.events import KVCacheEvent
 from kvcore.manager import KVCacheManager
@@ -102,6 +111,9 @@ class ClusterResult:
     wall_s: float
     replicas: list[ReplicaResult] = field(default_factory=list)
     interrupted: bool = False  # stopped early (should_stop): the counts cover the steps run
+    # router "dynamo": its disagreements with kvcore's index, and what the indexer cost:
+    # start_s, queries, barriers, barrier_polls, barrier_s.
+    dynamo: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,6 +133,8 @@ class _Replica:
         self.manager: KVCacheManager = make_manager(cfg, requests, enable_events=True)
         self.sched: Scheduler = make_scheduler(self.manager, cfg)
         self.channel = EventChannel(index, rid)
+        # Where else the replica's batches go (the dynamo router's publishers).
+        self.sink: Callable[[int, list[KVCacheEvent], float], object] | None = None
         self.step_once = SimulatedStep(self.sched, self._publish)
         self.clock = 0.0
         self.result = ReplicaResult()
@@ -134,6 +148,8 @@ class _Replica:
 
     def _publish(self, events: list[KVCacheEvent]) -> None:
         self.channel.publish(events, self.clock / 1000)
+        if self.sink is not None and events:
+            self.sink(self.rid, events, self.clock / 1000)
 
     def step(self, cfg: ReplayConfig, arrival: dict[str, float], ttft: list[float]) -> int:
         """Run one step; returns the number of requests that finished."""
@@ -161,10 +177,39 @@ def replay_cluster(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = 
     check_inputs(requests, cfg)
     if cfg.eviction_policy in REPLAY_ORACLES:
         raise InvalidArgumentError(f"the {cfg.eviction_policy} oracle replays one replica only")
+    if cluster.router == "dynamo" and cfg.host_blocks:
+        raise InvalidArgumentError(f"the dynamo router does not weigh a host tier (host_blocks="
+                                   f"{cfg.host_blocks}): use the prefix router, or no host tier")
     index = KVRoutingIndex(cluster.medium_weights)
     reps = [_Replica(i, cfg, requests, index) for i in range(cluster.num_replicas)]
+    with contextlib.ExitStack() as stack:
+        router = _make_router(stack, cluster, index, reps)
+        return _run(requests, cfg, cluster, index, reps, router, on_finished, should_stop)
+
+
+def _make_router(stack: contextlib.ExitStack, cluster: ClusterConfig, index: KVRoutingIndex,
+                 reps: list[_Replica]) -> Router:
+    """The configured router; for ``dynamo``, its indexer process and publishers too, closed by
+    ``stack`` (on errors and Ctrl-C as well)."""
+    block_size = reps[0].manager.hash_block_size
+    if cluster.router != "dynamo":
+        return make_router(cluster.router, index, block_size, cluster.load_weight)
+    from kvcore.cluster.dynamo import DynamoFeed, DynamoIndexer, DynamoRouter
+
+    indexer = stack.enter_context(DynamoIndexer())
+    feed = stack.enter_context(DynamoFeed.open(indexer, len(reps), block_size))
+    feed.barrier()  # every replica's stream reaches the indexer before the first request
+    router = DynamoRouter(feed, index, block_size, cluster.load_weight)
+    for rep in reps:
+        rep.sink = router.publish
+    return router
+
+
+def _run(requests: Sequence[TraceRequest], cfg: ReplayConfig, cluster: ClusterConfig,
+         index: KVRoutingIndex, reps: list[_Replica], router: Router,
+         on_finished: Callable[[int], object] | None,
+         should_stop: Callable[[], bool] | None) -> ClusterResult:
     hash_block_size = reps[0].manager.hash_block_size
-    router = make_router(cluster.router, index, hash_block_size, cluster.load_weight)
     pending = deque(sorted(requests, key=lambda r: r.arrival_ms))
     arrival: dict[str, float] = {}
     ttft: list[float] = []
@@ -184,7 +229,8 @@ def replay_cluster(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = 
             tr = pending.popleft()
             req = make_request(reps[0].manager, tr)  # every replica hashes alike
             keys = request_keys(req.block_hashes, tr.num_prompt_tokens, hash_block_size)
-            rep = reps[router.route(keys, tr.num_prompt_tokens, [r.load() for r in reps])]
+            rep = reps[router.route(keys, tr.num_prompt_tokens, [r.load() for r in reps],
+                                    req.all_token_ids)]
             if not rep.sched.has_unfinished_requests():
                 rep.clock = max(rep.clock, t_arrival)  # an idle replica waits for work
             try:
@@ -234,4 +280,16 @@ def replay_cluster(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = 
         event_batches=sum(r.channel.seq for r in reps),
         event_bytes=sum(r.channel.num_bytes for r in reps), index_blocks=len(index),
         wall_s=time.perf_counter() - wall0, replicas=[r.result for r in reps],
-        interrupted=interrupted)
+        interrupted=interrupted, dynamo=_dynamo_report(router))
+
+
+def _dynamo_report(router: Router) -> dict[str, Any] | None:
+    from kvcore.cluster.dynamo import DynamoRouter
+
+    if not isinstance(router, DynamoRouter):
+        return None
+    feed = router.feed
+    return {"disagreements": router.disagreements.to_dict(),
+            "start_s": feed.indexer.start_s, "queries": feed.indexer.num_queries,
+            "barriers": feed.num_barriers, "barrier_polls": feed.num_polls,
+            "barrier_s": feed.barrier_s}
