@@ -91,6 +91,7 @@ def random_config(rng: random.Random, pending: list[str] | None = None,
             # hit bound without checking how many exist: with more than one lookahead token
             # (MTP) a prompt whose last tokens cross a block raises IndexError there.  kvcore
             # bounds the search by the hashes; vLLM is tested where it works (EAGLE's 1).
+            # Report text: docs/vllm_swa_lookahead_bug.md.
             config["lookahead"] = 1
     if any(g["type"] == "swa" for g in groups):
         # Sparse retention of sliding-window blocks (vLLM's default is 0): None = dense; the
