@@ -225,6 +225,9 @@ class BlockPool(PoolChecks):
                 (held if block.block_id in reserved else rest).append(block)
             if held:
                 for block in held:
+                    if block.ref_cnt:  # listed twice: its first copy took it out already
+                        block.ref_cnt += 1
+                        continue
                     self._hint_reserve.unhold(block)
                     block.ref_cnt = 1
                 self.free_queue.on_hit(held)
