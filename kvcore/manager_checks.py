@@ -9,7 +9,6 @@ manager calls them off its fast path only (see ``allocate_slots``).
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -25,17 +24,9 @@ from kvcore.errors import (
     UnknownRequestError,
 )
 from kvcore.hashing import RequestBlockHasher, hashes_at
+from kvcore.pool.checks import check_count
 from kvcore.request import KVRequest
 from kvcore.verify import HitVerifier
-
-
-def check_count(name: str, value: object) -> int:
-    """``value`` as a non-negative int (numpy integers accepted), else InvalidArgumentError."""
-    if type(value) is int and value >= 0:  # the common case, without the ABC check
-        return value
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise InvalidArgumentError(f"{name} must be a non-negative int, got {value!r}")
-    return int(value)
 
 
 def check_counts(num_new_tokens: object, num_new_computed_tokens: object, num_lookahead_tokens: object,
