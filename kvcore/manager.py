@@ -27,7 +27,7 @@ from typing import Any, Final, SupportsIndex
 from kvcore._mypyc import mypyc_attr
 from kvcore.block_pool import BlockPool
 from kvcore.blocks import BlockHash, KVCacheBlock
-from kvcore.cache_blocks import KVCacheBlocks
+from kvcore.cache_blocks import KVCacheBlocks, LookupHit
 from kvcore.coordinator import KVCacheCoordinator, make_coordinator
 from kvcore.errors import (
     InvalidArgumentError,
@@ -171,10 +171,12 @@ class KVCacheManager(ManagerChecks):
         # Immutable per-group tuples, remembered with the pool's eviction counters: handed back
         # unchanged to allocate_slots for the same request with nothing evicted since, the hit
         # needs no re-check (only eviction or a reset can change what its blocks hold).
-        hit = KVCacheBlocks(map(tuple, blocks))
+        # The hit also carries its lookup (LookupHit), so that one that went stale can be told.
+        hit = LookupHit(map(tuple, blocks))
         pool = self.pool
-        self._last_lookup = (hit, request,
-                             (num_hit_tokens, pool.num_evicted_blocks, pool.num_resets))
+        evicted, resets = pool.num_evicted_blocks, pool.num_resets
+        hit.lookup = (request, evicted, resets)
+        self._last_lookup = (hit, request, (num_hit_tokens, evicted, resets))
         return hit, num_hit_tokens
 
     def shared_prefix_boundary(self, request: KVRequest) -> int:

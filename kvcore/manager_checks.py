@@ -15,18 +15,32 @@ from typing import Any, NoReturn
 from kvcore._mypyc import mypyc_attr
 from kvcore.block_pool import BlockPool
 from kvcore.blocks import KVCacheBlock
-from kvcore.cache_blocks import KVCacheBlocks
+from kvcore.cache_blocks import KVCacheBlocks, LookupHit
 from kvcore.coordinator import KVCacheCoordinator
 from kvcore.errors import (
     InvalidArgumentError,
     InvalidHitError,
     RequestStateError,
+    StaleHitError,
     UnknownRequestError,
 )
 from kvcore.hashing import RequestBlockHasher, hashes_at
 from kvcore.pool.checks import check_count
 from kvcore.request import KVRequest
 from kvcore.verify import HitVerifier
+
+
+def evictions_since_lookup(hits: object, request: object, pool: BlockPool) -> int:
+    """How many blocks ``pool`` evicted since ``get_computed_blocks`` found ``hits`` for
+    ``request`` (a reset of its prefix cache counts as one more); 0 if none, or if ``hits`` is
+    not that lookup's result (another request's, or built by hand).  A hit with evictions since
+    its own lookup that no longer holds the request's prefix went stale between lookup and
+    allocation: the manager raises :class:`StaleHitError` then, and ``kvcore.testing.checked``
+    leaves that error as it is."""
+    lookup = getattr(hits, "lookup", None) if isinstance(hits, LookupHit) else None
+    if lookup is None or lookup[0] is not request:
+        return 0
+    return pool.num_evicted_blocks - lookup[1] + (pool.num_resets != lookup[2])
 
 
 def check_counts(num_new_tokens: object, num_new_computed_tokens: object, num_lookahead_tokens: object,
@@ -169,9 +183,9 @@ class ManagerChecks:
                     elif (block.block_hash == hashes[i] and block.group_id == g
                           and mine[block.block_id] is block):
                         continue
-                    self._bad_hit(rid, g, i, block, needed_from, hashes)
+                    self._bad_hit(request, hits, g, i, block, needed_from, hashes)
             except (AttributeError, IndexError, TypeError):
-                self._bad_hit(rid, g, i, blocks[i], needed_from, hashes)
+                self._bad_hit(request, hits, g, i, blocks[i], needed_from, hashes)
         if self.verify_hits:
             verifier = HitVerifier(request)
             for g, (m, blocks) in enumerate(zip(self.coordinator.managers, hits)):
@@ -182,11 +196,13 @@ class ManagerChecks:
                             f"request {rid!r}: block {block.block_id} at group {g} position "
                             f"{i} holds KV of another prefix")
 
-    def _bad_hit(self, rid: str, g: int, i: int, block: object, needed_from: int,
-                 hashes: Sequence[object]) -> NoReturn:
+    def _bad_hit(self, request: KVRequest, hits: Sequence[Sequence[KVCacheBlock]], g: int,
+                 i: int, block: object, needed_from: int, hashes: Sequence[object]) -> NoReturn:
         """Raise the :class:`InvalidHitError` that says why ``block`` cannot be hit ``i`` of
-        group ``g``."""
+        group ``g`` (:class:`StaleHitError` when the request's own lookup found it and it was
+        evicted since)."""
         mine = self.pool.blocks
+        rid = request.request_id
         where = f"request {rid!r}: group {g} position {i}"
         if block is self.pool.null_block:
             raise InvalidHitError(f"{where} of the hit is the null block, but the next token "
@@ -194,8 +210,18 @@ class ManagerChecks:
         if (not isinstance(block, KVCacheBlock) or not 0 <= block.block_id < len(mine)
                 or mine[block.block_id] is not block):
             raise InvalidHitError(f"{where}: {block!r} is not a block of this manager's pool")
-        if block.block_hash is not None and (i >= len(hashes) or block.block_hash != hashes[i]
-                                             or block.group_id != g):
+        other = block.block_hash is not None and (i >= len(hashes) or block.block_hash != hashes[i]
+                                                  or block.group_id != g)
+        evicted = evictions_since_lookup(hits, request, self.pool)
+        if evicted:
+            now = ("is cached for a different prefix now" if other else
+                   "is no longer cached")
+            raise StaleHitError(
+                f"{where}: block {block.block_id} {now}: the hit went stale between lookup and "
+                "allocation (get_computed_blocks found it for this request, then the pool "
+                "evicted it, e.g. for other allocations; allocate right after the lookup, or "
+                "look the request up again)")
+        if other:
             raise InvalidHitError(f"{where}: block {block.block_id} is cached for a different "
                                   "prefix (the hit blocks belong to another prefix, or the "
                                   "block was reused for one since get_computed_blocks)")
