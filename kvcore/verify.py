@@ -21,8 +21,8 @@ walks the chain before its first block once.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, overload
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, cast, overload
 
 from kvcore.blocks import PrefixNode
 from kvcore.hashing import block_extra_keys
@@ -94,10 +94,14 @@ class HitVerifier:
         return ok
 
 
-class _Chain(Sequence[PrefixNode]):
+class _Chain:
     """One request's prefix nodes at one block size: ``base`` (an adopted hit's deepest node,
     standing for itself and its ancestors) followed by the nodes built from the request's own
-    tokens.  Adopting a hit costs O(1); the ancestors are only walked if someone asks for them."""
+    tokens.  Adopting a hit costs O(1); the ancestors are only walked if someone asks for them.
+
+    A ``Sequence`` registered as one, not derived from it: a compiled class with a Python base
+    gets a ``__weakref__`` slot that mypyc 2.4's deallocator never clears (see
+    docs/mypyc_weakref_bug.md), so a weak reference to a freed chain would dangle."""
 
     __slots__ = ("base", "tail")
 
@@ -129,8 +133,15 @@ class _Chain(Sequence[PrefixNode]):
             raise IndexError(i)
         return node
 
+    def __iter__(self) -> Iterator[PrefixNode]:
+        for i in range(len(self)):
+            yield self[i]
+
     def last(self) -> PrefixNode | None:
         return self.tail[-1] if self.tail else self.base
+
+
+Sequence.register(_Chain)
 
 
 class PrefixChains:
@@ -165,7 +176,7 @@ class PrefixChains:
                 parent = PrefixNode(parent, i, tokens[start:end],
                                     None if plain else block_extra_keys(request, start, end))
                 tail.append(parent)
-        return chain
+        return cast("Sequence[PrefixNode]", chain)  # a Sequence by registration (mypy: not)
 
     def adopt(self, request_id: str, block_size: int, node: PrefixNode) -> None:
         """The request's chain at ``block_size`` becomes ``node`` and its ancestors (``node``
