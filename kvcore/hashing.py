@@ -23,7 +23,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, cast, overload
+from typing import TYPE_CHECKING, Any, cast, overload
 
 import cbor2
 import xxhash
@@ -32,6 +32,9 @@ from kvcore._mypyc import mypyc_attr
 from kvcore.blocks import BlockHash
 from kvcore.errors import InvalidArgumentError, UnknownHashAlgorithmError
 from kvcore.kv_request import KVRequest
+
+if TYPE_CHECKING:
+    from kvcore.request import RequestLike
 
 HASH_ALGORITHMS: tuple[str, ...] = ("xxh3_128", "sha256", "sha256_cbor")
 _ALIASES = {"xxhash": "xxh3_128", "xxh3": "xxh3_128"}
@@ -237,7 +240,7 @@ class RequestBlockHasher:
         self.block_size = block_size
         self.hasher = hasher if hasher is not None else BlockHasher()
 
-    def __call__(self, request: KVRequest) -> list[BlockHash]:
+    def __call__(self, request: RequestLike) -> list[BlockHash]:
         bs = self.block_size
         hashes = request.block_hashes
         tokens = request.all_token_ids

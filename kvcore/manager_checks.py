@@ -26,7 +26,7 @@ from kvcore.errors import (
 )
 from kvcore.hashing import RequestBlockHasher, hashes_at
 from kvcore.pool.checks import check_count
-from kvcore.request import KVRequest
+from kvcore.request import KVRequest, RequestLike
 from kvcore.verify import HitVerifier
 
 
@@ -40,7 +40,7 @@ def evictions_since_lookup(hits: object, request: object, pool: BlockPool) -> in
     lookup = getattr(hits, "lookup", None) if isinstance(hits, LookupHit) else None
     if lookup is None or lookup[0] is not request:
         return 0
-    return pool.num_evicted_blocks - lookup[1] + (pool.num_resets != lookup[2])
+    return pool.num_evicted_blocks - lookup[2] + (pool.num_resets != lookup[3])
 
 
 def check_counts(num_new_tokens: object, num_new_computed_tokens: object, num_lookahead_tokens: object,
@@ -79,16 +79,15 @@ class ManagerChecks:
     max_model_len: int
     # request id -> [request, num_slots] (see KVCacheManager.__init__)
     _requests: dict[str, list[Any]]
-    _last_lookup: tuple[KVCacheBlocks, KVRequest, tuple[int, int, int]] | None
     _empty: KVCacheBlocks
 
-    def _sync_hashes(self, request: KVRequest) -> None:
+    def _sync_hashes(self, request: RequestLike) -> None:
         # Requests built without this manager's hasher get their missing hashes here.
         hashes = request.block_hashes
         if len(hashes) < len(request.all_token_ids) // self.hash_block_size:
             hashes.extend(self.block_hasher(request))
 
-    def _check_allocation(self, request: KVRequest, num_new_tokens: int,
+    def _check_allocation(self, request: RequestLike, num_new_tokens: int,
                           num_new_computed_tokens: int, new_computed_blocks: object,
                           num_external_computed_tokens: int) -> Sequence[Sequence[KVCacheBlock]]:
         """Raise unless ``allocate_slots`` may serve these (non-negative) counts for ``request``
@@ -115,16 +114,15 @@ class ManagerChecks:
                 f"request {rid!r}: {num_new_computed_tokens} hit + {num_external_computed_tokens} "
                 f"external tokens exceed its {request.num_tokens} tokens")
         if has_hits or num_new_computed_tokens:
-            look = self._last_lookup
+            look = hits.lookup if type(hits) is LookupHit else None
             pool = self.pool
-            if (look is None or look[0] is not hits or look[1] is not request
-                    or look[2] != (num_new_computed_tokens, pool.num_evicted_blocks,
-                                   pool.num_resets)):
+            if (look is None or look[0] is not request or look[1] != num_new_computed_tokens
+                    or look[2] != pool.num_evicted_blocks or look[3] != pool.num_resets):
                 self._check_hits(request, hits, num_new_computed_tokens,
                                  num_external_computed_tokens)
         return hits
 
-    def _check_request(self, request: KVRequest) -> bool:
+    def _check_request(self, request: RequestLike) -> bool:
         """Whether ``request`` is running; raises if another object holds its id, if it claims
         tokens computed beyond its slots, or if it is not running but claims computed tokens
         (freed, finished, or never admitted)."""

@@ -204,3 +204,10 @@ class Request:
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, tokens={self.num_tokens}, "
                 f"computed={self.num_computed_tokens}, hashes={len(self.block_hashes)})")
+
+
+RequestLike = Request | KVRequest
+"""What the manager's hot paths take: any :class:`KVRequest`, spelled with :class:`Request` first
+so that the compiled build reads a ``Request``'s attributes natively (one type check) instead of
+looking each one up by name.  (``Request`` implements the protocol structurally, so mypyc cannot
+reach it through the protocol: see the class comment.)"""
