@@ -318,6 +318,8 @@ class BlockPool(PoolChecks):
         block_hashes: Sequence[BlockHash] | None = None,
         block_mask: Sequence[bool] | None = None,
         prefix_nodes: Sequence[PrefixNode] | None = None,
+        *,
+        trusted: bool = False,
     ) -> None:
         """Register ``blocks[num_cached_blocks:num_full_blocks]`` (now full) in group
         ``group_id``'s map under their hashes.
@@ -333,12 +335,19 @@ class BlockPool(PoolChecks):
 
         With ``verify_hits``, ``prefix_nodes`` (aligned with ``block_hashes``) give each block the
         exact prefix its KV belongs to.
+
+        ``trusted`` skips the checks, for a caller passing its own block table and the counts it
+        keeps, whose inputs were checked where they entered it (kvcore's single-type managers:
+        this runs every time a block fills).
         """
         if not self.enable_caching:
             return
         hashes = request.block_hashes if block_hashes is None else block_hashes
-        new_blocks = self._blocks_to_cache(blocks, hashes, num_cached_blocks, num_full_blocks,
-                                           group_id, block_mask, prefix_nodes)
+        if trusted:
+            new_blocks = blocks[num_cached_blocks:num_full_blocks]
+        else:
+            new_blocks = self._blocks_to_cache(blocks, hashes, num_cached_blocks, num_full_blocks,
+                                               group_id, block_mask, prefix_nodes)
         if not new_blocks:
             return
         cached = self._cached[group_id]
