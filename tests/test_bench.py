@@ -277,8 +277,9 @@ def test_worker_crash_mid_request_and_hang(tmp_path: Path) -> None:
     with Worker(WorkerSpec("vLLM", "vllm", str(py))) as w, \
             pytest.raises(WorkerError, match=crash):
         w.measure("manager", "x", {}, 0)
-    with Worker(WorkerSpec("vLLM", "vllm", str(py)), timeout=1) as w, \
+    with Worker(WorkerSpec("vLLM", "vllm", str(py))) as w, \
             pytest.raises(WorkerError, match="killed after 1s without answering"):
+        w.timeout = 1  # once started: a start-up slower than 1 s on a busy machine is no hang
         w.measure("manager", "hang", {}, 0)
     with pytest.raises(WorkerError, match="cannot start the vLLM worker"):
         Worker(WorkerSpec("vLLM", "vllm", str(tmp_path / "missing-python")))
