@@ -28,10 +28,10 @@ from kvcore.blocks import PrefixNode
 from kvcore.hashing import block_extra_keys
 
 if TYPE_CHECKING:
-    from kvcore.kv_request import KVRequest
+    from kvcore.request import RequestLike
 
 
-def _is_plain(request: KVRequest) -> bool:
+def _is_plain(request: RequestLike) -> bool:
     return request.lora_name is None and not request.mm_items and request.cache_salt is None
 
 
@@ -44,7 +44,7 @@ class HitVerifier:
 
     __slots__ = ("_last", "_memo", "_plain", "_request", "_tokens")
 
-    def __init__(self, request: KVRequest) -> None:
+    def __init__(self, request: RequestLike) -> None:
         self._request = request
         self._tokens = request.all_token_ids
         self._plain = _is_plain(request)
@@ -157,7 +157,8 @@ class PrefixChains:
     def __init__(self) -> None:
         self._chains: dict[str, dict[int, _Chain]] = {}
 
-    def nodes(self, request: KVRequest, block_size: int, count: int) -> Sequence[PrefixNode]:
+    def nodes(self, request: RequestLike, block_size: int,
+              count: int) -> Sequence[PrefixNode]:
         per_size = self._chains.get(request.request_id)
         if per_size is None:
             per_size = self._chains[request.request_id] = {}
