@@ -138,11 +138,7 @@ class KVCacheCoordinator:
                 n = -(-num_slots // m.block_size) - len(m.req_to_blocks[rid])
                 if n > 0:
                     need += n
-            releasing = self._releasing
-            if not releasing:
-                if need and need > self.pool.num_free_blocks - reserved_blocks:
-                    return None
-            else:
+            if self._releasing:
                 # Blocks leave the window on the processed tokens only: a step in flight still
                 # reads below its optimistic boundary (and rejected drafts can roll it back).
                 processed = total_computed - request.num_in_flight_tokens
@@ -152,12 +148,14 @@ class KVCacheCoordinator:
                     # Blocks that left the window count as free: they are released first.
                     available = self.pool.num_free_blocks - reserved_blocks
                     freeable = 0
-                    for m in releasing:
+                    for m in self._releasing:
                         freeable += m.get_num_freeable_skipped_blocks(rid, processed)
                     if need > available + freeable:
                         return None
-                for m in releasing:  # phase 1: release what left the window
+                for m in self._releasing:  # phase 1: release what left the window
                     m.remove_skipped_blocks(rid, processed)
+            elif need and need > self.pool.num_free_blocks - reserved_blocks:
+                return None
         else:
             # A new request starting from nothing: one fresh table per group.
             need = 0
