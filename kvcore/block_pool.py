@@ -227,6 +227,9 @@ class BlockPool(PoolChecks):
                 (held if block.block_id in reserved else rest).append(block)
             if held:
                 for block in held:
+                    if block.ref_cnt:  # listed twice: its first copy took it out already
+                        block.ref_cnt += 1
+                        continue
                     self._hint_reserve.unhold(block)
                     block.ref_cnt = 1
                 self.free_queue.on_hit(held)
@@ -317,6 +320,8 @@ class BlockPool(PoolChecks):
         block_hashes: Sequence[BlockHash] | None = None,
         block_mask: Sequence[bool] | None = None,
         prefix_nodes: Sequence[PrefixNode] | None = None,
+        *,
+        trusted: bool = False,
     ) -> None:
         """Register ``blocks[num_cached_blocks:num_full_blocks]`` (now full) in group
         ``group_id``'s map under their hashes.
@@ -332,12 +337,19 @@ class BlockPool(PoolChecks):
 
         With ``verify_hits``, ``prefix_nodes`` (aligned with ``block_hashes``) give each block the
         exact prefix its KV belongs to.
+
+        ``trusted`` skips the checks, for a caller passing its own block table and the counts it
+        keeps, whose inputs were checked where they entered it (kvcore's single-type managers:
+        this runs every time a block fills).
         """
         if not self.enable_caching:
             return
         hashes = request.block_hashes if block_hashes is None else block_hashes
-        new_blocks = self._blocks_to_cache(blocks, hashes, num_cached_blocks, num_full_blocks,
-                                           group_id, block_mask, prefix_nodes)
+        if trusted:
+            new_blocks = blocks[num_cached_blocks:num_full_blocks]
+        else:
+            new_blocks = self._blocks_to_cache(blocks, hashes, num_cached_blocks, num_full_blocks,
+                                               group_id, block_mask, prefix_nodes)
         if not new_blocks:
             return
         cached = self._cached[group_id]

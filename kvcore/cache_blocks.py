@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvcore._mypyc import mypyc_attr
 from kvcore.blocks import KVCacheBlock
 from kvcore.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from kvcore.kv_request import KVRequest
 
 
 @mypyc_attr(native_class=False)  # a tuple subclass (compiled build: a regular Python class)
@@ -35,3 +38,16 @@ class KVCacheBlocks(tuple):
         if not isinstance(other, KVCacheBlocks) or len(other) != len(self):
             return NotImplemented
         return KVCacheBlocks([*a, *b] for a, b in zip(self, other))
+
+
+@mypyc_attr(native_class=False)  # as KVCacheBlocks
+class LookupHit(KVCacheBlocks):
+    """A prefix hit as ``get_computed_blocks`` returns it, stamped with its lookup: ``lookup`` is
+    the request looked up, the hit tokens, and the pool's ``num_evicted_blocks`` and
+    ``num_resets`` then.  Only an eviction or a reset changes what a cached block holds, so the
+    manager need not check again a hit handed back for its request with nothing evicted since,
+    and a hit whose blocks were evicted since went stale after the lookup (see
+    :func:`kvcore.manager_checks.evictions_since_lookup`)."""
+
+    # No __slots__: a tuple subclass can keep other data only in an instance dict.
+    lookup: tuple[KVRequest, int, int, int]

@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "workload through kvcore's scheduler and KV-cache manager (no model), "
                         "and optionally compare eviction policies on the same requests.")
     rp.add_argument("trace", nargs="?", help="Mooncake JSONL trace, or mooncake-synthetic: the "
-                    "Mooncake trace shipped in the repository's data/mooncake/ (default: a "
+                    "Mooncake trace shipped with kvcore (kvcore/data/mooncake/; default: a "
                     "built-in workload)")
     rp.add_argument("--workload", default="shared-prefix",
                     help="built-in workload when no TRACE: shared-prefix, multi-turn, few-shot, "

@@ -30,6 +30,13 @@ class InvalidHitError(InvalidArgumentError):
     since ``get_computed_blocks``; look the hit up again)."""
 
 
+class StaleHitError(InvalidHitError):
+    """A prefix hit that ``get_computed_blocks`` found for this very request lost a block since:
+    the pool evicted it (or reset the prefix cache) between the lookup and ``allocate_slots``,
+    e.g. for other requests' allocations.  Allocate right after the lookup, or look the request
+    up again."""
+
+
 class NoFreeBlocksError(KVCoreError, ValueError):
     """More blocks were asked for than the free queue holds."""
 

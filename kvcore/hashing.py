@@ -29,7 +29,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, cast, overload
+from typing import TYPE_CHECKING, Any, cast, overload
 
 import cbor2
 import xxhash
@@ -38,6 +38,9 @@ from kvcore._mypyc import mypyc_attr
 from kvcore.blocks import BlockHash
 from kvcore.errors import InvalidArgumentError, UnknownHashAlgorithmError
 from kvcore.kv_request import KVRequest
+
+if TYPE_CHECKING:
+    from kvcore.request import RequestLike
 
 HASH_ALGORITHMS: tuple[str, ...] = ("xxh3_128", "sha256", "sha256_cbor")
 _ALIASES = {"xxhash": "xxh3_128", "xxh3": "xxh3_128"}
@@ -265,7 +268,7 @@ class RequestBlockHasher:
         self.hasher = hasher if hasher is not None else BlockHasher()
         self.lookahead = lookahead
 
-    def __call__(self, request: KVRequest) -> list[BlockHash]:
+    def __call__(self, request: RequestLike) -> list[BlockHash]:
         bs = self.block_size
         hashes = request.block_hashes
         tokens = request.all_token_ids
@@ -292,12 +295,16 @@ class RequestBlockHasher:
                                        extra)
 
 
-class BlockHashView(Sequence[BlockHash]):
+class BlockHashView:
     """A request's hashes seen at a coarser block size.
 
     Hashes are computed every ``hash_block_size`` tokens and each one chains over the whole
     prefix, so the hash of a ``scale * hash_block_size`` block is simply the fine hash at its last
     boundary: view[i] = hashes[(i + 1) * scale - 1].  The view is live (it follows the list).
+
+    A ``Sequence`` registered as one, not derived from it: a compiled class with a Python base
+    gets a ``__weakref__`` slot that mypyc 2.4's deallocator never clears (see
+    docs/mypyc_weakref_bug.md), so a weak reference to a freed view would dangle.
     """
 
     __slots__ = ("_hashes", "_scale")
@@ -327,10 +334,24 @@ class BlockHashView(Sequence[BlockHash]):
     def __iter__(self) -> Iterator[BlockHash]:
         return itertools.islice(self._hashes, self._scale - 1, None, self._scale)
 
+    # Sequence's other mixins (``in``, ``reversed``) work from the methods above.
+    def index(self, value: object) -> int:
+        for i, h in enumerate(self):
+            if h == value:
+                return i
+        raise ValueError(f"{value!r} is not in the view")
+
+    def count(self, value: object) -> int:
+        return sum(1 for h in self if h == value)
+
+
+Sequence.register(BlockHashView)
+
 
 def hashes_at(hashes: Sequence[BlockHash], hash_block_size: int,
               block_size: int) -> Sequence[BlockHash]:
     """``hashes`` (one per ``hash_block_size`` tokens) seen at ``block_size``."""
     if block_size == hash_block_size:
         return hashes
-    return BlockHashView(hashes, block_size // hash_block_size)
+    # (A cast: the view is a Sequence by registration, which mypy does not see.)
+    return cast("Sequence[BlockHash]", BlockHashView(hashes, block_size // hash_block_size))

@@ -27,7 +27,7 @@ from typing import Any, Final, SupportsIndex
 from kvcore._mypyc import mypyc_attr
 from kvcore.block_pool import BlockPool
 from kvcore.blocks import BlockHash, KVCacheBlock
-from kvcore.cache_blocks import KVCacheBlocks
+from kvcore.cache_blocks import KVCacheBlocks, LookupHit
 from kvcore.coordinator import KVCacheCoordinator, make_coordinator
 from kvcore.errors import (
     InvalidArgumentError,
@@ -37,7 +37,7 @@ from kvcore.events import EventRecorder, KVCacheEvent
 from kvcore.hashing import BlockHasher, RequestBlockHasher, hashes_at
 from kvcore.kv_request import KVRequest
 from kvcore.manager_checks import ManagerChecks, check_count, check_counts
-from kvcore.request import Request
+from kvcore.request import Request, RequestLike
 from kvcore.settings import CacheSettings
 from kvcore.specs import KVCacheConfig
 from kvcore.stats import PrefixCacheStats
@@ -90,8 +90,8 @@ class KVCacheManager(ManagerChecks):
 
     # Fixed attributes, as in the compiled build (whose instances have no __dict__): the two
     # builds' objects have the same layout, which kvcore.testing's checked() relies on.
-    __slots__ = ("_admission_caps", "_empty", "_last_boundary",
-                 "_last_lookup", "_requests", "_sparse_retention",
+    __slots__ = ("_admission_caps", "_empty", "_last_looked_up",
+                 "_requests", "_sparse_retention",
                  "block_hasher", "config", "coordinator", "enable_caching", "fast_path",
                  "hash_block_size", "log_stats", "max_model_len", "max_num_batched_tokens",
                  "num_groups", "num_hash_lookahead_tokens", "pool", "prefix_cache_stats",
@@ -135,12 +135,9 @@ class KVCacheManager(ManagerChecks):
         # request id -> [request, num_slots]: the request object holding the blocks and how many
         # tokens it has slots for (a two-item list: the cheapest mutable pair on the hot paths).
         self._requests: dict[str, list[Any]] = {}
-        # The latest hit get_computed_blocks returned: (blocks, request, (hit tokens, pool
-        # evictions, pool resets)); see allocate_slots.
-        self._last_lookup: tuple[KVCacheBlocks, KVRequest, tuple[int, int, int]] | None = None
-        # The latest lookup's request and shared-prefix boundary (see shared_prefix_boundary);
-        # kept for the request's admission only where sparse retention reads it.
-        self._last_boundary: tuple[KVRequest, int] | None = None
+        # The latest lookup's request, whose shared-prefix boundary the coordinator holds (see
+        # shared_prefix_boundary; sparse retention reads it at the request's admission).
+        self._last_looked_up: KVRequest | None = None
         self._sparse_retention = config.prefix_cache_retention_interval is not None
         self._empty = KVCacheBlocks(() for _ in range(self.num_groups))
         self._admission_caps = tuple(
@@ -160,7 +157,7 @@ class KVCacheManager(ManagerChecks):
         return len(self._requests)
 
     # -- the scheduler's calls ------------------------------------------------------------------
-    def get_computed_blocks(self, request: KVRequest,
+    def get_computed_blocks(self, request: RequestLike,
                             max_cache_hit_length: SupportsIndex | None = None
                             ) -> tuple[KVCacheBlocks, int]:
         """The request's prefix hit: per-group blocks and the number of hit tokens.
@@ -175,23 +172,25 @@ class KVCacheManager(ManagerChecks):
             cap = check_count("max_cache_hit_length", max_cache_hit_length)
             if cap < max_length:
                 max_length = cap
-        if not self.enable_caching or request.skip_reading_prefix_cache:
-            self._last_boundary = None
+        if not self.enable_caching:  # (no lookup: the boundary is 0, whatever was looked up)
+            return self._empty, 0
+        if request.skip_reading_prefix_cache:
+            self._last_looked_up = None
             return self._empty, 0
         self._sync_hashes(request)
         blocks, num_hit_tokens = self.coordinator.find_longest_cache_hit(
             request.block_hashes, max_length,
             HitVerifier(request, self.num_hash_lookahead_tokens) if self.verify_hits else None)
-        self._last_boundary = (request, self.coordinator.last_shared_prefix_boundary)
+        self._last_looked_up = request
         if not any(blocks):
             return self._empty, num_hit_tokens
-        # Immutable per-group tuples, remembered with the pool's eviction counters: handed back
-        # unchanged to allocate_slots for the same request with nothing evicted since, the hit
-        # needs no re-check (only eviction or a reset can change what its blocks hold).
-        hit = KVCacheBlocks(map(tuple, blocks))
+        # Immutable per-group tuples stamped with their lookup (LookupHit): handed back unchanged
+        # to allocate_slots for the same request with nothing evicted since, the hit needs no
+        # re-check (only eviction or a reset can change what its blocks hold), and one whose
+        # blocks were evicted since is told stale.
+        hit = LookupHit(map(tuple, blocks))
         pool = self.pool
-        self._last_lookup = (hit, request,
-                             (num_hit_tokens, pool.num_evicted_blocks, pool.num_resets))
+        hit.lookup = (request, num_hit_tokens, pool.num_evicted_blocks, pool.num_resets)
         return hit, num_hit_tokens
 
     def shared_prefix_boundary(self, request: KVRequest) -> int:
@@ -200,8 +199,9 @@ class KVCacheManager(ManagerChecks):
         groups, the longest prefix one group found cached when it is longer than the hit they
         all agree on.  Under sparse retention the request, once admitted, keeps its
         sliding-window blocks before that boundary cached, so a sibling can resume there."""
-        last = self._last_boundary
-        return last[1] if last is not None and last[0] is request else 0
+        if self._last_looked_up is not request:
+            return 0
+        return self.coordinator.last_shared_prefix_boundary
 
     def report_prefix_hit(self, request: KVRequest, hit: Sequence[Sequence[KVCacheBlock]]) -> None:
         """Record a ``BlockStored`` event per group for the hit blocks ``get_computed_blocks``
@@ -216,7 +216,8 @@ class KVCacheManager(ManagerChecks):
                     request, len(blocks), m.block_size, m.group_id,
                     hashes_at(request.block_hashes, self.hash_block_size, m.block_size))
 
-    def record_prefix_cache_stats(self, request: KVRequest, num_hit_tokens: SupportsIndex) -> None:
+    def record_prefix_cache_stats(self, request: RequestLike,
+                                  num_hit_tokens: SupportsIndex) -> None:
         """Count one prefix-cache query of ``request`` that hit ``num_hit_tokens`` tokens.
 
         As in vLLM, a scheduler calls this once per admission, after ``allocate_slots``
@@ -231,7 +232,7 @@ class KVCacheManager(ManagerChecks):
 
     def allocate_slots(
         self,
-        request: KVRequest,
+        request: RequestLike,
         num_new_tokens: SupportsIndex,
         num_new_computed_tokens: SupportsIndex = 0,
         new_computed_blocks: Sequence[Sequence[KVCacheBlock]] | None = None,
@@ -266,7 +267,8 @@ class KVCacheManager(ManagerChecks):
                 num_external_computed_tokens, num_encoder_tokens)
             hits = self._check_allocation(request, num_new_tokens, num_new_computed_tokens,
                                           new_computed_blocks, num_external_computed_tokens)
-            reserved_blocks = check_count("reserved_blocks", reserved_blocks)
+            if reserved_blocks is not _ZERO:
+                reserved_blocks = check_count("reserved_blocks", reserved_blocks)
         else:  # the counts the fast path found zero, as ints (for mypy and the compiled build)
             num_new_computed_tokens = num_lookahead_tokens = num_external_computed_tokens = 0
             num_encoder_tokens = reserved_blocks = 0
@@ -294,8 +296,7 @@ class KVCacheManager(ManagerChecks):
         num_slots = total_computed + num_new_tokens + num_lookahead_tokens
         if num_slots > self.max_model_len:
             num_slots = self.max_model_len
-        boundary = 0
-        if self._sparse_retention and tracked is None:
+        if tracked is None and self._sparse_retention:
             boundary = self.shared_prefix_boundary(request)
             if boundary:
                 coord.shared_prefix_boundaries[request.request_id] = boundary
@@ -303,8 +304,8 @@ class KVCacheManager(ManagerChecks):
                                     num_local_computed, num_external_computed_tokens,
                                     num_encoder_tokens, cache_upto, reserved_blocks)
         if new_blocks is None:
-            if boundary:
-                del coord.shared_prefix_boundaries[request.request_id]
+            if tracked is None and self._sparse_retention:
+                coord.shared_prefix_boundaries.pop(request.request_id, None)
             return None
         if tracked is None:
             self._requests[request.request_id] = [request, num_slots]
@@ -316,7 +317,7 @@ class KVCacheManager(ManagerChecks):
 
     # retain: object, not bool: the compiled build would raise TypeError on entry for a non-bool
     # instead of the InvalidArgumentError below.
-    def free(self, request: KVRequest, *, retain: object = False) -> None:
+    def free(self, request: RequestLike, *, retain: object = False) -> None:
         """Release every block of the request, tail first, so its prefix is evicted last.
 
         ``retain`` is a retention hint (the caller expects the prefix back, e.g. the next turn of

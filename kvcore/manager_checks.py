@@ -9,33 +9,38 @@ manager calls them off its fast path only (see ``allocate_slots``).
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from kvcore._mypyc import mypyc_attr
 from kvcore.block_pool import BlockPool
 from kvcore.blocks import KVCacheBlock
-from kvcore.cache_blocks import KVCacheBlocks
+from kvcore.cache_blocks import KVCacheBlocks, LookupHit
 from kvcore.coordinator import KVCacheCoordinator
 from kvcore.errors import (
     InvalidArgumentError,
     InvalidHitError,
     RequestStateError,
+    StaleHitError,
     UnknownRequestError,
 )
 from kvcore.hashing import RequestBlockHasher, hashes_at, num_hashable_blocks
-from kvcore.request import KVRequest
+from kvcore.pool.checks import check_count
+from kvcore.request import KVRequest, RequestLike
 from kvcore.verify import HitVerifier
 
 
-def check_count(name: str, value: object) -> int:
-    """``value`` as a non-negative int (numpy integers accepted), else InvalidArgumentError."""
-    if type(value) is int and value >= 0:  # the common case, without the ABC check
-        return value
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise InvalidArgumentError(f"{name} must be a non-negative int, got {value!r}")
-    return int(value)
+def evictions_since_lookup(hits: object, request: object, pool: BlockPool) -> int:
+    """How many blocks ``pool`` evicted since ``get_computed_blocks`` found ``hits`` for
+    ``request`` (a reset of its prefix cache counts as one more); 0 if none, or if ``hits`` is
+    not that lookup's result (another request's, or built by hand).  A hit with evictions since
+    its own lookup that no longer holds the request's prefix went stale between lookup and
+    allocation: the manager raises :class:`StaleHitError` then, and ``kvcore.testing.checked``
+    leaves that error as it is."""
+    lookup = getattr(hits, "lookup", None) if isinstance(hits, LookupHit) else None
+    if lookup is None or lookup[0] is not request:
+        return 0
+    return pool.num_evicted_blocks - lookup[2] + (pool.num_resets != lookup[3])
 
 
 def check_counts(num_new_tokens: object, num_new_computed_tokens: object, num_lookahead_tokens: object,
@@ -75,17 +80,16 @@ class ManagerChecks:
     max_model_len: int
     # request id -> [request, num_slots] (see KVCacheManager.__init__)
     _requests: dict[str, list[Any]]
-    _last_lookup: tuple[KVCacheBlocks, KVRequest, tuple[int, int, int]] | None
     _empty: KVCacheBlocks
 
-    def _sync_hashes(self, request: KVRequest) -> None:
+    def _sync_hashes(self, request: RequestLike) -> None:
         # Requests built without this manager's hasher get their missing hashes here.
         hashes = request.block_hashes
         if len(hashes) < num_hashable_blocks(len(request.all_token_ids), self.hash_block_size,
                                              self.num_hash_lookahead_tokens):
             hashes.extend(self.block_hasher(request))
 
-    def _check_allocation(self, request: KVRequest, num_new_tokens: int,
+    def _check_allocation(self, request: RequestLike, num_new_tokens: int,
                           num_new_computed_tokens: int, new_computed_blocks: object,
                           num_external_computed_tokens: int) -> Sequence[Sequence[KVCacheBlock]]:
         """Raise unless ``allocate_slots`` may serve these (non-negative) counts for ``request``
@@ -112,16 +116,15 @@ class ManagerChecks:
                 f"request {rid!r}: {num_new_computed_tokens} hit + {num_external_computed_tokens} "
                 f"external tokens exceed its {request.num_tokens} tokens")
         if has_hits or num_new_computed_tokens:
-            look = self._last_lookup
+            look = hits.lookup if type(hits) is LookupHit else None
             pool = self.pool
-            if (look is None or look[0] is not hits or look[1] is not request
-                    or look[2] != (num_new_computed_tokens, pool.num_evicted_blocks,
-                                   pool.num_resets)):
+            if (look is None or look[0] is not request or look[1] != num_new_computed_tokens
+                    or look[2] != pool.num_evicted_blocks or look[3] != pool.num_resets):
                 self._check_hits(request, hits, num_new_computed_tokens,
                                  num_external_computed_tokens)
         return hits
 
-    def _check_request(self, request: KVRequest) -> bool:
+    def _check_request(self, request: RequestLike) -> bool:
         """Whether ``request`` is running; raises if another object holds its id, if it claims
         tokens computed beyond its slots, or if it is not running but claims computed tokens
         (freed, finished, or never admitted)."""
@@ -180,9 +183,9 @@ class ManagerChecks:
                     elif (block.block_hash == hashes[i] and block.group_id == g
                           and mine[block.block_id] is block):
                         continue
-                    self._bad_hit(rid, g, i, block, needed_from, hashes)
+                    self._bad_hit(request, hits, g, i, block, needed_from, hashes)
             except (AttributeError, IndexError, TypeError):
-                self._bad_hit(rid, g, i, blocks[i], needed_from, hashes)
+                self._bad_hit(request, hits, g, i, blocks[i], needed_from, hashes)
         if self.verify_hits:
             verifier = HitVerifier(request, self.num_hash_lookahead_tokens)
             for g, (m, blocks) in enumerate(zip(self.coordinator.managers, hits)):
@@ -193,11 +196,13 @@ class ManagerChecks:
                             f"request {rid!r}: block {block.block_id} at group {g} position "
                             f"{i} holds KV of another prefix")
 
-    def _bad_hit(self, rid: str, g: int, i: int, block: object, needed_from: int,
-                 hashes: Sequence[object]) -> NoReturn:
+    def _bad_hit(self, request: KVRequest, hits: Sequence[Sequence[KVCacheBlock]], g: int,
+                 i: int, block: object, needed_from: int, hashes: Sequence[object]) -> NoReturn:
         """Raise the :class:`InvalidHitError` that says why ``block`` cannot be hit ``i`` of
-        group ``g``."""
+        group ``g`` (:class:`StaleHitError` when the request's own lookup found it and it was
+        evicted since)."""
         mine = self.pool.blocks
+        rid = request.request_id
         where = f"request {rid!r}: group {g} position {i}"
         if block is self.pool.null_block:
             raise InvalidHitError(f"{where} of the hit is the null block, but the next token "
@@ -205,8 +210,18 @@ class ManagerChecks:
         if (not isinstance(block, KVCacheBlock) or not 0 <= block.block_id < len(mine)
                 or mine[block.block_id] is not block):
             raise InvalidHitError(f"{where}: {block!r} is not a block of this manager's pool")
-        if block.block_hash is not None and (i >= len(hashes) or block.block_hash != hashes[i]
-                                             or block.group_id != g):
+        other = block.block_hash is not None and (i >= len(hashes) or block.block_hash != hashes[i]
+                                                  or block.group_id != g)
+        evicted = evictions_since_lookup(hits, request, self.pool)
+        if evicted:
+            now = ("is cached for a different prefix now" if other else
+                   "is no longer cached")
+            raise StaleHitError(
+                f"{where}: block {block.block_id} {now}: the hit went stale between lookup and "
+                "allocation (get_computed_blocks found it for this request, then the pool "
+                "evicted it, e.g. for other allocations; allocate right after the lookup, or "
+                "look the request up again)")
+        if other:
             raise InvalidHitError(f"{where}: block {block.block_id} is cached for a different "
                                   "prefix (the hit blocks belong to another prefix, or the "
                                   "block was reused for one since get_computed_blocks)")

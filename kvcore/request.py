@@ -51,13 +51,19 @@ def _check_tokens(token_ids: Iterable[int], what: str) -> list[int]:
                                    f"{token_ids!r} ({type(token_ids).__name__})") from None
     try:
         array("I", out)
+        if bool in map(type, out):  # array("I") takes True and False as 1 and 0
+            raise TypeError
     except (OverflowError, TypeError):
         items: Sequence[object] = out  # the compiled build would check an int on each
         for bad in items:
-            if not isinstance(bad, int) or not 0 <= bad < 1 << 32:
+            if type(bad) is bool or not isinstance(bad, int) or not 0 <= bad < 1 << 32:
                 break
-        raise InvalidArgumentError(f"{what} must be ints in [0, 2**32), got {bad!r}") from None
+        raise _bad_token(what, bad) from None
     return out
+
+
+def _bad_token(what: str, bad: object) -> InvalidArgumentError:
+    return InvalidArgumentError(f"{what} must be ints in [0, 2**32), got {bad!r}")
 
 
 def _check_name(name: str, value: object) -> str | None:
@@ -186,6 +192,8 @@ class Request:
         tokens = self.all_token_ids
         if type(token_ids) is int and 0 <= token_ids < 0x1_0000_0000:
             tokens.append(token_ids)
+        elif type(token_ids) is bool:  # before narrowing to int: compiled, True would become 1
+            raise _bad_token("output token ids", token_ids)
         else:
             tokens.extend(_check_tokens(
                 (token_ids,) if isinstance(token_ids, int) else token_ids, "output token ids"))
@@ -196,3 +204,10 @@ class Request:
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, tokens={self.num_tokens}, "
                 f"computed={self.num_computed_tokens}, hashes={len(self.block_hashes)})")
+
+
+RequestLike = Request | KVRequest
+"""What the manager's hot paths take: any :class:`KVRequest`, spelled with :class:`Request` first
+so that the compiled build reads a ``Request``'s attributes natively (one type check) instead of
+looking each one up by name.  (``Request`` implements the protocol structurally, so mypyc cannot
+reach it through the protocol: see the class comment.)"""

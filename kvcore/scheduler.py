@@ -330,7 +330,10 @@ class Scheduler(ConnectorSteps):
             if req.num_output_placeholders:  # preempted with its token in flight: admit it
                 break  # once that is reported (its KV is recomputed with it)
             if req.num_computed_tokens:  # its KV was loaded by the connector: blocks held
-                num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+                num_new = req.num_tokens - req.num_computed_tokens
+                if num_new > budget and not cfg.enable_chunked_prefill:
+                    break
+                num_new = min(num_new, budget)
                 if kv.allocate_slots(req, num_new) is None:
                     if self._drop_loaded(req, scheduled):
                         continue  # retry with the room made
@@ -348,7 +351,10 @@ class Scheduler(ConnectorSteps):
                 matched, load_async = connector.get_num_new_matched_tokens(req, num_hit)
                 if matched is None:  # the connector does not know yet: keep the order
                     break
-                num_external = matched
+                # The last token is always computed (its logits are sampled), as vLLM's
+                # connectors promise: a connector that offers it too is held to the rest.
+                num_external = min(matched, max(req.num_tokens - num_hit - 1, 0))
+                load_async = load_async and num_external > 0
             num_computed = num_hit + num_external
             num_new = 0 if load_async else req.num_tokens - num_computed
             if num_new > budget and not cfg.enable_chunked_prefill:

@@ -92,8 +92,9 @@ class CacheSettings:
         if policy == RECOMMENDED_NAME:  # a policy and a hint depth: not one field's value
             raise InvalidArgumentError(f"eviction_policy {policy!r} names a policy and a queue-"
                                        "hint depth: use CacheSettings.recommended()")
-        if not callable(policy):
-            REGISTRY.parse(policy)  # raises naming an unknown, offline or malformed policy
+        # Raises naming an unknown, offline or malformed policy, an option it does not take
+        # or a bad option value.
+        REGISTRY.check(policy)
         hints = self.queue_hints
         if type(hints) is not int or hints < 0:
             raise InvalidArgumentError(f"queue_hints must be an int >= 0, got {hints!r}")

@@ -22,17 +22,17 @@ walks the chain before its first block once.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, overload
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, cast, overload
 
 from kvcore.blocks import PrefixNode
 from kvcore.hashing import hash_extra_keys
 
 if TYPE_CHECKING:
-    from kvcore.kv_request import KVRequest
+    from kvcore.request import RequestLike
 
 
-def _is_plain(request: KVRequest) -> bool:
+def _is_plain(request: RequestLike) -> bool:
     return request.lora_name is None and not request.mm_items and request.cache_salt is None
 
 
@@ -45,7 +45,7 @@ class HitVerifier:
 
     __slots__ = ("_last", "_lookahead", "_memo", "_plain", "_request", "_tokens")
 
-    def __init__(self, request: KVRequest, lookahead: int = 0) -> None:
+    def __init__(self, request: RequestLike, lookahead: int = 0) -> None:
         self._request = request
         self._tokens = request.all_token_ids
         self._lookahead = lookahead
@@ -98,10 +98,14 @@ class HitVerifier:
         return ok
 
 
-class _Chain(Sequence[PrefixNode]):
+class _Chain:
     """One request's prefix nodes at one block size: ``base`` (an adopted hit's deepest node,
     standing for itself and its ancestors) followed by the nodes built from the request's own
-    tokens.  Adopting a hit costs O(1); the ancestors are only walked if someone asks for them."""
+    tokens.  Adopting a hit costs O(1); the ancestors are only walked if someone asks for them.
+
+    A ``Sequence`` registered as one, not derived from it: a compiled class with a Python base
+    gets a ``__weakref__`` slot that mypyc 2.4's deallocator never clears (see
+    docs/mypyc_weakref_bug.md), so a weak reference to a freed chain would dangle."""
 
     __slots__ = ("base", "tail")
 
@@ -133,8 +137,15 @@ class _Chain(Sequence[PrefixNode]):
             raise IndexError(i)
         return node
 
+    def __iter__(self) -> Iterator[PrefixNode]:
+        for i in range(len(self)):
+            yield self[i]
+
     def last(self) -> PrefixNode | None:
         return self.tail[-1] if self.tail else self.base
+
+
+Sequence.register(_Chain)
 
 
 class PrefixChains:
@@ -151,7 +162,8 @@ class PrefixChains:
         self._chains: dict[str, dict[int, _Chain]] = {}
         self._lookahead = lookahead
 
-    def nodes(self, request: KVRequest, block_size: int, count: int) -> Sequence[PrefixNode]:
+    def nodes(self, request: RequestLike, block_size: int,
+              count: int) -> Sequence[PrefixNode]:
         per_size = self._chains.get(request.request_id)
         if per_size is None:
             per_size = self._chains[request.request_id] = {}
@@ -171,7 +183,7 @@ class PrefixChains:
                 parent = PrefixNode(parent, i, tokens[start:end], None if plain
                                     else hash_extra_keys(request, start, end, lookahead))
                 tail.append(parent)
-        return chain
+        return cast("Sequence[PrefixNode]", chain)  # a Sequence by registration (mypy: not)
 
     def adopt(self, request_id: str, block_size: int, node: PrefixNode) -> None:
         """The request's chain at ``block_size`` becomes ``node`` and its ancestors (``node``

@@ -429,3 +429,31 @@ def test_cli_error_output_is_json_free_one_line(world: World, capsys: pytest.Cap
     assert rc == 2 and not out and len(err.strip().splitlines()) == 1
     with pytest.raises(json.JSONDecodeError):
         json.loads(err)
+
+
+def test_one_rule_for_counts_in_the_pool_and_the_manager() -> None:
+    """Every count kvcore takes follows one rule, from one helper: an int or another integer
+    type (numpy's) >= 0; bools, floats and negatives are refused naming the value.  (The pool
+    once had a helper of its own that refused numpy integers the manager took.)"""
+    import re
+
+    import numpy as np
+
+    from kvcore import manager_checks
+    from kvcore.pool import checks as pool_checks
+
+    m = make_manager(full_spec(4), num_blocks=16, max_model_len=64)
+    r = m.make_request("r", list(range(40)))
+    assert m.allocate_slots(r, np.int64(40)) is not None  # type: ignore[arg-type]
+    taken = m.pool.get_new_blocks(np.int64(1))  # type: ignore[arg-type]
+    assert len(taken) == 1 and m.num_free_blocks == 4
+    m.pool.free_blocks(taken)
+    for bad in (True, np.int64(-1), 1.0):
+        before = manager_snapshot(m)
+        with pytest.raises(InvalidArgumentError, match=re.escape(f"got {bad!r}")):
+            m.pool.get_new_blocks(bad)  # type: ignore[arg-type]
+        s = m.make_request("s", list(range(8)))
+        with pytest.raises(InvalidArgumentError, match=re.escape(f"got {bad!r}")):
+            m.allocate_slots(s, bad)  # type: ignore[arg-type]
+        assert manager_snapshot(m) == before
+    assert manager_checks.check_count is pool_checks.check_count

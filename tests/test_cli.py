@@ -133,9 +133,7 @@ def test_replay_trace_file(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_replay_the_shipped_trace_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:
-    from tests.sim.test_traces_workloads import anywhere_the_trace_is_found
-
-    monkeypatch.chdir(anywhere_the_trace_is_found(tmp_path))
+    monkeypatch.chdir(tmp_path)  # any directory: the trace is package data
     monkeypatch.delenv("KVCORE_MOONCAKE_TRACE", raising=False)
     rc, out, err = run(capsys, "replay", "mooncake-synthetic", "--limit", "50", "--block-size",
                        "512", "--json")

@@ -674,6 +674,27 @@ def test_a_hit_on_a_reserved_block(policy: str) -> None:
     check_invariants(pool)
 
 
+@pytest.mark.parametrize("reserved", [False, True])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_touching_a_block_twice_in_one_call(policy: str, reserved: bool) -> None:
+    """``touch([b, b])`` takes two references whether ``b`` waits in the hint reserve or in the
+    policy: the reserve changes eviction order, never the answer (it once raised on the second
+    copy, leaving ``b`` out of the reserve with one reference)."""
+    pool = BlockPool(12, eviction_policy=policy)
+    a = cached_free(pool, 1, 2)
+    if reserved:
+        pool.set_hints([[a[0].block_hash]])  # type: ignore[list-item]  # cached: a hash
+        assert ids(list(pool.reserve)) == [a[0].block_id]
+    pool.touch([a[0], a[0]])
+    assert a[0].ref_cnt == 2
+    assert len(pool.reserve) == 0 and pool.num_free_blocks == 10
+    check_invariants(pool, {"twice": [[a[0], a[0]]]})
+    pool.free_blocks([a[0], a[0]])
+    assert a[0].ref_cnt == 0 and pool.num_free_blocks == 11
+    assert ids(list(pool.reserve)) == ([a[0].block_id] if reserved else [])
+    check_invariants(pool)
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 def test_manager_hit_adopts_reserved_blocks(policy: str) -> None:
     manager = KVCacheManager(make_config(full_spec(BS), num_blocks=12), 64,

@@ -141,3 +141,32 @@ def test_an_unregistered_policy_is_gone(mru: str) -> None:
             BlockPool(6, eviction_policy=mru)
     finally:
         register_policy(mru, MRUPolicy)
+
+
+class BuggyPolicy(MRUPolicy):
+    """a policy whose constructor has a bug (a test policy)."""
+
+    def __init__(self, blocks: Sequence[KVCacheBlock], *, depth: float = 1.0) -> None:
+        super().__init__(blocks)
+        self.depth = len(depth)  # type: ignore[arg-type]  # the bug: a float has no len()
+
+
+def test_a_type_error_inside_a_policy_is_the_policys_own(mru: str) -> None:
+    """A ``TypeError`` raised inside a policy's ``__init__`` is its author's bug and reaches
+    them as it is; only an option the class does not take is a usage error."""
+    register_policy("buggy", BuggyPolicy)
+    try:
+        for spec in ("buggy", "buggy:depth=2"):
+            with pytest.raises(TypeError, match="has no len") as excinfo:
+                make_policy(spec, [KVCacheBlock(1)])
+            assert not isinstance(excinfo.value, InvalidArgumentError)
+        with pytest.raises(TypeError, match="has no len"):
+            BlockPool(6, eviction_policy="buggy")
+        with pytest.raises(InvalidArgumentError,
+                           match=r"'buggy' takes no option width \(its options: depth\)"):
+            make_policy("buggy:width=2", [KVCacheBlock(1)])
+        with pytest.raises(InvalidArgumentError,
+                           match=r"'mru' takes no option depth \(its options: none\)"):
+            BlockPool(6, eviction_policy="mru:depth=2")
+    finally:
+        unregister_policy("buggy")

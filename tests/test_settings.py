@@ -23,13 +23,21 @@ def test_recommended_is_the_policy_and_its_hint_depth() -> None:
     ({"verify_hits": "yes"}, ("verify_hits", "'yes'")),
     ({"eviction_policy": "mru"}, ("'mru'",)),
     ({"eviction_policy": "belady"}, ("'belady'", "simulator-only")),
+    # Policy options are checked when the settings are made, not when a pool is built.
+    ({"eviction_policy": "slru:protected_share=2"}, ("protected_share", "2.0")),
+    ({"eviction_policy": "slru:bogus=1"}, ("'slru'", "bogus", "protected_share, ghost_factor")),
+    ({"eviction_policy": "slru:protected_share=2,bogus=1"}, ("'slru'", "bogus")),
+    ({"eviction_policy": "arc:ghost_factor=1"}, ("'arc'", "ghost_factor", "none")),
     ({"manager_classes": [1]}, ("manager_classes", "[1]")),
     ({"frobnicate": 1}, ("frobnicate",)),
 ])
 def test_a_bad_option_is_refused_naming_it(options: dict[str, object],
                                            words: tuple[str, ...]) -> None:
-    for make in (lambda: CacheSettings.of(None, options),
-                 lambda: KVCacheManager(make_config(full_spec(), num_blocks=8), 64, **options)):
+    makers = [lambda: CacheSettings.of(None, options),
+              lambda: KVCacheManager(make_config(full_spec(), num_blocks=8), 64, **options)]
+    if "frobnicate" not in options:  # (an unknown field is the dataclass's TypeError)
+        makers.append(lambda: CacheSettings(**options))  # type: ignore[arg-type]  # on purpose
+    for make in makers:
         with pytest.raises(InvalidArgumentError) as excinfo:
             make()
         for word in words:

@@ -1,6 +1,7 @@
 """kvcore.testing catches what its docstrings promise: a scheduler that forgets uncache_blocks
 after a failed step (reported with step_failed) is caught before or at the next hit; a hit
-passed from a different prefix is refused as such (not as "evicted"); SchedulerMachine stops a
+passed from a different prefix is refused as such (not as "evicted"), a hit of the request's
+own lookup evicted since as stale; SchedulerMachine stops a
 stuck scheduler early with "no progress in N steps"."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from kvcore import InvalidArgumentError, InvariantError
-from kvcore.errors import InvalidHitError
+from kvcore.errors import InvalidHitError, StaleHitError
 from kvcore.manager import KVCacheManager
 from kvcore.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from kvcore.testing import step_failed
@@ -99,6 +100,27 @@ def test_a_hit_of_a_different_prefix_is_refused_as_such() -> None:
     with pytest.raises(InvalidHitError, match="different prefix") as info:
         m.allocate_slots(b_again, 1, n, hit_of_a)  # a's hit, passed for b
     assert "evicted" not in str(info.value) and "'b2'" in str(info.value)
+    assert manager_snapshot(m) == before
+
+
+@pytest.mark.parametrize("track_contents", [False, True])
+def test_a_stale_hit_is_refused_as_stale_by_a_checked_manager(track_contents: bool) -> None:
+    """checked() leaves the manager's stale-hit error as it is: the hit was this request's own
+    lookup, and other allocations evicted and re-cached its blocks before it was used."""
+    m = checked(make_manager(full_spec(4), num_blocks=8, max_model_len=64),
+                track_contents=track_contents)
+    a = m.make_request("a", PROMPT)
+    m.allocate_slots(a, 13)
+    a.num_computed_tokens = 13
+    m.free(a)
+    b = m.make_request("b", PROMPT)
+    hit, n = m.get_computed_blocks(b)
+    assert n == 12
+    hog = m.make_request("hog", list(range(100, 128)))  # all 7 blocks: b's hit is re-cached
+    m.allocate_slots(hog, 28)
+    before = manager_snapshot(m)
+    with pytest.raises(StaleHitError, match="the hit went stale between lookup and allocation"):
+        m.allocate_slots(b, 1, n, hit)
     assert manager_snapshot(m) == before
 
 

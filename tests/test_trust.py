@@ -22,7 +22,7 @@ from kvcore import (
     Request,
     UnknownRequestError,
 )
-from kvcore.errors import InvalidHitError, RequestStateError
+from kvcore.errors import InvalidHitError, RequestStateError, StaleHitError
 from kvcore.manager import KVCacheBlocks
 from kvcore.testing import CollidingHasher, ContentOracle
 from tests.factories import (
@@ -191,13 +191,44 @@ def test_hits_from_another_pool_are_refused(m: KVCacheManager) -> None:
             lambda: m.allocate_slots(mine, 4, hit, blocks))
 
 
-def test_hit_evicted_and_reused_since_lookup_is_refused(m: KVCacheManager) -> None:
+def test_hit_evicted_and_reused_since_lookup_is_refused_as_stale(m: KVCacheManager) -> None:
+    """A scheduler looks a request up, lets other allocations evict its hit, then allocates
+    with it: the error says the hit went stale between lookup and allocation (the likely
+    cause), whether the block is cached for another prefix now or not cached at all."""
     a = admitted(m, "a", list(range(12)))
     m.free(a)
     b = m.make_request("b", list(range(12)))
     blocks, hit = m.get_computed_blocks(b)
-    admitted(m, "hog", list(range(100, 160)))  # takes every free block, the cached ones too
-    refused(m, InvalidHitError, "reused for one since get_computed_blocks", lambda: m.allocate_slots(b, 4, hit, blocks))
+    c = m.make_request("c", list(range(50, 62)))
+    m.get_computed_blocks(c)  # another lookup in between: b's is not the latest
+    hog = admitted(m, "hog", list(range(100, 160)))  # every free block, the cached ones too
+    refused(m, StaleHitError, r"block \d+ is cached for a different prefix now: the hit went "
+            "stale between lookup and allocation", lambda: m.allocate_slots(b, 4, hit, blocks))
+    assert issubclass(StaleHitError, InvalidHitError)
+    m.free(hog)
+    blocks, hit = m.get_computed_blocks(b)
+    assert hit == 0  # the prefix is gone
+    a = admitted(m, "a2", list(range(12)))
+    m.free(a)
+    blocks, hit = m.get_computed_blocks(b)
+    assert hit == 8
+    m.evict_blocks([blocks[0][1].block_id])
+    refused(m, StaleHitError, r"block \d+ is no longer cached: the hit went stale",
+            lambda: m.allocate_slots(b, 4, hit, blocks))
+    m.reset_prefix_cache()
+    refused(m, StaleHitError, "went stale", lambda: m.allocate_slots(b, 4, hit, blocks))
+
+
+def test_a_hit_passed_for_another_request_is_not_called_stale(m: KVCacheManager) -> None:
+    a = admitted(m, "a", list(range(12)))
+    m.free(a)
+    b = m.make_request("b", list(range(12)))
+    blocks, hit = m.get_computed_blocks(b)
+    admitted(m, "hog", list(range(100, 160)))
+    other = m.make_request("other", list(range(12)))  # b's tokens, but not b's lookup
+    with pytest.raises(InvalidHitError) as info:
+        m.allocate_slots(other, 4, hit, blocks)
+    assert not isinstance(info.value, StaleHitError) and "stale" not in str(info.value)
 
 
 def test_second_live_request_with_same_id(m: KVCacheManager) -> None:

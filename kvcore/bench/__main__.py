@@ -27,10 +27,11 @@ def _common(p: argparse.ArgumentParser, top: bool) -> None:
     p.add_argument("--compiled-python", metavar="PATH", default=None if top else suppress,
                    help="an interpreter whose installed kvcore is the compiled build (adds "
                    f"compiled columns; default ${COMPILED_ENV})")
-    p.add_argument("--baseline", metavar="DIR", default=None if top else suppress,
+    p.add_argument("--baseline", metavar="DIR|PYTHON", default=None if top else suppress,
                    help="another kvcore source tree (e.g. `git worktree add /tmp/base HEAD~1`) "
                    "measured in the same run: adds its column and this tree's time relative "
-                   "to it")
+                   "to it; or the interpreter of a venv holding a compiled build of one, "
+                   "compared with --compiled-python's")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -34,8 +34,10 @@ MIN_REPEATS = 5
 def worker_specs(no_peer: bool, compiled: str | None,
                  baseline: str | None = None) -> tuple[list[WorkerSpec], list[str]]:
     """kvcore from this source tree, the vLLM peer (unless ``no_peer``), a compiled kvcore when
-    ``compiled`` names its interpreter, and another kvcore source tree when ``baseline`` names
-    one (e.g. a ``git worktree`` of an earlier commit); plus notes on what is missing."""
+    ``compiled`` names its interpreter, and a baseline when ``baseline`` names one: another
+    kvcore source tree (e.g. a ``git worktree`` of an earlier commit), or the interpreter of a
+    venv holding a compiled build of one (compared with ``compiled``); plus notes on what is
+    missing."""
     specs = [WorkerSpec(KVCORE, "kvcore", sys.executable, source=REPO_ROOT, expect="source")]
     notes = []
     if not no_peer:
@@ -47,11 +49,16 @@ def worker_specs(no_peer: bool, compiled: str | None,
             specs.append(WorkerSpec(VLLM, "vllm", str(py)))
     if compiled:
         specs.append(WorkerSpec(COMPILED, "kvcore", compiled, expect="compiled"))
-    if baseline:
+    if baseline and Path(baseline).is_file():  # an interpreter: a compiled build of a tree
+        if not compiled:
+            raise ValueError(f"--baseline {baseline!r} is an interpreter: its compiled build is "
+                             "compared with --compiled-python's, which is missing")
+        specs.append(WorkerSpec(BASELINE, "kvcore", baseline, expect="compiled"))
+    elif baseline:
         tree = Path(baseline).resolve()
         if not (tree / "kvcore" / "__init__.py").is_file():
             raise ValueError(f"--baseline {baseline!r} is not a kvcore source tree "
-                             "(no kvcore/__init__.py in it)")
+                             "(no kvcore/__init__.py in it) nor an interpreter")
         specs.append(WorkerSpec(BASELINE, "kvcore", sys.executable, source=tree,
                                 expect="source"))
     return specs, notes
@@ -173,9 +180,10 @@ def _extras(run: Run, scale: float = 1.0, invert: bool = False) -> list[_Extra]:
     if COMPILED in run.workers:
         out.append(_Extra(COMPILED, run.spreads(COMPILED, scale, invert), times[COMPILED],
                           times.get(VLLM, {}), "compiled/vLLM"))
-    if BASELINE in run.workers:
-        out.append(_Extra(BASELINE, run.spreads(BASELINE, scale, invert), times[KVCORE],
-                          times[BASELINE], "kvcore/baseline"))
+    if BASELINE in run.workers:  # a compiled baseline is compared with the compiled build
+        mine = COMPILED if run.workers[BASELINE].get("compiled") else KVCORE
+        out.append(_Extra(BASELINE, run.spreads(BASELINE, scale, invert), times[mine],
+                          times[BASELINE], f"{mine}/baseline"))
     return out
 
 

@@ -9,7 +9,10 @@ Scheduler side, called by :class:`kvcore.scheduler.Scheduler`:
 * ``get_num_new_matched_tokens(request, num_computed_tokens) -> (int | None, bool)``: how many
   tokens beyond the local prefix hit the connector can supply, and whether it loads them
   asynchronously (the request then waits, holding its blocks, without blocking the batch).
-  ``None`` means "not known yet, ask again next step".
+  ``None`` means "not known yet, ask again next step".  The request's last token is never
+  supplied (its logits must be computed): the scheduler takes at most
+  ``request.num_tokens - num_computed_tokens - 1`` of the tokens offered, and treats a load
+  that this leaves empty as no load (vLLM's connectors keep the same rule).
 * ``update_state_after_alloc(request, blocks, num_external_tokens)``: the blocks were allocated
   (``allocate_slots(num_external_computed_tokens=..., delay_cache_blocks=<async>)``).
 * ``build_connector_meta(scheduler_output) -> KVConnectorMetadata``: this step's work.
@@ -75,6 +78,9 @@ class KVConnectorBase:
     # -- scheduler side -------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Request,
                                    num_computed_tokens: int) -> tuple[int | None, bool]:
+        """Tokens beyond ``num_computed_tokens`` the connector can supply (``None``: not known
+        yet) and whether it loads them asynchronously.  At most ``request.num_tokens -
+        num_computed_tokens - 1`` are taken: the last token is always computed."""
         raise NotImplementedError
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks,

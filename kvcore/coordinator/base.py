@@ -16,9 +16,9 @@ from typing import ClassVar
 
 from kvcore.block_pool import BlockPool
 from kvcore.blocks import BlockHash, KVCacheBlock, PrefixNode
-from kvcore.kv_request import KVRequest
 from kvcore.managers import SingleTypeKVCacheManager, make_manager
 from kvcore.managers.base import ManagerContext
+from kvcore.request import RequestLike
 from kvcore.settings import CacheSettings
 from kvcore.specs import KVCacheConfig
 from kvcore.verify import HitVerifier, PrefixChains
@@ -97,7 +97,7 @@ class KVCacheCoordinator:
                 total_computed_tokens, None if max_blocks is None else max_blocks[i])
         return n
 
-    def allocate(self, request: KVRequest, running: bool, num_slots: int,
+    def allocate(self, request: RequestLike, running: bool, num_slots: int,
                  hits: Sequence[Sequence[KVCacheBlock]], num_local_computed_tokens: int,
                  num_external_computed_tokens: int, num_encoder_tokens: int,
                  num_tokens_to_cache: int | None, reserved_blocks: int = 0) -> GroupBlocks | None:
@@ -116,12 +116,13 @@ class KVCacheCoordinator:
         rid = request.request_id
         managers = self.managers
         total_computed = num_local_computed_tokens + num_external_computed_tokens
-        available = self.pool.num_free_blocks - reserved_blocks
+        # (The free count is read only where it is compared: a decode step that needs no new
+        # block never reads it.)
         if total_computed and not running:
             # A new request bringing computed tokens: each type counts and takes its own hits.
             need = self.num_blocks_to_allocate(rid, num_slots, hits, num_encoder_tokens,
                                                total_computed)
-            if need > available:
+            if need > self.pool.num_free_blocks - reserved_blocks:
                 return None
             # Phase 1: every group takes its hit before any group allocates.
             for i, m in enumerate(managers):
@@ -139,26 +140,30 @@ class KVCacheCoordinator:
                 n = -(-num_slots // m.block_size) - len(m.req_to_blocks[rid])
                 if n > 0:
                     need += n
-            # Blocks leave the window on the processed tokens only: a step in flight still
-            # reads below its optimistic boundary (and rejected drafts can roll it back).
-            processed = 0
             if self._releasing:
-                processed = max(total_computed - request.num_in_flight_tokens, 0)
-            if need and need > available:
-                # Blocks that left the window count as free: they are released first.
-                freeable = 0
-                for m in self._releasing:
-                    freeable += m.get_num_freeable_skipped_blocks(rid, processed)
-                if need > available + freeable:
-                    return None
-            for m in self._releasing:  # phase 1: release what left the window
-                m.remove_skipped_blocks(rid, processed)
+                # Blocks leave the window on the processed tokens only: a step in flight still
+                # reads below its optimistic boundary (and rejected drafts can roll it back).
+                processed = total_computed - request.num_in_flight_tokens
+                if processed < 0:
+                    processed = 0
+                if need and need > self.pool.num_free_blocks - reserved_blocks:
+                    # Blocks that left the window count as free: they are released first.
+                    available = self.pool.num_free_blocks - reserved_blocks
+                    freeable = 0
+                    for m in self._releasing:
+                        freeable += m.get_num_freeable_skipped_blocks(rid, processed)
+                    if need > available + freeable:
+                        return None
+                for m in self._releasing:  # phase 1: release what left the window
+                    m.remove_skipped_blocks(rid, processed)
+            elif need and need > self.pool.num_free_blocks - reserved_blocks:
+                return None
         else:
             # A new request starting from nothing: one fresh table per group.
             need = 0
             for m, sized_by_encoder in zip(managers, self._encoder):
                 need += -(-(num_encoder_tokens if sized_by_encoder else num_slots) // m.block_size)
-            if need > available:
+            if need > self.pool.num_free_blocks - reserved_blocks:
                 return None
         # Phase 2: every group grows to its size.
         if need:
@@ -194,7 +199,7 @@ class KVCacheCoordinator:
         for block_size, node in deepest.items():
             chains.adopt(request_id, block_size, node)
 
-    def cache_blocks(self, request: KVRequest, num_tokens: int) -> None:
+    def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
         """Every caching group caches the request's blocks full within ``num_tokens`` tokens
         (aligned down to ``cache_alignment``; under EAGLE, one block further, since an aligned
         hit is found one block past its boundary)."""
@@ -218,7 +223,8 @@ class KVCacheCoordinator:
     def free(self, request_id: str) -> None:
         for manager in self.managers:
             manager.free(request_id)
-        self.shared_prefix_boundaries.pop(request_id, None)
+        if self.shared_prefix_boundaries:
+            self.shared_prefix_boundaries.pop(request_id, None)
         if self.prefix_chains is not None:
             self.prefix_chains.drop(request_id)
 

@@ -83,10 +83,32 @@ class FreeBlockQueue(EvictionPolicy):
 
     # -- the lru policy ---------------------------------------------------------------------------
     def on_free(self, uncached: Sequence[KVCacheBlock], cached: Sequence[KVCacheBlock]) -> None:
+        # Linked in one pass each (``prepend_n`` / ``append_n``'s splice, inlined): the pool
+        # passes blocks whose reference count just reached 0, so unlike those it does not
+        # re-check that each block is unlinked and not the null block (``check_invariants``
+        # does).  Every request's blocks come back through here when it finishes.
+        node: KVCacheBlock
         if uncached:
-            self.prepend_n(uncached)
+            head = self._head
+            old_first: KVCacheBlock = head.next_free  # type: ignore[assignment]  # linked
+            node = head
+            for block in uncached:
+                block.prev_free = node
+                node.next_free = block
+                node = block
+            node.next_free = old_first
+            old_first.prev_free = node
+            self._num_free += len(uncached)
         if cached:
-            self.append_n(cached)
+            tail = self._tail
+            node = tail.prev_free  # type: ignore[assignment]  # linked
+            for block in cached:
+                block.prev_free = node
+                node.next_free = block
+                node = block
+            node.next_free = tail
+            tail.prev_free = node
+            self._num_free += len(cached)
 
     def on_touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         # Unlinking is inlined (``remove``'s logic): a prefix hit resurrects blocks one by one and

@@ -19,6 +19,7 @@ policy is how code outside kvcore extends every entry point at once.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -143,7 +144,11 @@ class PolicyRegistry:
     def make(self, spec: object, blocks: Sequence[KVCacheBlock], *,
              offline: bool = False) -> EvictionPolicy:
         """Build the policy ``spec`` names (see :meth:`parse`) over ``blocks``, all free, in
-        their initial reuse order.  ``spec`` may also be a :data:`PolicyFactory`."""
+        their initial reuse order.  ``spec`` may also be a :data:`PolicyFactory`.
+
+        An option the policy's class does not take is a usage error
+        (:class:`InvalidArgumentError` naming it and the options there are); any error the
+        class raises itself (a bad option value, or a bug in it) is passed on unchanged."""
         if callable(spec):
             policy = spec(blocks)
             if not isinstance(policy, EvictionPolicy) or len(policy) != len(blocks):
@@ -152,11 +157,40 @@ class PolicyRegistry:
                     f"{len(blocks)} blocks it was given, got {policy!r}")
             return policy
         name, options = self.parse(spec, offline=offline)
-        try:
-            return self._entries[name].cls(blocks, **options)  # type: ignore[call-arg]  # subclasses take options
-        except TypeError:
-            raise InvalidArgumentError(
-                f"eviction policy {name!r} takes no option among {', '.join(options)}") from None
+        cls = self._entries[name].cls
+        if options:
+            _check_options(name, cls, blocks, options)
+        return cls(blocks, **options)  # type: ignore[call-arg]  # subclasses take options
+
+    def check(self, spec: object, *, offline: bool = False) -> None:
+        """Raise :class:`InvalidArgumentError` unless :meth:`make` would build ``spec`` (a
+        factory is taken as it is): the policy is built over one fresh block, so that its class
+        checks the option values too (a policy checks its options in ``__init__`` and can be
+        built over any number of blocks)."""
+        if not callable(spec):
+            self.make(spec, (KVCacheBlock(1),), offline=offline)
+
+
+def _check_options(name: str, cls: type[EvictionPolicy], blocks: Sequence[KVCacheBlock],
+                   options: dict[str, float]) -> None:
+    """Raise :class:`InvalidArgumentError` if ``cls(blocks, **options)`` would not bind: an
+    option its ``__init__`` does not take.  (Catching the ``TypeError`` of the call instead
+    would also catch one raised inside ``__init__``, a bug of the policy's, and misreport it as
+    a usage error.)"""
+    try:
+        signature = inspect.signature(cls)
+    except (TypeError, ValueError):  # no signature to read: the call reports a bad option
+        return
+    try:
+        signature.bind(blocks, **options)
+    except TypeError:
+        params = list(signature.parameters.values())[1:]  # after the blocks
+        taken = [p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                      inspect.Parameter.KEYWORD_ONLY)]
+        unknown = [k for k in options if k not in taken]
+        raise InvalidArgumentError(
+            f"eviction policy {name!r} takes no option {', '.join(unknown) or 'of these'} "
+            f"(its options: {', '.join(taken) or 'none'})") from None
 
 
 _BUILTIN: tuple[tuple[str, type[EvictionPolicy], str, bool], ...] = (

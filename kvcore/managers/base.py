@@ -22,6 +22,7 @@ from kvcore.block_pool import BlockPool
 from kvcore.blocks import BlockHash, KVCacheBlock
 from kvcore.hashing import hashes_at
 from kvcore.kv_request import KVRequest
+from kvcore.request import RequestLike
 from kvcore.specs import KVCacheSpec
 from kvcore.verify import HitVerifier, PrefixChains
 
@@ -238,7 +239,7 @@ class SingleTypeKVCacheManager:
         blocks.extend(new)
         return new
 
-    def cache_blocks(self, request: KVRequest, num_tokens: int) -> None:
+    def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
         """Put the request's blocks that are full and hashed within its first ``num_tokens``
         tokens into the prefix cache (only the ones not cached yet; with lookahead hashes a
         block is hashed once the tokens after it exist), then register its partial prompt tail
@@ -255,7 +256,7 @@ class SingleTypeKVCacheManager:
                                         self.block_size, self.group_id, hashes,
                                         block_mask=self.cache_mask(request, num_cached,
                                                                    num_full),
-                                        prefix_nodes=nodes)
+                                        prefix_nodes=nodes, trusted=True)
             self.num_cached_block[rid] = num_full
         if self.caches_partial_tail:
             self.cache_partial_tail(request, num_tokens)

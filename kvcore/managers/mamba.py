@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 from kvcore._mypyc import mypyc_attr
 from kvcore.blocks import BlockHash, KVCacheBlock
-from kvcore.kv_request import KVRequest
 from kvcore.managers.base import HitBlocks, HitQuery, ManagerContext, SingleTypeKVCacheManager
+from kvcore.request import RequestLike
 from kvcore.specs import KVCacheSpec
 
 
@@ -55,7 +55,7 @@ class MambaManager(SingleTypeKVCacheManager):
         return super().get_num_blocks_to_allocate(request_id, num_tokens, new_computed_blocks,
                                                   total_computed_tokens, max_blocks)
 
-    def cache_blocks(self, request: KVRequest, num_tokens: int) -> None:
+    def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
         before = self.num_cached_block.get(request.request_id, 0)
         super().cache_blocks(request, num_tokens)
         after = self.num_cached_block.get(request.request_id, 0)

@@ -86,17 +86,17 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         the junction cannot peek past it, so its hit ends a block lower)."""
         bs = self.block_size
         align = self.alignment_tokens
-        if align % bs:
-            return None
         retention = self.retention_interval
+        if align % bs or (align == bs and retention is None):  # (the latter: every block)
+            return None
         need = _contiguous_blocks(self.sliding_window, bs, self.use_eagle)
         shift = 1 if self.use_eagle else 0
-        mask = [False] * (end_block - start_block)
         segment = align if retention is None else retention
+        per_segment = segment // bs
+        if segment and need >= per_segment:
+            return None
+        mask = [False] * (end_block - start_block)
         if segment:
-            per_segment = segment // bs
-            if need >= per_segment:
-                return None
             for i in range(start_block, end_block):
                 if i >= shift and (i - shift) % per_segment >= per_segment - need:
                     mask[i - start_block] = True

@@ -7,6 +7,7 @@ kvcore's typed error naming the bad value before anything changes.  The pool's o
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -21,9 +22,14 @@ if TYPE_CHECKING:
 
 
 def check_count(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    """``value`` as a non-negative int, else :class:`InvalidArgumentError` naming ``name``: the
+    one rule for every count kvcore is given (the pool's and the manager's).  Integers of other
+    types (numpy's) are accepted and converted; bools are refused."""
+    if type(value) is int and value >= 0:  # the common case, without the ABC check
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
         raise InvalidArgumentError(f"{name} must be a non-negative int, got {value!r}")
-    return value
+    return int(value)
 
 
 def check_hashes(hashes: object) -> list[BlockHash]:

@@ -26,8 +26,9 @@ from kvcore.errors import InvalidArgumentError
 MOONCAKE_BLOCK_TOKENS = 512
 _FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 MOONCAKE_SYNTHETIC = "mooncake-synthetic"
-"""The built-in name of the shipped Mooncake trace (``data/mooncake/synthetic_trace.jsonl``)."""
-_SHIPPED = Path("data") / "mooncake" / "synthetic_trace.jsonl"
+"""The built-in name of the Mooncake trace shipped with the package
+(``kvcore/data/mooncake/synthetic_trace.jsonl``, package data: in a clone and in every install)."""
+_SHIPPED = Path(__file__).resolve().parents[1] / "data" / "mooncake" / "synthetic_trace.jsonl"
 
 
 class _RecordError(Exception):
@@ -235,18 +236,12 @@ def load_mooncake(path: str | Path, *, limit: int | None = None, vocab_size: int
 
 
 def default_trace_path() -> Path | None:
-    """The shipped Mooncake trace, if present: ``$KVCORE_MOONCAKE_TRACE``, else
-    ``data/mooncake/synthetic_trace.jsonl`` in the repository kvcore was imported from (a clone,
-    installed editable), else in the working directory (a clone's root, kvcore installed from
-    it)."""
+    """The shipped Mooncake trace, if present: ``$KVCORE_MOONCAKE_TRACE``, else the package's
+    own copy (``kvcore/data/mooncake/``, installed with kvcore: found from any directory)."""
     env = os.environ.get("KVCORE_MOONCAKE_TRACE")
     if env:
         return Path(env) if Path(env).is_file() else None
-    for base in (Path(__file__).resolve().parents[2], Path.cwd()):
-        p = base / _SHIPPED
-        if p.is_file():
-            return p
-    return None
+    return _SHIPPED if _SHIPPED.is_file() else None
 
 
 def resolve_trace(trace: str | Path) -> Path:
@@ -260,6 +255,6 @@ def resolve_trace(trace: str | Path) -> Path:
         raise InvalidArgumentError(
             f"{MOONCAKE_SYNTHETIC}: the shipped trace is not at $KVCORE_MOONCAKE_TRACE={where}"
             if where else
-            f"{MOONCAKE_SYNTHETIC}: the shipped trace ({_SHIPPED}) is not here; it comes with a "
-            "clone of the kvcore repository (run from its root, or set KVCORE_MOONCAKE_TRACE)")
+            f"{MOONCAKE_SYNTHETIC}: the shipped trace ({_SHIPPED}) is missing from this kvcore "
+            "install (set KVCORE_MOONCAKE_TRACE to a copy)")
     return path

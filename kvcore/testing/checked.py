@@ -22,9 +22,12 @@ scheduler is told.  Its slots then hold garbage whatever the scheduler does, and
 ``uncache_blocks`` after a failed step is caught there (rule ``wrong-kv``), and a request that
 would hit such a block meanwhile is caught at the hit.
 
-A hit passed to ``allocate_slots`` whose blocks are cached under another prefix's hash (another
-request's ``get_computed_blocks`` result) is refused by the manager; the checked manager's
-:class:`~kvcore.errors.InvalidHitError` then says that the blocks belong to a different prefix.
+A hit passed to ``allocate_slots`` whose blocks are cached under another prefix's hash is refused
+by the manager.  When the hit was found for this very request and the pool evicted its block
+since (it went stale between lookup and allocation), the manager's
+:class:`~kvcore.errors.StaleHitError` says so and passes through unchanged; otherwise (another
+request's ``get_computed_blocks`` result) the checked manager's
+:class:`~kvcore.errors.InvalidHitError` says that the blocks belong to a different prefix.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from kvcore.blocks import KVCacheBlock
 from kvcore.errors import InvalidArgumentError, InvalidHitError, InvariantError
 from kvcore.hashing import hashes_at
 from kvcore.manager import KVCacheManager
+from kvcore.manager_checks import evictions_since_lookup
 from kvcore.request import KVRequest
 from kvcore.testing._layers import add_layer, remove_layer
 from kvcore.testing.oracle import ContentOracle, WrongKVError
@@ -227,9 +231,10 @@ def _bind_allocate(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, A
 def _foreign_hit(manager: KVCacheManager, request: KVRequest,
                  bound: dict[str, Any]) -> str | None:
     """Why the hit in ``bound`` was refused if one of its blocks is cached under a hash that is
-    not the request's at its position (a hit looked up for a different prefix); else None."""
+    not the request's at its position (a hit looked up for a different prefix); else None,
+    also for a hit of this request's own lookup that went stale (the manager says so)."""
     hits = bound.get("new_computed_blocks")
-    if hits is None:
+    if hits is None or evictions_since_lookup(hits, request, manager.pool):
         return None
     hashes = request.block_hashes
     for g, (group, blocks) in enumerate(zip(manager.config.groups, hits)):

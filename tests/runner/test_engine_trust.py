@@ -155,10 +155,10 @@ def test_tokenized_prompt_is_checked_too() -> None:
 def test_very_long_prompt_is_refused_instantly() -> None:
     llm = make_llm()
     prompt = [1] * 5_000_000
-    t0 = time.perf_counter()
+    t0 = time.thread_time()  # CPU time: the work done, not how busy the machine is
     with pytest.raises(InvalidArgumentError, match=r"prompt 0 has 5000000 tokens"):
         llm.generate([prompt], GREEDY, use_tqdm=False)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.thread_time() - t0 < 1.0
     assert_idle(llm)
 
 

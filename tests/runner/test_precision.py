@@ -1,12 +1,18 @@
 """Numerics of the reference paths: a float64 model computes in float64 (norms, RoPE, the torch
 attention backend), so it can judge fp32 results; a Qwen2.5-shaped config (hidden 896, 7 query
 heads of 128, one KV head, qkv bias) matches transformers in fp32 and is as close as
-transformers to the float64 reference."""
+transformers to the float64 reference.
+
+The fp32 comparisons run on one torch thread, whatever the process was left with: the
+summation order of a matmul follows the thread count (which an engine built earlier in the
+process may have picked from the machine's load), and with it the last bits of every logit."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
+import pytest
 import torch
 import transformers
 
@@ -49,6 +55,18 @@ def _qwen25_shaped() -> object:
     return cfg
 
 
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+FP32_EPS = torch.finfo(torch.float32).eps
+
+
+@pytest.mark.usefixtures("one_thread")
 def test_qwen25_shaped_prefill_against_transformers_and_a_float64_reference() -> None:
     cfg = _qwen25_shaped()
     hf = hf_model(cfg)  # biases drawn too (transformers initialises them to 0)
@@ -69,6 +87,11 @@ def test_qwen25_shaped_prefill_against_transformers_and_a_float64_reference() ->
         assert (mine - theirs).abs().max().item() <= 1e-5
         err_ours = (mine - best).abs().max().item()
         err_theirs = (theirs - best).abs().max().item()
-        assert err_ours <= 1e-5 and err_ours <= 1.5 * err_theirs + 1e-7, (err_ours, err_theirs)
+        # As close as transformers, up to the fp32 noise floor: a few units in the last place of
+        # the largest logit, which another summation order alone moves (another batch shape:
+        # the paged step batches the prompts, transformers runs each alone).
+        floor = 4 * FP32_EPS * best.abs().max().item()
+        assert err_ours <= 1e-5 and err_ours <= 1.5 * err_theirs + floor, (
+            err_ours, err_theirs, floor)
         assert torch.equal(mine.argmax(-1), best.argmax(-1))
         start += len(p)

@@ -65,6 +65,18 @@ def test_the_cpu_engine_sets_its_thread_count(monkeypatch: pytest.MonkeyPatch) -
     assert torch.get_num_threads() == 2  # left alone
 
 
+def test_engines_built_by_the_tests_leave_the_thread_count_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner's tests run on one torch thread count whatever the load (tests/runner/
+    conftest.py): an engine built on a busy or an idle machine leaves the process's count as it
+    was, so the summation order of every later comparison does not follow the load."""
+    before = torch.get_num_threads()
+    for load in (5.0, 0.0):
+        monkeypatch.setattr(threads, "busy_cpus", lambda load=load: load)
+        LLM(tiny(), device="cpu", num_blocks=8, block_size=4)
+        assert torch.get_num_threads() == before, load
+
+
 def test_generate_help_describes_every_option_with_its_default(
         capsys: pytest.CaptureFixture[str]) -> None:
     from runner.generate import main

@@ -120,34 +120,25 @@ def test_agent_workload_sessions_extend_and_share_the_system_prompt() -> None:
         W.agent(min_steps=4, max_steps=3)
 
 
-REPO = Path(__file__).resolve().parents[2]
-SHIPPED = REPO / "data" / "mooncake" / "synthetic_trace.jsonl"
-
-
-def anywhere_the_trace_is_found(tmp_path: Path) -> Path:
-    """A working directory from which the shipped trace must be found: any, when kvcore is
-    imported from this clone (``pip install -e``); the clone's root for an installed build (the
-    compiled one of ``scripts/test_compiled.sh``)."""
+def test_the_mooncake_trace_ships_with_the_package(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """From any directory, with whichever kvcore is imported (this clone's, editable, or an
+    installed build, the compiled one of ``scripts/test_compiled.sh``): the trace is the
+    package's own copy, with its attribution and license note beside it, and the built-in name
+    loads it.  (tests/test_package.py installs a wheel in a fresh venv and does the same.)"""
     import kvcore
-
-    editable = Path(kvcore.__file__).resolve().parent == REPO / "kvcore"
-    return tmp_path if editable else REPO
-
-
-def test_the_mooncake_trace_ships_in_the_repository(tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """From a clone alone (nothing beside it): the trace is the repository's copy, with its
-    attribution and license note beside it, and the built-in name loads it."""
     from kvcore.sim.traces import MOONCAKE_SYNTHETIC
 
+    shipped = (Path(kvcore.__file__).resolve().parent / "data" / "mooncake"
+               / "synthetic_trace.jsonl")
     monkeypatch.delenv("KVCORE_MOONCAKE_TRACE", raising=False)
-    monkeypatch.chdir(anywhere_the_trace_is_found(tmp_path))
-    assert default_trace_path() == SHIPPED
-    assert sum(1 for _ in SHIPPED.open()) == 3993
-    note = (SHIPPED.parent / "README.md").read_text()
+    monkeypatch.chdir(tmp_path)
+    assert default_trace_path() == shipped
+    assert sum(1 for _ in shipped.open()) == 3993
+    note = (shipped.parent / "README.md").read_text()
     assert "Apache License, Version 2.0" in note and "kvcache-ai/Mooncake" in note
     reqs = load_mooncake(MOONCAKE_SYNTHETIC, limit=3)
-    assert reqs == load_mooncake(SHIPPED, limit=3) and len(reqs) == 3
+    assert reqs == load_mooncake(shipped, limit=3) and len(reqs) == 3
 
 
 def test_the_built_in_name_when_the_trace_is_missing(tmp_path: Path,

@@ -1,0 +1,85 @@
+"""kvcore as a package outside its clone: an sdist, a wheel built from it, installed
+(non-editable) into a fresh venv, runs ``kvcore replay mooncake-synthetic`` from an empty
+directory: the shipped trace and its attribution and license note are package data.
+
+Kept cheap: nothing is downloaded (the builds use this interpreter's setuptools, without build
+isolation; the fresh venv has no pip of its own and reaches kvcore's dependencies through a
+``.pth`` file naming this interpreter's site directories) and the replay is 20 requests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import venv
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TRACE = "kvcore/data/mooncake/synthetic_trace.jsonl"
+NOTE = "kvcore/data/mooncake/README.md"
+# What an sdist is built from (the tracked tree's parts that packaging reads).
+SOURCES = ("kvcore", "kvcore_pytest", "runner", "build_backend", "pyproject.toml", "setup.py",
+           "MANIFEST.in", "README.md")
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, **extra: str) -> str:
+    out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300,
+                         env={**(os.environ if env is None else env), **extra})
+    assert out.returncode == 0, (f"{cmd}: exit {out.returncode}\n{out.stdout[-3000:]}\n"
+                                 f"{out.stderr[-3000:]}")
+    return out.stdout
+
+
+def test_an_installed_wheel_replays_the_shipped_trace_from_anywhere(tmp_path: Path) -> None:
+    # A copy of the tree (the build writes build/ and *.egg-info next to its sources).
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in SOURCES:
+        path = REPO / name
+        if path.is_dir():
+            shutil.copytree(path, src / name,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyc"))
+        else:
+            shutil.copy2(path, src / name)
+    dist = tmp_path / "dist"
+    sdist = _run([sys.executable, "-c", "import sys, kvcore_build; "
+                  "print(kvcore_build.build_sdist(sys.argv[1]))", str(dist)], src,
+                 PYTHONPATH=str(src / "build_backend"), KVCORE_COMPILE="0").split()[-1]
+    with tarfile.open(dist / sdist) as tar:
+        names = tar.getnames()
+    assert any(n.endswith(TRACE) for n in names) and any(n.endswith(NOTE) for n in names)
+
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+          "--no-index", "-q", "-w", str(dist), str(dist / sdist)], tmp_path, KVCORE_COMPILE="0")
+    (wheel,) = dist.glob("kvcore-*.whl")
+    with zipfile.ZipFile(wheel) as whl:
+        assert {TRACE, NOTE} <= set(whl.namelist())
+
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=False)
+    py = env_dir / "bin" / "python"
+    site = Path(_run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                     tmp_path).strip())
+    # The dependencies (torch, numpy, ...) from this interpreter's site directories, after the
+    # venv's own, which the wheel's kvcore is installed into.
+    deps = [p for p in sys.path if p.endswith("site-packages")] or [
+        sysconfig.get_paths()["purelib"]]
+    (site / "_kvcore_test_dependencies.pth").write_text("\n".join(deps) + "\n")
+    _run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index",
+          "-q", str(wheel)], tmp_path)
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("KVCORE_MOONCAKE_TRACE", "PYTHONPATH", "KVCORE_EXPECT_BUILD")}
+    out = _run([str(env_dir / "bin" / "kvcore"), "replay", "mooncake-synthetic", "--limit", "20",
+                "--block-size", "512"], empty, env)
+    assert out.startswith("replayed mooncake-synthetic: 20 of 20 requests finished"), out[:500]
+    where = _run([str(py), "-c", "import kvcore, kvcore.sim.traces as t; "
+                  "print(kvcore.__file__); print(t.default_trace_path())"], empty, env)
+    module, trace = where.split()
+    assert Path(module).is_relative_to(site) and Path(trace).is_relative_to(site), where
