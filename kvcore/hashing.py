@@ -259,14 +259,16 @@ class RequestBlockHasher:
     __slots__ = ("block_size", "hasher", "lookahead")
 
     def __init__(self, block_size: int, hasher: BlockHasher | None = None,
-                 lookahead: int = 0) -> None:
+                 lookahead: object = 0) -> None:
+        # (lookahead: object, checked here: the compiled build would turn an ``int`` parameter's
+        # check into its own TypeError, and let a bool through as an int.)
         if not isinstance(block_size, int) or block_size <= 0:
             raise InvalidArgumentError(f"block_size must be a positive int, got {block_size!r}")
         if type(lookahead) is not int or lookahead < 0:
             raise InvalidArgumentError(f"lookahead must be an int >= 0, got {lookahead!r}")
         self.block_size = block_size
         self.hasher = hasher if hasher is not None else BlockHasher()
-        self.lookahead = lookahead
+        self.lookahead: int = lookahead
 
     def __call__(self, request: RequestLike) -> list[BlockHash]:
         bs = self.block_size

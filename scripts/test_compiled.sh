@@ -38,6 +38,11 @@ py="$venv/bin/python"
 site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 base_site=$("$base/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "$base_site" > "$site/_kvcore_dev_dependencies.pth"
+# One setuptools, the dev venv's: the venv's bundled one (65.x on Python 3.11) cannot build a
+# wheel without the `wheel` package, and tests/test_package.py builds one without isolation.
+if [ -d "$site/setuptools" ]; then
+    "$py" -m pip uninstall -y -q setuptools
+fi
 
 echo "::: compiled build (KVCORE_COMPILE=1 pip install --no-deps .)"
 start=$(date +%s)

@@ -3,8 +3,9 @@
 directory: the shipped trace and its attribution and license note are package data.
 
 Kept cheap: nothing is downloaded (the builds use this interpreter's setuptools, without build
-isolation; the fresh venv has no pip of its own and reaches kvcore's dependencies through a
-``.pth`` file naming this interpreter's site directories) and the replay is 20 requests."""
+isolation; the fresh venv gets the pip bundled with Python (offline) and reaches kvcore's
+dependencies through a ``.pth`` file naming this interpreter's site directories) and the replay
+is 20 requests."""
 
 from __future__ import annotations
 
@@ -60,17 +61,17 @@ def test_an_installed_wheel_replays_the_shipped_trace_from_anywhere(tmp_path: Pa
         assert {TRACE, NOTE} <= set(whl.namelist())
 
     env_dir = tmp_path / "venv"
-    venv.create(env_dir, with_pip=False)
+    venv.create(env_dir, with_pip=True)  # its own pip: older pips' --python is unreliable
     py = env_dir / "bin" / "python"
     site = Path(_run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                      tmp_path).strip())
-    # The dependencies (torch, numpy, ...) from this interpreter's site directories, after the
-    # venv's own, which the wheel's kvcore is installed into.
+    # The wheel first (before the .pth below, through which pip would find this interpreter's
+    # kvcore already installed), then the dependencies (torch, numpy, ...) from this
+    # interpreter's site directories, after the venv's own.
+    _run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)], tmp_path)
     deps = [p for p in sys.path if p.endswith("site-packages")] or [
         sysconfig.get_paths()["purelib"]]
     (site / "_kvcore_test_dependencies.pth").write_text("\n".join(deps) + "\n")
-    _run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index",
-          "-q", str(wheel)], tmp_path)
 
     empty = tmp_path / "empty"
     empty.mkdir()

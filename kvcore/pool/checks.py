@@ -27,7 +27,9 @@ def check_count(name: str, value: object) -> int:
     types (numpy's) are accepted and converted; bools are refused."""
     if type(value) is int and value >= 0:  # the common case, without the ABC check
         return value
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 0:
+        # (int(value) < 0: numpy's comparisons return numpy.bool, which the compiled build's
+        # ``or`` refuses.)
         raise InvalidArgumentError(f"{name} must be a non-negative int, got {value!r}")
     return int(value)
 
