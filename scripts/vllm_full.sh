@@ -32,9 +32,11 @@ quiet() {  # pip's notes about absent local index folders are noise here
     return "${PIPESTATUS[0]}"
 }
 
+# kvcore's test tools, and what vLLM's own unit tests import (the conformance suite:
+# scripts/vllm_conformance.sh): tblib, pytest-asyncio, ray.
 kvcore() {
     quiet "$py" -m pip install --quiet -c "$constraints" -e "$root[testing]" pytest-xdist \
-        || die "installing kvcore into $venv failed"
+        tblib pytest-asyncio ray || die "installing kvcore into $venv failed"
 }
 
 smoke() {
