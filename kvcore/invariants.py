@@ -52,6 +52,8 @@ class ManagerState(Protocol):
 
     def requests(self) -> dict[str, KVRequest]: ...
 
+    def withheld_blocks(self) -> dict[int, int]: ...
+
 BlockLists = Iterable[KVCacheBlock] | Iterable[Iterable[KVCacheBlock]]
 
 
@@ -230,6 +232,8 @@ def check_manager_invariants(manager: ManagerState) -> None:
 
     ``request-registry``  a request has blocks in some group iff the manager tracks it (and only
                           tracked requests have prefix chains or shared-prefix boundaries)
+    ``withheld``          references handed out by ``pop_blocks_for_free`` name real blocks
+                          (and count in their ``ref_cnt``, checked with the pool's ownership)
     ``null-placement``    null blocks only in groups whose type allows them, as a leading run
     ``block-count``       every computed token has a slot; no table exceeds max_model_len
     ``cached-count``      the cached-block watermark lies within the table and the full blocks
@@ -248,6 +252,11 @@ def check_manager_invariants(manager: ManagerState) -> None:
                                      f"request {rid!r}")
     for rid in requests:
         owners[rid] = [m.req_to_blocks.get(rid, []) for m in coord.managers]
+    blocks = manager.pool.blocks
+    for bid, n in manager.withheld_blocks().items():
+        if not (0 < bid < len(blocks)) or n <= 0:
+            raise InvariantError("withheld", f"withheld block {bid} with {n} references")
+        owners[("withheld", bid)] = [[blocks[bid]] * n]  # references deferred frees hold
     check_invariants(manager.pool, owners)
     if coord.prefix_chains is not None:
         stale = sorted(set(coord.prefix_chains.request_ids()) - set(requests))

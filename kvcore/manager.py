@@ -30,6 +30,7 @@ from kvcore.blocks import BlockHash, KVCacheBlock
 from kvcore.cache_blocks import KVCacheBlocks, LookupHit
 from kvcore.coordinator import KVCacheCoordinator, make_coordinator
 from kvcore.errors import (
+    BlockStateError,
     InvalidArgumentError,
     check_flag,
 )
@@ -91,7 +92,7 @@ class KVCacheManager(ManagerChecks):
     # Fixed attributes, as in the compiled build (whose instances have no __dict__): the two
     # builds' objects have the same layout, which kvcore.testing's checked() relies on.
     __slots__ = ("_admission_caps", "_empty", "_last_looked_up",
-                 "_requests", "_sparse_retention",
+                 "_requests", "_sparse_retention", "_withheld",
                  "block_hasher", "config", "coordinator", "enable_caching", "fast_path",
                  "hash_block_size", "log_stats", "max_model_len", "max_num_batched_tokens",
                  "num_groups", "num_hash_lookahead_tokens", "pool", "prefix_cache_stats",
@@ -135,6 +136,9 @@ class KVCacheManager(ManagerChecks):
         # request id -> [request, num_slots]: the request object holding the blocks and how many
         # tokens it has slots for (a two-item list: the cheapest mutable pair on the hot paths).
         self._requests: dict[str, list[Any]] = {}
+        # Deferred frees: block id -> references pop_blocks_for_free handed out and
+        # free_withheld has not returned yet.
+        self._withheld: dict[int, int] = {}
         # The latest lookup's request, whose shared-prefix boundary the coordinator holds (see
         # shared_prefix_boundary; sparse retention reads it at the request's admission).
         self._last_looked_up: KVRequest | None = None
@@ -336,6 +340,63 @@ class KVCacheManager(ManagerChecks):
             self.pool.retain([b for blocks in self.coordinator.get_blocks(rid) for b in blocks])
         self.coordinator.free(rid)
         del self._requests[rid]
+
+    def pop_blocks_for_free(self, request: RequestLike) -> list[KVCacheBlock]:
+        """Deferred free: forget the request and hand back its blocks — every group's, group
+        after group, each in allocation order, null positions left out — still referenced.
+
+        Until :meth:`free_withheld` returns them the blocks are neither free (not counted by
+        ``num_free_blocks``, so allocations and preemption see them as used) nor reusable, and
+        a prefix hit can still share them.  For an engine whose in-flight step may still write
+        a finished request's blocks (vLLM's P/D decode instances and KV offloading with async
+        scheduling); :meth:`free` is the immediate form."""
+        rid = request.request_id
+        tracked = self._requests.get(rid)
+        if tracked is None or tracked[0] is not request:
+            self._tracked(request)  # raises, saying which
+        blocks = self.coordinator.pop_blocks(rid)
+        del self._requests[rid]
+        withheld = self._withheld
+        for block in blocks:
+            bid = block.block_id
+            withheld[bid] = withheld.get(bid, 0) + 1
+        return blocks
+
+    def free_withheld(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Return blocks :meth:`pop_blocks_for_free` handed out, in eviction priority order
+        (first = evicted first: pass a request's blocks reversed, so its prefix is evicted
+        last).  Null blocks are skipped.  A block returned more often than it was withheld, or
+        one of another pool, raises :class:`~kvcore.errors.BlockStateError` and changes
+        nothing."""
+        blocks = [b for b in ordered_blocks if not (isinstance(b, KVCacheBlock) and b.is_null)]
+        mine = self.pool.blocks
+        counts: dict[int, int] = {}
+        for block in blocks:
+            bid = getattr(block, "block_id", None)
+            if not isinstance(bid, int) or not 0 <= bid < len(mine) or mine[bid] is not block:
+                raise BlockStateError(f"free_withheld: {block!r} is not a block of this pool")
+            counts[bid] = n = counts.get(bid, 0) + 1
+            if n > self._withheld.get(bid, 0):
+                raise BlockStateError(
+                    f"free_withheld: block {bid} returned {n} time(s) but withheld "
+                    f"{self._withheld.get(bid, 0)} (returned twice, or never withheld)")
+        withheld = self._withheld
+        for bid, n in counts.items():
+            left = withheld[bid] - n
+            if left:
+                withheld[bid] = left
+            else:
+                del withheld[bid]
+        self.pool.free_blocks(blocks)
+
+    @property
+    def num_withheld_blocks(self) -> int:
+        """References handed out by :meth:`pop_blocks_for_free` and not returned yet."""
+        return sum(self._withheld.values())
+
+    def withheld_blocks(self) -> dict[int, int]:
+        """Withheld references per block id (a copy)."""
+        return dict(self._withheld)
 
     def cache_blocks(self, request: KVRequest, num_computed_tokens: SupportsIndex) -> None:
         """Cache the request's blocks that are full within its first ``num_computed_tokens``

@@ -2,7 +2,7 @@
 
 Each machine drives a :class:`kvcore.testing.driver.HostileDriver`: admissions with prefix hits
 (and tokens computed elsewhere, loaded now or later), chunked prefill, decode, preemption,
-failed steps, frees, evictions and resets, interleaved with calls a buggy scheduler makes
+failed steps, frees (immediate and deferred), evictions and resets, interleaved with calls a buggy scheduler makes
 (freed or duplicate requests, hits without blocks, foreign, stale or perturbed hits, null
 blocks where KV is needed, bad counts).  After every step: ``check_invariants()``, every running
 table holds its request's KV (content oracle), refused calls changed nothing, no leak once idle.
@@ -56,6 +56,16 @@ class HostileMachine(RuleBasedStateMachine):
     def free(self, i: int, preempt: bool) -> None:
         self.d.free(i, preempt)
 
+    @precondition(lambda self: bool(self.d.running or self.d.loading))
+    @rule(i=INDEX, preempt=st.booleans())
+    def defer_free(self, i: int, preempt: bool) -> None:
+        self.d.defer_free(i, preempt)
+
+    @precondition(lambda self: bool(self.d.withheld))
+    @rule(i=INDEX)
+    def return_withheld(self, i: int) -> None:
+        self.d.return_withheld(i)
+
     @precondition(lambda self: bool(self.d.loading))
     @rule(i=INDEX)
     def finish_load(self, i: int) -> None:
@@ -81,6 +91,10 @@ class HostileMachine(RuleBasedStateMachine):
     @rule(i=INDEX, arg=st.integers(0, 4), value=st.integers(0, 4))
     def bad_count(self, i: int, arg: int, value: int) -> None:
         self.d.bad_count(i, arg, value)
+
+    @rule(i=INDEX)
+    def return_twice(self, i: int) -> None:
+        self.d.return_twice(i)
 
     @rule(i=INDEX)
     def use_freed(self, i: int) -> None:

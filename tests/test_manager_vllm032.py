@@ -5,16 +5,18 @@ integration in kvcore.integrations.vllm relies on each; its own tests run in the
 * ``BlockStored`` carries the request's LoRA int id (``lora_id``);
 * ``allocate_slots(reserved_blocks=...)`` keeps blocks free for requests in flight;
 * blocks leave a window only up to the computed tokens not in flight (``num_in_flight_tokens``);
-* ``report_prefix_hit`` records vLLM's ``kv_cache_report_mode="full"`` events.
+* ``report_prefix_hit`` records vLLM's ``kv_cache_report_mode="full"`` events;
+* deferred frees: ``pop_blocks_for_free`` withholds a request's blocks, ``free_withheld``
+  returns them.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from kvcore import BlockStored, InvalidArgumentError, Request
+from kvcore import BlockStored, InvalidArgumentError, KVCacheManager, Request
 from kvcore.specs import FullAttentionSpec, KVCacheConfig, KVCacheGroup, SlidingWindowSpec
-from tests.factories import admit, make_manager, manager_snapshot
+from tests.factories import admit, decode, full_spec, make_manager, manager_snapshot, swa_spec
 
 
 def test_free_leaves_a_block_list_from_get_blocks_in_order() -> None:
@@ -171,3 +173,78 @@ def test_retention_is_refused_for_mamba_groups() -> None:
     spec = MambaSpec(block_size=4, shapes=((2, 4),), dtypes=(torch.float32,))
     with pytest.raises(InvalidArgumentError, match="Mamba"):
         KVCacheConfig(8, (KVCacheGroup(("m",), spec),), 0)
+
+
+def test_a_deferred_free_withholds_the_blocks_until_they_are_returned() -> None:
+    """vLLM's deferred frees (P/D decode instances, offloading with overlapped steps): the
+    request is forgotten at once, its blocks stay referenced — not free, not reusable, still
+    hittable — until the engine returns them; returned tail first they land in the free queue
+    exactly where an immediate free puts them."""
+    from kvcore import UnknownRequestError
+
+    def fresh() -> tuple[KVCacheManager, Request]:
+        m = make_manager(num_blocks=16)
+        r = m.make_request("r", list(range(14)))
+        admit(m, r)
+        return m, r
+
+    m, r = fresh()
+    free_before = m.num_free_blocks
+    blocks = m.pop_blocks_for_free(r)
+    assert [b.block_id for b in blocks] == [1, 2, 3, 4]
+    assert m.num_free_blocks == free_before and all(b.ref_cnt == 1 for b in blocks)
+    assert m.num_withheld_blocks == 4 and m.withheld_blocks() == {1: 1, 2: 1, 3: 1, 4: 1}
+    with pytest.raises(UnknownRequestError):
+        m.get_block_ids("r")
+    m.check_invariants()
+    again = m.make_request("again", list(range(14)))
+    assert m.get_computed_blocks(again)[1] == 12  # withheld blocks still serve hits
+    m.free_withheld(reversed(blocks))
+    assert m.num_withheld_blocks == 0 and m.num_free_blocks == free_before + 4
+    deferred_order = [b.block_id for b in m.pool.free_queue]
+    m.check_invariants()
+
+    m, r = fresh()
+    m.free(r)
+    assert [b.block_id for b in m.pool.free_queue] == deferred_order
+
+
+def test_returning_withheld_blocks_twice_or_foreign_blocks_changes_nothing() -> None:
+    from kvcore import BlockStateError
+
+    m = make_manager(num_blocks=16)
+    a, b = m.make_request("a", list(range(9))), m.make_request("b", list(range(9)))
+    admit(m, a)
+    admit(m, b)  # shares a's two full blocks
+    held_a, held_b = m.pop_blocks_for_free(a), m.pop_blocks_for_free(b)
+    assert [x.ref_cnt for x in held_a[:2]] == [2, 2]
+    m.free_withheld(reversed(held_a))
+    snap = manager_snapshot(m)
+    with pytest.raises(BlockStateError, match="withheld"):
+        m.free_withheld([*held_b, held_a[2]])  # held_a's partial block: returned already
+    with pytest.raises(BlockStateError, match="not a block of this pool"):
+        m.free_withheld([make_manager(num_blocks=16).pool.blocks[3]])
+    assert manager_snapshot(m) == snap
+    m.free_withheld(reversed(held_b))
+    assert m.num_free_blocks == 15
+    m.check_invariants()
+
+
+def test_a_deferred_free_leaves_out_null_blocks_and_keeps_group_order() -> None:
+    """Group after group, each in allocation order; the null blocks a sliding window left
+    behind are not handed out (vLLM returns them too, and its pool ignores them)."""
+    from kvcore import UnknownRequestError
+
+    m = make_manager(full_spec(4), swa_spec(4), num_blocks=32)
+    r = m.make_request("r", list(range(16)))
+    admit(m, r)
+    for t in range(8):
+        decode(m, r, t)
+    full, swa = m.get_blocks("r")
+    assert any(b.is_null for b in swa)
+    blocks = m.pop_blocks_for_free(r)
+    assert blocks == [*full, *(b for b in swa if not b.is_null)]
+    with pytest.raises(UnknownRequestError, match="holds no blocks"):
+        m.pop_blocks_for_free(r)
+    m.free_withheld(reversed(blocks))
+    m.check_invariants()

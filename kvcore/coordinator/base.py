@@ -223,6 +223,18 @@ class KVCacheCoordinator:
     def free(self, request_id: str) -> None:
         for manager in self.managers:
             manager.free(request_id)
+        self._forget(request_id)
+
+    def pop_blocks(self, request_id: str) -> list[KVCacheBlock]:
+        """Forget the request in every group and hand back its blocks, group after group, each
+        in allocation order (null positions left out), still referenced (deferred frees)."""
+        out: list[KVCacheBlock] = []
+        for manager in self.managers:
+            out.extend(b for b in manager.pop_blocks(request_id) if not b.is_null)
+        self._forget(request_id)
+        return out
+
+    def _forget(self, request_id: str) -> None:
         if self.shared_prefix_boundaries:
             self.shared_prefix_boundaries.pop(request_id, None)
         if self.prefix_chains is not None:

@@ -301,11 +301,16 @@ class SingleTypeKVCacheManager:
 
     def free(self, request_id: str) -> None:
         """Release all of the request's blocks, tail first (so its prefix is evicted last)."""
-        blocks = self.req_to_blocks.pop(request_id, None)
-        self.num_cached_block.pop(request_id, None)
+        blocks = self.pop_blocks(request_id)
         if blocks:
             # A reversed copy: a caller may still hold the list (get_blocks) and read it in order.
             self.pool._free_blocks(blocks[::-1])
+
+    def pop_blocks(self, request_id: str) -> list[KVCacheBlock]:
+        """Forget the request and hand back its block list (allocation order, null positions
+        included) without releasing anything: the caller owns its references now."""
+        self.num_cached_block.pop(request_id, None)
+        return self.req_to_blocks.pop(request_id, None) or []
 
     def new_step(self) -> None:
         """A scheduling step ended (types with per-step state reset it here)."""

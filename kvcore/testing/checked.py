@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, SupportsIndex, TypeVar
 
 from kvcore.blocks import KVCacheBlock
@@ -49,10 +49,10 @@ from kvcore.testing.oracle import ContentOracle, WrongKVError
 _M = TypeVar("_M", bound=KVCacheManager)
 
 # The calls that are checked (the manager's public API that reads or changes state).
-CHECKED_CALLS = ("get_computed_blocks", "allocate_slots", "free", "cache_blocks",
-                 "uncache_blocks", "remove_skipped_blocks", "reset_prefix_cache", "evict_blocks",
-                 "new_step", "record_prefix_cache_stats", "take_events",
-                 "make_prefix_cache_stats")
+CHECKED_CALLS = ("get_computed_blocks", "allocate_slots", "free", "pop_blocks_for_free",
+                 "free_withheld", "cache_blocks", "uncache_blocks", "remove_skipped_blocks",
+                 "reset_prefix_cache", "evict_blocks", "new_step", "record_prefix_cache_stats",
+                 "take_events", "make_prefix_cache_stats")
 
 
 class _CheckState:
@@ -200,6 +200,24 @@ class CheckedKVCacheManager(_Layer):
             state.suspended.discard(request.request_id)
         finally:
             self._after_call(lambda: _describe("free", (request,), {"retain": retain} if retain else {}))
+
+    def pop_blocks_for_free(self, request: KVRequest) -> list[KVCacheBlock]:
+        state = self._kvcore_check
+        try:
+            blocks = super().pop_blocks_for_free(request)
+            state.pending_loads.pop(request.request_id, None)
+            state.written_upto.pop(request.request_id, None)
+            state.suspended.discard(request.request_id)
+            return blocks
+        finally:
+            self._after_call(lambda: _describe("pop_blocks_for_free", (request,), {}))
+
+    def free_withheld(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        blocks = list(ordered_blocks)
+        try:
+            super().free_withheld(blocks)
+        finally:
+            self._after_call(lambda: _describe("free_withheld", (blocks,), {}))
 
     def new_step(self) -> None:
         try:

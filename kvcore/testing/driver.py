@@ -74,6 +74,10 @@ class HostileDriver:
         self.running: dict[str, Request] = {}
         self.loading: dict[str, tuple[Request, int]] = {}  # delayed external KV: tokens when loaded
         self.done: list[Request] = []
+        # Deferred frees: block batches pop_blocks_for_free handed out, not returned yet; and
+        # batches already returned (a buggy engine may return them again).
+        self.withheld: list[list[KVCacheBlock]] = []
+        self.returned: list[list[KVCacheBlock]] = []
         self.last: _Step | None = None
         self._counter = 0
         self._families = [[(7 * f + 3 * i + i // 5) % VOCAB for i in range(40)] for f in range(3)]
@@ -218,6 +222,52 @@ class HostileDriver:
             del self.done[:-8]
         self.counts["preempt" if preempt else "free"] += 1
         self.last = None
+
+    def defer_free(self, i: int, preempt: bool) -> None:
+        """As :meth:`free`, but deferred (an engine whose in-flight step may still write the
+        blocks): the request is forgotten and its blocks withheld until :meth:`return_withheld`;
+        meanwhile they count as used and stay hittable."""
+        pool: list[Request] = [*self.running.values(), *(r for r, _ in self.loading.values())]
+        req = self._pick(sorted(pool, key=lambda r: r.request_id), i)
+        if req is None:
+            return
+        free_before = self.m.pool.num_free_blocks
+        blocks = self.m.pop_blocks_for_free(req)
+        assert self.m.pool.num_free_blocks == free_before, "a deferred free freed blocks"
+        assert all(b.ref_cnt > 0 and not b.is_null for b in blocks)
+        self.withheld.append(blocks)
+        self.running.pop(req.request_id, None)
+        self.loading.pop(req.request_id, None)
+        if preempt:
+            req.num_computed_tokens = 0
+            req.num_preemptions += 1
+            self.waiting.append(req)
+        else:
+            self.done.append(req)
+            del self.done[:-8]
+        self.counts["deferred free"] += 1
+        self.last = None
+
+    def return_withheld(self, i: int) -> None:
+        """The step that might still write a deferred free's blocks finished: return them,
+        tail first (their prefix is evicted last)."""
+        if not self.withheld:
+            return
+        blocks = self.withheld.pop(i % len(self.withheld))
+        self.m.free_withheld(reversed(blocks))
+        self.returned.append(blocks)
+        del self.returned[:-4]
+        self.counts["withheld returned"] += 1
+
+    def return_twice(self, i: int) -> None:
+        """Blocks returned again, or blocks of another pool: refused, nothing changes."""
+        if self.returned:
+            blocks = self.returned[i % len(self.returned)]
+            if blocks and all(b.block_id not in self.m.withheld_blocks() for b in blocks):
+                self._refused(BlockStateError, lambda: self.m.free_withheld(blocks), "withheld")
+        foreign = self.other.pool.blocks[1 + i % (len(self.other.pool.blocks) - 1)]
+        self._refused(BlockStateError, lambda: self.m.free_withheld([foreign]),
+                      "not a block of this pool")
 
     def fail_step(self) -> None:
         """The latest step's forward pass failed: its KV was never written.  As an engine does
@@ -465,9 +515,12 @@ class HostileDriver:
         self.m.check_invariants()
         for req in self.running.values():
             self.oracle.check_table(req)
+        withheld = {b.block_id for blocks in self.withheld for b in blocks}
+        assert self.m.withheld_blocks().keys() == withheld, "withheld blocks differ"
         if not self.running and not self.loading:
-            assert self.m.pool.num_free_blocks == self.setup.num_blocks - 1, (
-                f"{self.setup.num_blocks - 1 - self.m.pool.num_free_blocks} blocks leaked")
+            assert self.m.pool.num_free_blocks == self.setup.num_blocks - 1 - len(withheld), (
+                f"{self.setup.num_blocks - 1 - len(withheld) - self.m.pool.num_free_blocks} "
+                "blocks leaked")
             assert not self.m.requests()
 
     def drain(self) -> None:
@@ -476,4 +529,6 @@ class HostileDriver:
             self.m.free(req)
         self.running.clear()
         self.loading.clear()
+        while self.withheld:
+            self.return_withheld(0)
         self.check()

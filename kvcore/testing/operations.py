@@ -9,14 +9,16 @@ import random
 
 from kvcore.testing.driver import PERTURBATIONS, VOCAB, HostileDriver
 
-OPERATIONS = ("add", "admit", "step", "free", "finish_load", "fail_step", "new_step", "evict",
-              "reset", "bad_count", "use_freed", "claim_without_blocks", "foreign_hit",
-              "stale_hit", "duplicate_id", "overrun", "null_where_needed", "hit_while_running",
-              "bad_calls", "perturbed_hit")
+OPERATIONS = ("add", "admit", "step", "free", "defer_free", "return_withheld", "finish_load",
+              "fail_step", "new_step", "evict", "reset", "bad_count", "use_freed",
+              "claim_without_blocks", "foreign_hit", "stale_hit", "duplicate_id", "overrun",
+              "null_where_needed", "hit_while_running", "bad_calls", "perturbed_hit",
+              "return_twice")
 
 
-_WEIGHTS = {"add": 10, "admit": 16, "step": 24, "free": 8, "finish_load": 3, "fail_step": 3,
-            "new_step": 3, "evict": 2, "reset": 1}  # every hostile operation: 1
+_WEIGHTS = {"add": 10, "admit": 16, "step": 24, "free": 6, "defer_free": 2, "return_withheld": 3,
+            "finish_load": 3, "fail_step": 3, "new_step": 3, "evict": 2,
+            "reset": 1}  # every hostile operation: 1
 _CUM_WEIGHTS = list(itertools.accumulate(_WEIGHTS.get(op, 1) for op in OPERATIONS))
 
 
@@ -34,10 +36,11 @@ def random_operation(driver: HostileDriver, rng: random.Random) -> str:
                      r(2) == 0)
     elif op == "step":
         driver.step(r(100), r(1, 16), r(VOCAB), r(3) if r(6) == 0 else 0)
-    elif op == "free":
-        driver.free(r(100), r(2) == 0)
+    elif op in ("free", "defer_free"):
+        getattr(driver, op)(r(100), r(2) == 0)
     elif op in ("finish_load", "use_freed", "foreign_hit", "stale_hit", "duplicate_id",
-                "null_where_needed", "hit_while_running", "bad_calls"):
+                "null_where_needed", "hit_while_running", "bad_calls", "return_withheld",
+                "return_twice"):
         getattr(driver, op)(r(100))
     elif op in ("fail_step", "new_step", "reset"):
         getattr(driver, op)()

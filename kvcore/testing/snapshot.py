@@ -32,7 +32,8 @@ def pool_snapshot(pool: BlockPool) -> tuple[object, ...]:
 
 def manager_snapshot(manager: KVCacheManager) -> tuple[object, ...]:
     """Pool snapshot plus every request's block tables, cached watermarks and slots, the tracked
-    request objects (by identity), verify-mode prefix chains, Mamba step state and stats."""
+    request objects (by identity), verify-mode prefix chains, Mamba step state, the blocks
+    deferred frees withheld and stats."""
     coord = manager.coordinator
     tables = tuple(
         tuple(sorted((rid, tuple(b.block_id for b in blocks))
@@ -51,6 +52,7 @@ def manager_snapshot(manager: KVCacheManager) -> tuple[object, ...]:
     return (pool_snapshot(coord.pool), tables, cached, mamba, chains, boundaries,
             tuple(sorted((rid, id(t[0]), t[1])
                          for rid, t in manager._requests.items())),
+            tuple(sorted(manager.withheld_blocks().items())),
             None if stats is None else astuple(stats))
 
 

@@ -14,7 +14,7 @@ Where vLLM's manager surface and kvcore's differ, the adapter speaks vLLM:
 * before a running request grows, blocks that left its window are released on vLLM's
   processed-token boundary even if the allocation then fails, as vLLM does;
 * the hooks of features kvcore refuses at start (zeroing, copy-on-write, boundary-state
-  offloads, deferred frees) report nothing or raise if reached anyway;
+  offloads) report nothing or raise if reached anyway;
 * ``block_pool``, ``coordinator`` and its ``single_type_managers`` are views answering the
   names vLLM's callers read on vLLM's own objects (:mod:`~kvcore.integrations.vllm.views`).
 
@@ -126,7 +126,7 @@ class KVCacheManagerAdapter:
             eagle_junction_tail=version.eagle_junction_tail,
             eviction_policy=settings.eviction_policy,
             events=VllmEventRecorder(config, num_hash_lookahead_tokens, convert))
-        self.block_pool = BlockPoolView(self.kv.pool, hash_block_size, num_hash_lookahead_tokens)
+        self.block_pool = BlockPoolView(self.kv, hash_block_size, num_hash_lookahead_tokens)
         self.coordinator = CoordinatorView(self.kv, kv_cache_config, self.block_pool,
                                            eagle_ids, drop_ids)
         self.empty_kv_cache_blocks = VllmKVCacheBlocks(
@@ -242,8 +242,14 @@ class KVCacheManagerAdapter:
         self.kv.free(view)
 
     def pop_blocks_for_free(self, request: Any) -> list[KVCacheBlock]:
-        raise refuse("deferred block frees (a KV consumer connector with async scheduling or "
-                     "pipeline parallelism)", "turn async scheduling off")
+        """vLLM's deferred free: forget the request and hand back its blocks still referenced;
+        vLLM's scheduler returns them through ``block_pool.free_blocks`` once the step that may
+        still write them has finished (kvcore's ``free_withheld``).  Nothing for a request that
+        holds no blocks."""
+        view = self._views.pop(request.request_id, None)
+        if view is None:
+            return []
+        return self.kv.pop_blocks_for_free(view)
 
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int,
                               num_prompt_tokens: int | None = None) -> None:

@@ -79,6 +79,8 @@ class ReplayRun:
     queries: int
     hits: int
     finished: int
+    # Most deferred frees pending after a step (vLLM's deferred_frees; 0 unless they are on).
+    max_deferred_frees: int = 0
     step_cpu_us: list[float] = field(default_factory=list, repr=False)
     manager_cpu_us: list[float] = field(default_factory=list, repr=False)
     schedule: list[tuple[Any, ...]] = field(default_factory=list, repr=False)
@@ -182,6 +184,14 @@ class ReplaySetup:
     # None, every block cached; vLLM's default 0 keeps only replay-boundary tails).
     prefix_cache_retention_interval: int | None = 0
     kv_transfer_config: dict[str, Any] | None = None  # a KV connector (vLLM's KVTransferConfig)
+    # vLLM's deferred block frees, as a P/D decode instance (KV consumer) or CPU offloading has
+    # them with overlapped steps; vLLM's CPU build turns async scheduling off with a connector,
+    # so they are forced on here, as vLLM's own tests do.
+    defer_block_free: bool = False
+    # Requests end on a stop token at their trace length instead of reaching max_tokens, which
+    # the scheduler cannot foresee: with overlapped steps a finished request was already
+    # scheduled once more (what deferred frees exist for).
+    stop_by_token: bool = False
 
 
 def make_scheduler(setup: ReplaySetup, engine: Engine, scheduler_cls: type | None = None,
@@ -241,9 +251,12 @@ def make_scheduler(setup: ReplaySetup, engine: Engine, scheduler_cls: type | Non
                else kvcore_scheduler.Scheduler)
 
     block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
-    return cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
-               structured_output_manager=StructuredOutputManager(vllm_config),
-               block_size=block_size, hash_block_size=hash_block_size, log_stats=True)
+    sched = cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+                structured_output_manager=StructuredOutputManager(vllm_config),
+                block_size=block_size, hash_block_size=hash_block_size, log_stats=True)
+    if setup.defer_block_free:
+        sched.defer_block_free = True
+    return sched
 
 
 def _token(rid: str, position: int) -> int:
@@ -282,7 +295,12 @@ def _run(requests: Sequence[TraceRequest], setup: ReplaySetup, engine: Engine,
     init_none_hash(hash_fn)
     hasher = get_request_block_hasher(sched.hash_block_size, hash_fn)
     for tr in sorted(requests, key=lambda r: r.arrival_ms):
-        params = SamplingParams(max_tokens=max(tr.output_len, 1), ignore_eos=True)
+        n = max(tr.output_len, 1)
+        if setup.stop_by_token:  # the last token stops it; the scheduler cannot foresee that
+            params = SamplingParams(max_tokens=n + 8, ignore_eos=True, stop_token_ids=[
+                _token(tr.request_id, tr.num_prompt_tokens + n - 1)])
+        else:
+            params = SamplingParams(max_tokens=n, ignore_eos=True)
         sched.add_request(Request(tr.request_id, tr.prompt_token_ids(), params, None,
                                   arrival_time=tr.arrival_ms / 1000, block_hasher=hasher,
                                   session_id=tr.session_id))
@@ -339,6 +357,7 @@ def _run(requests: Sequence[TraceRequest], setup: ReplaySetup, engine: Engine,
             out.steps += 1
             out.preemptions += len(so.preempted_req_ids or ())
             if record:
+                out.max_deferred_frees = max(out.max_deferred_frees, len(sched.deferred_frees))
                 out.schedule.append(_step_record(so))
             if len(in_flight) >= depth or not so.total_num_scheduled_tokens:
                 report()

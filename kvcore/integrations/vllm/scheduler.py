@@ -51,18 +51,15 @@ def _connectors(connector: Any) -> Iterator[Any]:
         yield from _connectors(child)
 
 
-def _check_connector(connector: Any, defer_block_free: bool) -> None:
+def _check_connector(connector: Any) -> None:
     """Refuse a KV connector that binds vLLM's block pool or cache manager (overrides
     ``bind_gpu_block_pool`` / ``bind_kv_cache_manager``: it reads and changes vLLM's pool
-    internals, which kvcore's views only partly answer), and deferred block frees.  A connector
+    internals, which kvcore's views only partly answer).  A connector
     that only uses the ``KVConnectorBase_V1`` scheduler interface is accepted, NixlConnector
     included (its ``supports_divergent_local_hybrid_hits`` asks the manager for a per-group
     lookup, which for every model kvcore accepts is the plain one)."""
     if connector is None:
         return
-    if defer_block_free:
-        raise refuse("deferred block frees (a KV consumer connector with async scheduling or "
-                     "pipeline parallelism)", "turn async scheduling off")
     for c in _connectors(connector):
         cls = type(c)
         if c is connector and getattr(c, "_connectors", None) is not None:
@@ -111,8 +108,7 @@ class KvcoreSchedulerMixin:
                 vllm_init(vllm_config, kv_cache_config, *args, **kwargs)
             finally:
                 vllm_scheduler_module.KVCacheManager = vllm_class
-        _check_connector(getattr(self, "connector", None),
-                         bool(getattr(self, "defer_block_free", False)))
+        _check_connector(getattr(self, "connector", None))
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         """vLLM's ``schedule``, after declaring the head of the waiting queues to kvcore's pool

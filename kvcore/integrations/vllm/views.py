@@ -14,7 +14,7 @@ names (``block_id``, ``ref_cnt``, ``block_hash``, ``is_null``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -73,13 +73,17 @@ class CachedBlockMapView(Mapping[BlockHash, KVCacheBlock]):
 
 
 class BlockPoolView:
-    """vLLM's ``BlockPool`` names over kvcore's pool (see the module docstring)."""
+    """vLLM's ``BlockPool`` names over kvcore's pool (see the module docstring).  The one
+    mutating name vLLM's scheduler calls, ``free_blocks``, returns blocks a deferred free
+    withheld (kvcore's ``KVCacheManager.free_withheld``)."""
 
-    __slots__ = ("_pool", "cached_block_hash_to_block", "enable_caching", "free_block_queue",
-                 "hash_block_size", "num_hash_lookahead_tokens")
+    __slots__ = ("_kv", "_pool", "cached_block_hash_to_block", "enable_caching",
+                 "free_block_queue", "hash_block_size", "num_hash_lookahead_tokens")
 
-    def __init__(self, pool: BlockPool, hash_block_size: int, num_hash_lookahead_tokens: int
+    def __init__(self, kv: KVCacheManager, hash_block_size: int, num_hash_lookahead_tokens: int
                  ) -> None:
+        pool = kv.pool
+        self._kv = kv
         self._pool = pool
         self.enable_caching = pool.enable_caching
         self.hash_block_size = hash_block_size
@@ -104,6 +108,11 @@ class BlockPoolView:
 
     def get_usage(self) -> float:
         return self._pool.usage
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Return blocks ``pop_blocks_for_free`` withheld, first evicted first (vLLM's
+        scheduler drains its deferred frees through this once their step has finished)."""
+        self._kv.free_withheld(ordered_blocks)
 
     def get_cached_block(self, block_hash: BlockHash,
                          kv_cache_group_ids: Sequence[int]) -> list[KVCacheBlock] | None:

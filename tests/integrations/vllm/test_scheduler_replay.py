@@ -148,16 +148,18 @@ def test_a_connector_that_reads_vllms_pool_is_refused() -> None:
     make_scheduler(setup, VLLM)  # vLLM's own manager takes it
 
 
-def test_deferred_frees_are_refused() -> None:
-    """vLLM defers block frees for a KV consumer with overlapping steps (async scheduling or
-    pipeline parallelism; this CPU build turns async off with a connector, so the check is
-    driven directly with the connector vLLM made)."""
-    from kvcore.integrations.vllm.scheduler import _check_connector
-
-    connector = make_scheduler(_setup(kv_transfer_config=CONNECTOR), VLLM).connector
-    _check_connector(connector, defer_block_free=False)
-    with pytest.raises(UnsupportedFeatureError, match="deferred block frees"):
-        _check_connector(connector, defer_block_free=True)
+@pytest.mark.parametrize("workload", ["shared-prefix", "multi-turn"])
+def test_deferred_frees_give_vllms_exact_schedule(workload: str) -> None:
+    """vLLM's deferred block frees (a KV consumer with overlapped steps: P/D decode instances,
+    CPU offloading): a finished or preempted request's blocks return to the pool only once the
+    step that may still write them was processed; meanwhile they count as used (admission and
+    preemption see fewer free blocks).  Forced on as vLLM's own tests force it."""
+    setup = _setup(async_scheduling=True, defer_block_free=True, stop_by_token=True)
+    theirs, ours = _same(WORKLOADS[workload](), setup)
+    assert theirs.steps > 20 and theirs.event_batches
+    assert ours.max_deferred_frees == theirs.max_deferred_frees > 0
+    if workload == "shared-prefix":
+        assert theirs.preemptions > 0
 
 
 def test_the_plugin_route_mixes_kvcore_into_the_class_vllm_picks() -> None:
