@@ -55,6 +55,14 @@ class KVCacheBlock:
         self.next_free: KVCacheBlock | None = None
         self.is_null = False
 
+    @property
+    def _block_hash(self) -> bytes | None:
+        """vLLM's private name for the key a block is cached under (its hash followed by its
+        group id, 4 bytes big-endian), which vLLM's own tests and connectors read; ``None``
+        while the block is not cached."""
+        h = self.block_hash
+        return None if h is None else h + self.group_id.to_bytes(4, "big")
+
     def __repr__(self) -> str:
         prev_id = self.prev_free.block_id if self.prev_free is not None else None
         next_id = self.next_free.block_id if self.next_free is not None else None

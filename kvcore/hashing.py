@@ -247,6 +247,19 @@ def num_hashable_blocks(num_tokens: int, block_size: int, lookahead: int = 0) ->
     return (num_tokens - lookahead) // block_size if num_tokens > lookahead else 0
 
 
+class EngineHashes(BlockHasher):
+    """The block hasher of a manager whose requests arrive hashed by their engine (vLLM's engine
+    hashes every request with its own algorithm and seed): the manager never hashes a request
+    itself, and caches only the full blocks the request has hashes for — as vLLM's own manager
+    does, also when the engine hashed with a different lookahead than the manager's."""
+
+    __slots__ = ()
+
+    def hash_block(self, parent: BlockHash | None, token_ids: Sequence[int],
+                   extra_keys: ExtraKeys | None = None) -> BlockHash:
+        raise InvalidArgumentError("EngineHashes hashes nothing: the engine hashes its requests")
+
+
 class RequestBlockHasher:
     """Computes the hashes of a request's newly completed full blocks.
 
@@ -256,7 +269,7 @@ class RequestBlockHasher:
     block hasher calls it at construction and whenever output tokens are appended.
     """
 
-    __slots__ = ("block_size", "hasher", "lookahead")
+    __slots__ = ("block_size", "engine_hashes", "hasher", "lookahead")
 
     def __init__(self, block_size: int, hasher: BlockHasher | None = None,
                  lookahead: object = 0) -> None:
@@ -269,6 +282,8 @@ class RequestBlockHasher:
         self.block_size = block_size
         self.hasher = hasher if hasher is not None else BlockHasher()
         self.lookahead: int = lookahead
+        # The engine hashes the requests (EngineHashes): nothing to compute here, ever.
+        self.engine_hashes = isinstance(self.hasher, EngineHashes)
 
     def __call__(self, request: RequestLike) -> list[BlockHash]:
         bs = self.block_size
@@ -277,7 +292,7 @@ class RequestBlockHasher:
         start = len(hashes) * bs
         lookahead = self.lookahead
         n = (len(tokens) - lookahead - start) // bs
-        if n <= 0:
+        if n <= 0 or self.engine_hashes:
             return []
         parent = hashes[-1] if hashes else None
         end = start + n * bs

@@ -3,17 +3,21 @@
 # compiled column:
 #
 #   bash scripts/vllm_compiled.sh [REPLAY_ARGS...]
+#   KVCORE_VLLM_VENV=.vllm033-venv bash scripts/vllm_compiled.sh [REPLAY_ARGS...]   (vLLM 0.33)
 #
-# builds .vllm-venv-compiled (the full vLLM venv's interpreter and packages, reached through a
-# .pth file, plus `KVCORE_COMPILE=1 pip install --no-deps .` of this tree), checks that it
+# builds VENV-compiled (default .vllm-venv-compiled: the full vLLM venv's interpreter and
+# packages, or those of $KVCORE_VLLM_VENV, reached through a .pth file, plus
+# `KVCORE_COMPILE=1 pip install --no-deps .` of this tree), checks that it
 # imports the compiled build, then runs `python -m kvcore.integrations.vllm.replay REPLAY_ARGS`
 # in it (outside the repository and with PYTHONSAFEPATH=1, so the sources do not shadow it).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-base="$root/.vllm-venv"
-venv="$root/.vllm-venv-compiled"
-[ -x "$base/bin/python" ] || { echo "no full vLLM venv at $base: bash scripts/vllm_full.sh" >&2; exit 1; }
+base=${KVCORE_VLLM_VENV:-"$root/.vllm-venv"}
+case $base in /*) ;; *) base="$root/$base" ;; esac
+base=${base%/}
+venv="$base-compiled"
+[ -x "$base/bin/python" ] || { echo "no vLLM venv at $base: bash scripts/vllm_full.sh (0.32) or scripts/vllm_033.sh (0.33)" >&2; exit 1; }
 [ -x "$venv/bin/python" ] || "$base/bin/python" -m venv "$venv"
 py="$venv/bin/python"
 site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

@@ -158,3 +158,27 @@ def test_eagle_retention_keeps_the_tail_below_a_shared_prefix_junction() -> None
     without = _swa_tail_positions(False)
     assert set(with_tail) - set(without) == {2}
     assert set(without) <= set(with_tail)
+
+
+def test_with_engine_hashes_the_manager_caches_only_what_the_engine_hashed() -> None:
+    """``EngineHashes`` (vLLM's engine hashes its requests): the manager never hashes a request,
+    and caches the full blocks the request has hashes for — fewer than its full blocks when the
+    engine hashed with a longer lookahead than the manager's, as vLLM's own manager does."""
+    from kvcore.hashing import EngineHashes
+
+    m = make_manager(num_blocks=16, block_hasher=EngineHashes())
+    hashed = Request("r", list(range(12)),
+                     block_hasher=RequestBlockHasher(4, lookahead=1))  # blocks 0 and 1
+    assert len(hashed.block_hashes) == 2
+    r = m.make_request("r", list(range(12)))
+    assert r.block_hashes == []  # the manager hashed nothing
+    r.block_hashes.extend(hashed.block_hashes)
+    assert admit(m, r) is not None
+    assert [b.block_hash for b in m.get_blocks("r")[0]] == [*hashed.block_hashes, None]
+    assert len(r.block_hashes) == 2
+    probe = m.make_request("p", list(range(12)))
+    probe.block_hashes.extend(hashed.block_hashes)
+    assert m.get_computed_blocks(probe)[1] == 8
+    m.check_invariants()
+    with pytest.raises(InvalidArgumentError, match="hashes nothing"):
+        EngineHashes().hash_block(None, [1, 2, 3, 4])

@@ -33,9 +33,8 @@ from vllm.distributed.kv_events import KVCacheEvent as VllmKVCacheEvent
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks as VllmKVCacheBlocks
 from vllm.v1.metrics.stats import PrefixCacheStats as VllmPrefixCacheStats
 
-from kvcore.blocks import BlockHash, KVCacheBlock
-from kvcore.errors import InvariantError
-from kvcore.hashing import BlockHasher
+from kvcore.blocks import KVCacheBlock
+from kvcore.hashing import EngineHashes
 from kvcore.integrations.vllm.config import eagle_groups, kvcore_config, refuse
 from kvcore.integrations.vllm.events import VllmEventRecorder, int_hash
 from kvcore.integrations.vllm.request import VllmRequestView
@@ -43,18 +42,6 @@ from kvcore.integrations.vllm.settings import KvcoreSettings
 from kvcore.integrations.vllm.version import VllmVersion, installed
 from kvcore.integrations.vllm.views import BlockPoolView, CoordinatorView
 from kvcore.manager import KVCacheManager
-
-
-class _VllmHashesOnly(BlockHasher):
-    """kvcore never hashes a vLLM request: vLLM's engine keeps ``block_hashes`` complete.  Being
-    asked to means that assumption broke, which must not pass silently."""
-
-    __slots__ = ()
-
-    def hash_block(self, parent: BlockHash | None, token_ids: Sequence[int],
-                   extra_keys: Any = None) -> BlockHash:
-        raise InvariantError("vllm-block-hashes", "a vLLM request reached kvcore with fewer "
-                             "block hashes than full blocks: vLLM's engine did not hash it")
 
 
 class KVCacheManagerAdapter:
@@ -121,7 +108,7 @@ class KVCacheManagerAdapter:
             verify_hits=settings.verify_hits, enable_events=enable_kv_cache_events,
             log_stats=False,
             max_num_batched_tokens=max_in_flight_tokens or max_model_len,
-            block_hasher=_VllmHashesOnly(), use_eagle=bool(drop_ids),
+            block_hasher=EngineHashes(), use_eagle=bool(drop_ids),
             num_hash_lookahead_tokens=num_hash_lookahead_tokens,
             eagle_junction_tail=version.eagle_junction_tail,
             eviction_policy=settings.eviction_policy,

@@ -71,6 +71,15 @@ class CachedBlockMapView(Mapping[BlockHash, KVCacheBlock]):
     def __len__(self) -> int:
         return self._pool.num_cached_blocks()
 
+    @property
+    def _cache(self) -> Mapping[bytes, KVCacheBlock]:
+        """vLLM's private dict, read-only and made on each read: every cached block by vLLM's
+        key (hash followed by the group id, 4 bytes big-endian; the block's ``_block_hash``)."""
+        pool = self._pool
+        return MappingProxyType({
+            h + g.to_bytes(4, "big"): block
+            for g in range(pool.num_groups) for h, block in pool.cached_blocks_map(g).items()})
+
 
 class BlockPoolView:
     """vLLM's ``BlockPool`` names over kvcore's pool (see the module docstring).  The one

@@ -305,10 +305,13 @@ def test_lookahead_hashes_are_refused_on_vllm_032() -> None:
 
 @pytest.mark.skipif(not installed().lookahead_hashes,
                     reason="vLLM 0.32 has no lookahead hashes (refused: test above)")
-@pytest.mark.parametrize("lookahead", [1, 3])
-def test_lookahead_hashes_match_vllm_033_call_for_call(lookahead: int) -> None:
+@pytest.mark.parametrize(("lookahead", "manager_lookahead"), [(1, 1), (3, 3), (1, 0), (0, 2)])
+def test_lookahead_hashes_match_vllm_033_call_for_call(lookahead: int,
+                                                       manager_lookahead: int) -> None:
     """A 32-token prompt with lookahead 1 has one hash (the second block waits for token 32):
-    the same blocks cached, hit and published (with their lookahead tokens) as vLLM's."""
+    the same blocks cached, hit and published (with their lookahead tokens) as vLLM's.  Also
+    when the engine hashed the requests with another lookahead than the manager's (vLLM's own
+    tests do): both cache exactly the blocks the request has hashes for."""
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -324,7 +327,8 @@ def test_lookahead_hashes_match_vllm_033_call_for_call(lookahead: int) -> None:
                        mm_features=[MultiModalFeatureSpec(None, "image", "img",
                                                           PlaceholderRange(offset=30, length=6))])
 
-    theirs, ours = managers(kv_config(num_blocks=12), num_hash_lookahead_tokens=lookahead)
+    theirs, ours = managers(kv_config(num_blocks=12),
+                            num_hash_lookahead_tokens=manager_lookahead)
     assert scenario(ours, make) == scenario(theirs, make)
     r = make("x", list(range(32)))
     assert len(r.block_hashes) == (1 if lookahead else 2)
@@ -359,8 +363,13 @@ def test_the_views_answer_vllms_names_like_vllms_own_objects() -> None:
             [g._null_block is pool.null_block for g in groups],
             [pool.blocks[blk.block_id] is blk for blk in groups[0].req_to_blocks["a"]],
             [blk.ref_cnt for blk in groups[0].req_to_blocks["a"]],
-            coord.kv_cache_config.num_blocks, sorted(coord.eagle_group_ids)))
+            coord.kv_cache_config.num_blocks, sorted(coord.eagle_group_ids),
+            [blk._block_hash for blk in groups[0].req_to_blocks["a"]],
+            sorted((key, blk.block_id)
+                   for key, value in pool.cached_block_hash_to_block._cache.items()
+                   for blk in (value.values() if isinstance(value, dict) else [value]))))
     assert got[0] == got[1]
+    assert got[1][-1]  # blocks are cached
     assert isinstance(ours.coordinator.single_type_managers[0].req_to_blocks, MappingProxyType)
     with pytest.raises(TypeError):
         ours.coordinator.single_type_managers[0].req_to_blocks["c"] = []  # type: ignore[index]
