@@ -19,24 +19,28 @@ from kvcore.blocks import BlockHash
 from kvcore.events import EventRecorder
 from kvcore.specs import KVCacheConfig
 
+_LOW_64_BITS = 0xFFFF_FFFF_FFFF_FFFF
+
 
 def int_hash(h: bytes) -> int:
     """A block hash as vLLM publishes it by default: its bytes read big-endian, cut to 64 bits
     (``maybe_convert_block_hash`` with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``, without
     reading the environment once per hash)."""
-    return int.from_bytes(h, "big") & 0xFFFF_FFFF_FFFF_FFFF
+    return int.from_bytes(h, "big") & _LOW_64_BITS
 
 
 class VllmEventRecorder(EventRecorder):
     """An :class:`~kvcore.events.EventRecorder` whose events are vLLM's objects; ``convert``
     turns a hash into what vLLM publishes (``None``: the bytes themselves)."""
 
-    __slots__ = ("_convert",)
+    __slots__ = ("_convert", "_int_hashes")
 
     def __init__(self, config: KVCacheConfig, lookahead: int,
                  convert: Callable[[bytes], Any] | None) -> None:
         super().__init__(tuple(g.spec.event_stamp() for g in config.groups), lookahead=lookahead)
         self._convert = convert
+        # vLLM's default, converted inline (one eviction, one event: the most frequent one).
+        self._int_hashes = convert is int_hash
 
     def _stored_event(self, hashes: list[BlockHash], parent: BlockHash | None,
                       token_ids: Sequence[int], block_size: int, lora_id: int | None,
@@ -49,19 +53,25 @@ class VllmEventRecorder(EventRecorder):
         if convert is not None:
             block_hashes = [convert(h) for h in hashes]
             parent = None if parent is None else convert(parent)
-        # vLLM 0.33's field, only with lookahead hashes (which 0.32 refuses at start).
-        ahead = ({} if lookahead_token_ids is None
-                 else {"lookahead_token_ids": [list(t) for t in lookahead_token_ids]})
-        return BlockStored(
-            block_hashes=block_hashes, parent_block_hash=parent, token_ids=list(token_ids),
-            block_size=block_size, lora_id=lora_id, medium=self.medium, lora_name=lora_name,
-            extra_keys=extra_keys, group_idx=group_id, kv_cache_spec_kind=kind,
-            kv_cache_spec_sliding_window=window, session_id=session_id, **ahead)
+        # The fields both versions have, in their order (positional: cheaper than keywords);
+        # then the session and vLLM 0.33's lookahead tokens (only with lookahead hashes, which
+        # 0.32 refuses at start), when there are any.
+        optional: dict[str, Any] = {}
+        if session_id is not None:
+            optional["session_id"] = session_id
+        if lookahead_token_ids is not None:
+            optional["lookahead_token_ids"] = [list(t) for t in lookahead_token_ids]
+        return BlockStored(block_hashes, parent, list(token_ids), block_size, lora_id,
+                           self.medium, lora_name, extra_keys, group_id, kind, window,
+                           **optional)
 
     def _removed_event(self, block_hash: BlockHash, group_id: int) -> object:
-        convert = self._convert
-        return BlockRemoved(block_hashes=[block_hash if convert is None else convert(block_hash)],
-                            medium=self.medium, group_idx=group_id)
+        if self._int_hashes:
+            key: Any = int.from_bytes(block_hash, "big") & _LOW_64_BITS
+        else:
+            convert = self._convert
+            key = block_hash if convert is None else convert(block_hash)
+        return BlockRemoved([key], self.medium, group_id)
 
     def _cleared_event(self) -> object:
         return AllBlocksCleared()
