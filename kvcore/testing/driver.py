@@ -204,13 +204,13 @@ class HostileDriver:
         self.last = _Step(req, start, start + n)
         self.counts["step"] += 1
 
-    def free(self, i: int, preempt: bool) -> None:
-        """A running (or loading) request finishes, or is preempted for recompute."""
+    def _pick_holder(self, i: int) -> Request | None:
+        """The ``i``-th running or loading request (by id), or ``None`` when there is none."""
         pool: list[Request] = [*self.running.values(), *(r for r, _ in self.loading.values())]
-        req = self._pick(sorted(pool, key=lambda r: r.request_id), i)
-        if req is None:
-            return
-        self.m.free(req)
+        return self._pick(sorted(pool, key=lambda r: r.request_id), i)
+
+    def _released(self, req: Request, preempt: bool, counter: str) -> None:
+        """Bookkeeping once ``req``'s blocks left it: finished, or back to waiting for recompute."""
         self.running.pop(req.request_id, None)
         self.loading.pop(req.request_id, None)
         if preempt:
@@ -220,15 +220,22 @@ class HostileDriver:
         else:
             self.done.append(req)
             del self.done[:-8]
-        self.counts["preempt" if preempt else "free"] += 1
+        self.counts[counter] += 1
         self.last = None
+
+    def free(self, i: int, preempt: bool) -> None:
+        """A running (or loading) request finishes, or is preempted for recompute."""
+        req = self._pick_holder(i)
+        if req is None:
+            return
+        self.m.free(req)
+        self._released(req, preempt, "preempt" if preempt else "free")
 
     def defer_free(self, i: int, preempt: bool) -> None:
         """As :meth:`free`, but deferred (an engine whose in-flight step may still write the
         blocks): the request is forgotten and its blocks withheld until :meth:`return_withheld`;
         meanwhile they count as used and stay hittable."""
-        pool: list[Request] = [*self.running.values(), *(r for r, _ in self.loading.values())]
-        req = self._pick(sorted(pool, key=lambda r: r.request_id), i)
+        req = self._pick_holder(i)
         if req is None:
             return
         free_before = self.m.pool.num_free_blocks
@@ -236,17 +243,7 @@ class HostileDriver:
         assert self.m.pool.num_free_blocks == free_before, "a deferred free freed blocks"
         assert all(b.ref_cnt > 0 and not b.is_null for b in blocks)
         self.withheld.append(blocks)
-        self.running.pop(req.request_id, None)
-        self.loading.pop(req.request_id, None)
-        if preempt:
-            req.num_computed_tokens = 0
-            req.num_preemptions += 1
-            self.waiting.append(req)
-        else:
-            self.done.append(req)
-            del self.done[:-8]
-        self.counts["deferred free"] += 1
-        self.last = None
+        self._released(req, preempt, "deferred free")
 
     def return_withheld(self, i: int) -> None:
         """The step that might still write a deferred free's blocks finished: return them,

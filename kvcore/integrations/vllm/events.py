@@ -19,28 +19,24 @@ from kvcore.blocks import BlockHash
 from kvcore.events import EventRecorder
 from kvcore.specs import KVCacheConfig
 
-_LOW_64_BITS = 0xFFFF_FFFF_FFFF_FFFF
-
 
 def int_hash(h: bytes) -> int:
     """A block hash as vLLM publishes it by default: its bytes read big-endian, cut to 64 bits
     (``maybe_convert_block_hash`` with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``, without
     reading the environment once per hash)."""
-    return int.from_bytes(h, "big") & _LOW_64_BITS
+    return int.from_bytes(h, "big") & 0xFFFF_FFFF_FFFF_FFFF
 
 
 class VllmEventRecorder(EventRecorder):
     """An :class:`~kvcore.events.EventRecorder` whose events are vLLM's objects; ``convert``
     turns a hash into what vLLM publishes (``None``: the bytes themselves)."""
 
-    __slots__ = ("_convert", "_int_hashes")
+    __slots__ = ("_convert",)
 
     def __init__(self, config: KVCacheConfig, lookahead: int,
                  convert: Callable[[bytes], Any] | None) -> None:
         super().__init__(tuple(g.spec.event_stamp() for g in config.groups), lookahead=lookahead)
         self._convert = convert
-        # vLLM's default, converted inline (one eviction, one event: the most frequent one).
-        self._int_hashes = convert is int_hash
 
     def _stored_event(self, hashes: list[BlockHash], parent: BlockHash | None,
                       token_ids: Sequence[int], block_size: int, lora_id: int | None,
@@ -66,12 +62,9 @@ class VllmEventRecorder(EventRecorder):
                            **optional)
 
     def _removed_event(self, block_hash: BlockHash, group_id: int) -> object:
-        if self._int_hashes:
-            key: Any = int.from_bytes(block_hash, "big") & _LOW_64_BITS
-        else:
-            convert = self._convert
-            key = block_hash if convert is None else convert(block_hash)
-        return BlockRemoved([key], self.medium, group_id)
+        convert = self._convert
+        return BlockRemoved([block_hash if convert is None else convert(block_hash)],
+                            self.medium, group_id)
 
     def _cleared_event(self) -> object:
         return AllBlocksCleared()
