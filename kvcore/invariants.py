@@ -235,6 +235,7 @@ def check_manager_invariants(manager: ManagerState) -> None:
     ``withheld``          references handed out by ``pop_blocks_for_free`` name real blocks
                           (and count in their ``ref_cnt``, checked with the pool's ownership)
     ``null-placement``    null blocks only in groups whose type allows them, as a leading run
+                          (anywhere for types with ``null_gaps``)
     ``block-count``       every computed token has a slot; no table exceeds max_model_len
     ``cached-count``      the cached-block watermark lies within the table and the full blocks
     ``block-hash``        a hashed block below the watermark carries the request's hash for that
@@ -281,7 +282,7 @@ def check_manager_invariants(manager: ManagerState) -> None:
                     if not m.allows_null_blocks:
                         raise InvariantError("null-placement", f"request {rid!r} has the null block "
                                              f"at {i} in group {g} ({type(m).__name__})", block_id=0)
-                    if seen_real:
+                    if seen_real and not m.null_gaps:
                         raise InvariantError("null-placement", f"request {rid!r}: null block at {i} "
                                              f"after real blocks in group {g}", block_id=0)
                 else:

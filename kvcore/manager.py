@@ -283,9 +283,11 @@ class KVCacheManager(ManagerChecks):
             self._too_long(request, total_computed, num_new_tokens)
         coord = self.coordinator
         if full_sequence_must_fit:
+            full = min(request.num_tokens, self.max_model_len)
             need = coord.num_blocks_to_allocate(
-                request.request_id, min(request.num_tokens, self.max_model_len), hits,
-                num_encoder_tokens, total_computed, self._admission_caps)
+                request.request_id, full, hits, num_encoder_tokens, total_computed,
+                self._admission_caps, full,
+                max(request.num_prompt_tokens, request.num_tokens - 1))
             if need > self.pool.num_free_blocks:
                 return None
         cache_upto = None  # cache up to the request's real tokens (never draft slots)
@@ -306,7 +308,8 @@ class KVCacheManager(ManagerChecks):
                 coord.shared_prefix_boundaries[request.request_id] = boundary
         new_blocks = coord.allocate(request, tracked is not None, num_slots, hits,
                                     num_local_computed, num_external_computed_tokens,
-                                    num_encoder_tokens, cache_upto, reserved_blocks)
+                                    num_encoder_tokens, cache_upto, reserved_blocks,
+                                    total_computed + num_new_tokens)
         if new_blocks is None:
             if tracked is None and self._sparse_retention:
                 coord.shared_prefix_boundaries.pop(request.request_id, None)

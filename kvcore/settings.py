@@ -30,7 +30,7 @@ from kvcore.eviction.registry import (
 from kvcore.hashing import BlockHasher
 
 _FLAGS = ("enable_caching", "enable_events", "verify_hits", "use_eagle", "eagle_junction_tail",
-          "log_stats", "fast_path")
+          "mamba_recache_prompt_boundary", "log_stats", "fast_path")
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,10 @@ class CacheSettings:
             ``prefix_cache_retention_interval``), also keep the window tail one block below a
             request's shared-prefix junction, where a sibling that diverges right after the
             junction hits (vLLM 0.33; ``False``: vLLM 0.32, which keeps only the junction's).
+        mamba_recache_prompt_boundary: Mamba "align" groups mark the state at the prompt's last
+            block boundary before its end as cached this step (not hittable until the next)
+            whenever a chunk ends there, even when it was cached or hit earlier (vLLM 0.32;
+            ``False``, the default: only a state cached now, as vLLM 0.33).
         log_stats: collect :class:`~kvcore.stats.PrefixCacheStats`.
         fast_path: let ``allocate_slots`` calls that only add new tokens skip the validation they
             cannot fail; ``False`` validates every call in full (both reach the same code).
@@ -78,6 +82,7 @@ class CacheSettings:
     use_eagle: bool = False
     num_hash_lookahead_tokens: int = 0
     eagle_junction_tail: bool = True
+    mamba_recache_prompt_boundary: bool = False
     log_stats: bool = True
     fast_path: bool = True
     hash_algo: str = "xxh3_128"

@@ -148,12 +148,24 @@ class ChunkedLocalAttentionSpec(KVCacheSpec):
 class MambaSpec(KVCacheSpec):
     """A recurrent state: a block holds the state after its last token, so only the most recent
     block matters; earlier ones are released as the request advances.  ``shapes``/``dtypes``
-    describe the state tensors of one layer (conv state, SSM state, ...)."""
+    describe the state tensors of one layer (conv state, SSM state, ...).
+
+    ``mamba_cache_mode`` is vLLM's: ``"none"`` gives a request a block for every
+    ``block_size`` tokens it computes and caches each state (right-most hit); ``"align"``
+    (what vLLM runs hybrid models with under prefix caching) keeps only the running state block,
+    the one it is copied from, and null positions in between, so a chunk of any length costs
+    one new block; with ``num_prefill_checkpoint_blocks`` (1: Mamba2 layers) the prompt's last
+    chunk also gets a block for the state at the prompt's last block boundary before its end,
+    exported from inside the step (``prefill_checkpoint_alignment``: the token granularity the
+    backend can export at), so a repeated prompt hits there."""
 
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[torch.dtype, ...]
     num_kv_heads: int = 1
     head_size: int = 1
+    mamba_cache_mode: str = "none"
+    num_prefill_checkpoint_blocks: int = 0
+    prefill_checkpoint_alignment: int | None = None
     kind: ClassVar[str] = "mamba"
     holds_state: ClassVar[bool] = True
 
@@ -161,6 +173,17 @@ class MambaSpec(KVCacheSpec):
         super().__post_init__()
         if not self.shapes or len(self.shapes) != len(self.dtypes):
             raise InvalidArgumentError("MambaSpec needs one dtype per state shape")
+        if self.mamba_cache_mode not in ("none", "align"):
+            raise InvalidArgumentError(f"mamba_cache_mode must be 'none' or 'align', got "
+                                       f"{self.mamba_cache_mode!r}")
+        n = self.num_prefill_checkpoint_blocks
+        if not isinstance(n, int) or isinstance(n, bool) or n not in (0, 1):
+            raise InvalidArgumentError(f"num_prefill_checkpoint_blocks must be 0 or 1, got {n!r}")
+        if n and self.mamba_cache_mode != "align":
+            raise InvalidArgumentError("num_prefill_checkpoint_blocks needs mamba_cache_mode "
+                                       f"'align', got {self.mamba_cache_mode!r}")
+        if self.prefill_checkpoint_alignment is not None:
+            _positive("prefill_checkpoint_alignment", self.prefill_checkpoint_alignment)
 
     def needed_positions(self, num_tokens: int) -> range:
         return range(num_tokens - 1, num_tokens) if num_tokens > 0 else range(0)
@@ -172,6 +195,9 @@ class MambaSpec(KVCacheSpec):
     def max_blocks_per_request(self, max_model_len: int,
                                max_num_batched_tokens: int | None = None) -> int:
         step = max_model_len if max_num_batched_tokens is None else max_num_batched_tokens
+        if self.mamba_cache_mode == "align":  # the running state, its source, a checkpoint
+            return min(_cdiv(max_model_len, self.block_size),
+                       2 + self.num_prefill_checkpoint_blocks)
         return min(_cdiv(max_model_len, self.block_size), _cdiv(step, self.block_size) + 1)
 
 

@@ -51,7 +51,8 @@ class KVCacheCoordinator:
         ctx = ManagerContext(pool, enable_caching, self.hash_block_size, alignment_tokens,
                              settings.use_eagle, self.prefix_chains,
                              config.prefix_cache_retention_interval,
-                             eagle_junction_tail=settings.eagle_junction_tail)
+                             eagle_junction_tail=settings.eagle_junction_tail,
+                             mamba_recache_prompt_boundary=settings.mamba_recache_prompt_boundary)
         # Per running request, the shared-prefix boundary of its admission lookup (read by
         # sparse-retention caching); the latest lookup's, set by find_longest_cache_hit.
         self.shared_prefix_boundaries = ctx.shared_prefix_boundaries
@@ -64,6 +65,12 @@ class KVCacheCoordinator:
         self._encoder = tuple(m.uses_encoder_tokens for m in self.managers)
         self._any_encoder = any(self._encoder)
         self._decoder = tuple(m for m in self.managers if not m.uses_encoder_tokens)
+        # Types that count their own growth (Mamba "align") and the decoder types that do not.
+        self._own_growth = tuple(m for m in self.managers if m.counts_own_growth)
+        self._dense_decoder = tuple(m for m in self._decoder if not m.counts_own_growth)
+        # What each group is sized by: 0 the slots, 1 the encoder tokens, 2 the main model's.
+        self._sizing = tuple(1 if m.uses_encoder_tokens else 2 if m.counts_own_growth else 0
+                             for m in self.managers)
         self._releasing = tuple(m for m in self.managers if m.releases_blocks)
         self._caching = tuple(m for m in self.managers if m.enable_caching)
         # What ``allocate`` returns when no group got a block (shared: never mutated).
@@ -86,21 +93,32 @@ class KVCacheCoordinator:
     def num_blocks_to_allocate(self, request_id: str, num_tokens: int,
                                hits: Sequence[Sequence[KVCacheBlock]], num_encoder_tokens: int,
                                total_computed_tokens: int,
-                               max_blocks: Sequence[int | None] | None = None) -> int:
+                               max_blocks: Sequence[int | None] | None = None,
+                               num_main_tokens: int | None = None, prefill_end: int = 0,
+                               record: bool = False) -> int:
         """Free blocks all groups need together to hold ``num_tokens`` tokens (encoder groups:
-        ``num_encoder_tokens``), hit blocks that leave the free queue included; ``max_blocks``
-        caps each group's per-request holding (admission of the whole sequence)."""
+        ``num_encoder_tokens``; types counting their own growth: ``num_main_tokens``, default
+        ``num_tokens``, with ``prefill_end`` and ``record``, see ``count_state_blocks``), hit
+        blocks that leave the free queue included; ``max_blocks`` caps each group's
+        per-request holding (admission of the whole sequence)."""
         n = 0
         for i, m in enumerate(self.managers):
+            sizing = self._sizing[i]
+            if sizing == 2:
+                n += m.count_state_blocks(
+                    request_id, num_tokens if num_main_tokens is None else num_main_tokens,
+                    hits[i], total_computed_tokens, prefill_end, record)
+                continue
             n += m.get_num_blocks_to_allocate(
-                request_id, num_encoder_tokens if self._encoder[i] else num_tokens, hits[i],
+                request_id, num_encoder_tokens if sizing == 1 else num_tokens, hits[i],
                 total_computed_tokens, None if max_blocks is None else max_blocks[i])
         return n
 
     def allocate(self, request: RequestLike, running: bool, num_slots: int,
                  hits: Sequence[Sequence[KVCacheBlock]], num_local_computed_tokens: int,
                  num_external_computed_tokens: int, num_encoder_tokens: int,
-                 num_tokens_to_cache: int | None, reserved_blocks: int = 0) -> GroupBlocks | None:
+                 num_tokens_to_cache: int | None, reserved_blocks: int = 0,
+                 num_main_tokens: int | None = None) -> GroupBlocks | None:
         """Give ``request`` slots for ``num_slots`` tokens in every group, or return ``None``
         having changed nothing.
 
@@ -110,18 +128,25 @@ class KVCacheCoordinator:
         left its attention window (up to its computed tokens not in flight).  Then every group
         grows to ``num_slots`` tokens (encoder groups: ``num_encoder_tokens``) and, unless
         ``num_tokens_to_cache`` is ``None``, caches its blocks that are full within that many
-        tokens.  ``reserved_blocks`` free blocks must stay free afterwards.  Returns the new
-        blocks per group.
+        tokens.  ``reserved_blocks`` free blocks must stay free afterwards.  Types that count
+        their own growth (``counts_own_growth``) are sized by ``num_main_tokens`` (the main
+        model's tokens, default ``num_slots``) and asked for their count on every call.
+        Returns the new blocks per group.
         """
         rid = request.request_id
         managers = self.managers
         total_computed = num_local_computed_tokens + num_external_computed_tokens
+        own = self._own_growth
+        main = num_slots if num_main_tokens is None else num_main_tokens
+        prefill_end = 0
+        if own:
+            prefill_end = max(request.num_prompt_tokens, len(request.all_token_ids) - 1)
         # (The free count is read only where it is compared: a decode step that needs no new
         # block never reads it.)
         if total_computed and not running:
             # A new request bringing computed tokens: each type counts and takes its own hits.
             need = self.num_blocks_to_allocate(rid, num_slots, hits, num_encoder_tokens,
-                                               total_computed)
+                                               total_computed, None, main, prefill_end, True)
             if need > self.pool.num_free_blocks - reserved_blocks:
                 return None
             # Phase 1: every group takes its hit before any group allocates.
@@ -136,10 +161,12 @@ class KVCacheCoordinator:
         elif running:
             # Growth only (the count is inlined: this runs every decode step).
             need = 0
-            for m in self._decoder:
+            for m in self._dense_decoder:
                 n = -(-num_slots // m.block_size) - len(m.req_to_blocks[rid])
                 if n > 0:
                     need += n
+            for m in own:
+                need += m.count_state_blocks(rid, main, (), total_computed, prefill_end, True)
             if self._releasing:
                 # Blocks leave the window on the processed tokens only: a step in flight still
                 # reads below its optimistic boundary (and rejected drafts can roll it back).
@@ -161,16 +188,21 @@ class KVCacheCoordinator:
         else:
             # A new request starting from nothing: one fresh table per group.
             need = 0
-            for m, sized_by_encoder in zip(managers, self._encoder):
-                need += -(-(num_encoder_tokens if sized_by_encoder else num_slots) // m.block_size)
+            for m, sizing in zip(managers, self._sizing):
+                if sizing == 2:
+                    need += m.count_state_blocks(rid, main, (), 0, prefill_end, True)
+                else:
+                    need += -(-(num_encoder_tokens if sizing else num_slots) // m.block_size)
             if need > self.pool.num_free_blocks - reserved_blocks:
                 return None
-        # Phase 2: every group grows to its size.
-        if need:
+        # Phase 2: every group grows to its size (a type counting its own growth may reserve a
+        # block at a position it already holds: it is asked even when nothing is needed).
+        if need or own:
             grown = []
-            for m, sized_by_encoder in zip(managers, self._encoder):
+            for m, sizing in zip(managers, self._sizing):
                 grown.append(m.allocate_new_blocks(
-                    rid, num_encoder_tokens if sized_by_encoder else num_slots))
+                    rid, num_slots if sizing == 0 else num_encoder_tokens if sizing == 1
+                    else main))
             new_blocks = tuple(grown)
         else:
             new_blocks = self.no_blocks

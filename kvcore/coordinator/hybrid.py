@@ -105,3 +105,34 @@ class HybridCoordinator(KVCacheCoordinator):
                         del trimmed[keep:]
         self.last_shared_prefix_boundary = longest if longest > hit_length else 0
         return tuple(b if b is not None else [] for b in hit_blocks), hit_length
+
+    def find_longest_cache_hit_per_group(self, block_hashes: Sequence[BlockHash],
+                                         max_length: int) -> tuple[GroupBlocks, tuple[int, ...]]:
+        """Each group's own longest hit, without the agreement ``find_longest_cache_hit``
+        enforces: per group the hit blocks and the hit length (0 for groups that never hit).
+        Per-group hits diverge when one group's blocks were evicted and another's were not
+        (vLLM's ``find_longest_cache_hit_per_group``: a KV connector can refill the lagging
+        group, or the caller falls back to the agreed hit)."""
+        n = len(self.managers)
+        hit_blocks: list[list[KVCacheBlock]] = [[] for _ in range(n)]
+        hit_lengths = [0] * n
+        hbs = self.hash_block_size
+        hashed_tokens = len(block_hashes) * hbs
+        for sg in self._spec_groups:
+            drop = self.use_eagle
+            limit = max_length
+            if drop and sg.manager_cls.drops_eagle_block:
+                limit = min(max_length + sg.spec.block_size, hashed_tokens)
+            blocks, length = sg.manager_cls.find_longest_cache_hit(HitQuery(
+                hashes_at(block_hashes, hbs, sg.spec.block_size), limit, sg.group_ids,
+                self.pool, sg.spec, self.alignment_tokens, None, drop))
+            for gid, group_blocks in zip(sg.group_ids, blocks):
+                hit_blocks[gid] = group_blocks
+                hit_lengths[gid] = length
+        return tuple(hit_blocks), tuple(hit_lengths)
+
+    @property
+    def full_attention_group_id(self) -> int | None:
+        """The first full-attention group when full attention leads the search (vLLM's)."""
+        first = self._spec_groups[0] if self._spec_groups else None
+        return first.group_ids[0] if first is not None and first.is_full else None

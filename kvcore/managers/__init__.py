@@ -14,7 +14,7 @@ from kvcore.managers.base import ManagerContext, SingleTypeKVCacheManager
 from kvcore.managers.chunked_local import ChunkedLocalAttentionManager
 from kvcore.managers.cross_attention import CrossAttentionManager
 from kvcore.managers.full_attention import FullAttentionManager
-from kvcore.managers.mamba import MambaManager
+from kvcore.managers.mamba import MambaAlignManager, MambaManager
 from kvcore.managers.sliding_window import SlidingWindowManager
 from kvcore.specs import (
     ChunkedLocalAttentionSpec,
@@ -50,7 +50,11 @@ def manager_class_for(spec: KVCacheSpec,
 
 def make_manager(spec: KVCacheSpec, group_id: int, ctx: ManagerContext,
                  overrides: ManagerClasses | None = None) -> SingleTypeKVCacheManager:
-    return manager_class_for(spec, overrides)(spec, group_id, ctx)
+    cls = manager_class_for(spec, overrides)
+    if (cls is MambaManager and isinstance(spec, MambaSpec)
+            and spec.mamba_cache_mode == "align"):
+        cls = MambaAlignManager  # the spec's mode picks vLLM's "align" bookkeeping
+    return cls(spec, group_id, ctx)
 
 
 __all__ = [
@@ -58,6 +62,7 @@ __all__ = [
     "ChunkedLocalAttentionManager",
     "CrossAttentionManager",
     "FullAttentionManager",
+    "MambaAlignManager",
     "MambaManager",
     "ManagerClasses",
     "ManagerContext",

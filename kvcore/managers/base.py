@@ -42,7 +42,9 @@ class ManagerContext:
     (``KVCacheConfig.prefix_cache_retention_interval``) and, per running request, the shared
     prefix its admission lookup found some group holding beyond the common hit (a token
     position; the coordinator keeps it), and whether EAGLE retention also keeps the tail one
-    block below that junction (``CacheSettings.eagle_junction_tail``)."""
+    block below that junction (``CacheSettings.eagle_junction_tail``), and whether Mamba "align"
+    marks the prompt's last boundary state cached this step again whenever a chunk ends there
+    (``CacheSettings.mamba_recache_prompt_boundary``)."""
 
     pool: BlockPool
     enable_caching: bool
@@ -53,6 +55,7 @@ class ManagerContext:
     retention_interval: int | None = None
     shared_prefix_boundaries: dict[str, int] = field(default_factory=dict)
     eagle_junction_tail: bool = True
+    mamba_recache_prompt_boundary: bool = False
 
 
 @dataclass(slots=True)
@@ -109,6 +112,15 @@ class SingleTypeKVCacheManager:
     downward_closed_hits: ClassVar[bool] = False
     """Whether every shorter aligned prefix of a hit is itself a hit (full attention), so a
     hybrid search can bound everything else by this type's hit and just trim it later."""
+
+    null_gaps: ClassVar[bool] = False
+    """Whether null positions may also lie between real blocks (Mamba "align": only the
+    running state and its source are real), not only as a leading run."""
+
+    counts_own_growth: ClassVar[bool] = False
+    """Whether the coordinator must ask the type for every allocation's count over the main
+    model's tokens (``count_state_blocks``) instead of counting missing positions itself:
+    types whose tables grow by fewer blocks than positions (Mamba "align")."""
 
     drops_eagle_block: ClassVar[bool] = True
     """Whether a hit drops its last block under EAGLE (``HitQuery.drop_last``); a type that keeps
@@ -181,6 +193,15 @@ class SingleTypeKVCacheManager:
             if block.ref_cnt == 0 and not block.is_null:
                 evictable += 1
         return num_new + evictable
+
+    def count_state_blocks(self, request_id: str, num_tokens: int,
+                           new_computed_blocks: Sequence[KVCacheBlock], total_computed_tokens: int,
+                           prefill_end: int, record: bool) -> int:
+        """``get_num_blocks_to_allocate`` for ``counts_own_growth`` types, which also need where
+        the prompt ends (``prefill_end``) and whether the count precedes a real allocation
+        (``record``: the type may remember what that allocation reserves)."""
+        return self.get_num_blocks_to_allocate(request_id, num_tokens, new_computed_blocks,
+                                               total_computed_tokens)
 
     def get_num_freeable_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> int:
         """Blocks ``remove_skipped_blocks`` would return to the free queue (without doing it)."""

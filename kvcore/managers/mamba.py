@@ -13,9 +13,11 @@ from collections.abc import Sequence
 
 from kvcore._mypyc import mypyc_attr
 from kvcore.blocks import BlockHash, KVCacheBlock
+from kvcore.hashing import hashes_at
+from kvcore.kv_request import KVRequest
 from kvcore.managers.base import HitBlocks, HitQuery, ManagerContext, SingleTypeKVCacheManager
 from kvcore.request import RequestLike
-from kvcore.specs import KVCacheSpec
+from kvcore.specs import KVCacheSpec, MambaSpec
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # see SingleTypeKVCacheManager
@@ -69,3 +71,310 @@ class MambaManager(SingleTypeKVCacheManager):
 
     def step_state(self) -> frozenset[BlockHash]:
         return frozenset(self.cached_this_step)
+
+
+def checkpoint_position(num_tokens: int, unit: int) -> int:
+    """The last multiple of ``unit`` strictly before ``num_tokens`` (0 if none): where a
+    request's prompt state is kept, one token short of its end, so a repeat of the prompt
+    still computes its last token (vLLM's ``get_mamba_prefill_checkpoint_position`` without
+    EAGLE)."""
+    return max((num_tokens - 1) // unit * unit, 0)
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)  # see SingleTypeKVCacheManager
+class MambaAlignManager(MambaManager):
+    """vLLM's Mamba ``"align"`` mode: a request's table is position-indexed (block ``i`` would
+    hold the state after ``(i+1)*block_size`` tokens) but holds only the running state block,
+    the previous one (the kernel copies the state from it; released once the step that read
+    it is processed) and, on the prompt's last chunk with ``num_prefill_checkpoint_blocks``,
+    the checkpoint block for the prompt's last block boundary; every other position is null.
+    A step therefore needs at most one new block (two with a checkpoint) whatever its length,
+    which is why the coordinator asks this type for its count on every allocation
+    (``counts_own_growth``), over the main model's tokens (draft tokens never reach a state
+    layer).  Each newly cached state is also handed to KV connectors as a boundary-state
+    offload (``take_boundary_state_offloads``).
+    """
+
+    null_gaps = True
+    counts_own_growth = True
+
+    def __init__(self, spec: KVCacheSpec, group_id: int, ctx: ManagerContext) -> None:
+        super().__init__(spec, group_id, ctx)
+        assert isinstance(spec, MambaSpec)
+        self.has_checkpoints = spec.num_prefill_checkpoint_blocks > 0
+        self.checkpoint_alignment = spec.prefill_checkpoint_alignment
+        # Sparse retention (KVCacheConfig.prefix_cache_retention_interval; vLLM's default 0):
+        # only states a later request can resume at are cached.
+        self.retention_interval = ctx.retention_interval
+        self.shared_prefix_boundaries = ctx.shared_prefix_boundaries
+        self.recache_prompt_boundary = ctx.mamba_recache_prompt_boundary
+        # cache_blocks has work even when no block filled (checkpoints, the 0.32 re-mark).
+        self.caches_partial_tail = self.enable_caching
+        # Per request: the block the running state was copied from (released once the step
+        # that read it is processed), how far the table has been released, and the checkpoint
+        # (token position, table index) the current allocation reserved.
+        self.last_state_block_idx: dict[str, int] = {}
+        self.num_retired_blocks: dict[str, int] = {}
+        self.checkpoints: dict[str, tuple[int, int]] = {}
+        # (request id, group id, block, boundary tokens) of each state cached since the last
+        # take_boundary_state_offloads().
+        self.pending_offloads: list[tuple[str, int, KVCacheBlock, int]] = []
+
+    # -- counting ---------------------------------------------------------------------------------
+    def _needs_checkpoint(self, blocks: Sequence[KVCacheBlock], query_start: int,
+                          query_end: int, position: int, prefill_end: int) -> bool:
+        """Whether this chunk exports the prompt's checkpoint state from inside the step."""
+        alignment = self.checkpoint_alignment
+        if not self.has_checkpoints or alignment is None or query_end < prefill_end:
+            return False
+        bs = self.block_size
+        index = -(-query_end // bs) - 2
+        if index < 0:
+            return False
+        if not (query_start % self.hash_block_size == 0
+                and index > (query_start - 1) // bs
+                and query_start + self.hash_block_size <= position
+                and query_start < position < query_end
+                and (position - query_start) % alignment == 0):
+            return False
+        return index >= len(blocks) or blocks[index].is_null
+
+    def count_state_blocks(self, request_id: str, num_tokens: int,
+                           new_computed_blocks: Sequence[KVCacheBlock], total_computed_tokens: int,
+                           prefill_end: int, record: bool) -> int:
+        """Free blocks the request needs for ``num_tokens`` (main-model) tokens: at most one
+        state block, plus the checkpoint block when this chunk ends the prompt, plus evictable
+        hit blocks.  ``record`` (a real allocation, not an admission estimate) remembers the
+        checkpoint for ``allocate_new_blocks`` and ``cache_blocks``."""
+        if new_computed_blocks and new_computed_blocks[-1].block_hash in self.cached_this_step:
+            return self.pool.num_blocks + 1  # that state is still being computed: not this step
+        if self.retention_interval != 0:
+            prefill_end = 0  # dense or interval retention: every chunk may export a checkpoint
+        bs = self.block_size
+        blocks = self.req_to_blocks.get(request_id, ())
+        num_new = -(-num_tokens // bs) - len(new_computed_blocks) - len(blocks)
+        position = checkpoint_position(num_tokens, self.alignment_tokens)
+        if not self._needs_checkpoint(blocks, total_computed_tokens, num_tokens, position,
+                                      prefill_end):
+            position = 0
+        if record:
+            if position:
+                self.checkpoints[request_id] = (position, -(-num_tokens // bs) - 2)
+            else:
+                self.checkpoints.pop(request_id, None)
+        if num_new > 0:
+            cap = 2 if position else 1
+            if num_new > cap:
+                num_new = cap
+        hit_tokens = len(new_computed_blocks) * bs
+        if not blocks and total_computed_tokens > hit_tokens:
+            # Tokens computed elsewhere (a KV connector) first get every position up to them
+            # (allocate_external_computed_blocks), then the state block: vLLM counts only the
+            # latter and fails inside the allocation when the pool runs short; kvcore counts
+            # both (the same decision wherever vLLM's allocation succeeds).
+            held = -(-total_computed_tokens // bs)
+            required = -(-num_tokens // bs)
+            grown = 0
+            if required > held or position:
+                grown = max(required - max(held, required - 1 - (1 if position else 0)), 0)
+            # (Positions before the last computed token are null: only the last gets a block.)
+            exact = held - max((total_computed_tokens - 1) // bs, len(new_computed_blocks)) + grown
+            if exact > num_new:
+                num_new = exact
+        evictable = 0
+        for block in new_computed_blocks:
+            if block.ref_cnt == 0 and not block.is_null:
+                evictable += 1
+        return num_new + evictable
+
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
+                                   new_computed_blocks: Sequence[KVCacheBlock],
+                                   total_computed_tokens: int, max_blocks: int | None = None) -> int:
+        return self.count_state_blocks(request_id, num_tokens, new_computed_blocks,
+                                       total_computed_tokens, 0, False)
+
+    def get_num_freeable_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> int:
+        blocks = self.req_to_blocks.get(request_id)
+        if not blocks:
+            return 0
+        return sum(1 for i in self._released_by(request_id, blocks, num_computed_tokens)
+                   if blocks[i].ref_cnt == 1)
+
+    # -- mutation ---------------------------------------------------------------------------------
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+        """Grow the table to ``cdiv(num_tokens, block_size)`` positions: nulls, then (with a
+        checkpoint reserved) the checkpoint block, then the new running state block."""
+        blocks = self.req_to_blocks.get(request_id)
+        if blocks is None:
+            blocks = self.req_to_blocks[request_id] = []
+        bs = self.block_size
+        required = -(-num_tokens // bs)
+        checkpoint = 1 if request_id in self.checkpoints else 0
+        prev = len(blocks)
+        if required <= prev and not checkpoint:
+            return []
+        if prev > 0:
+            self.last_state_block_idx[request_id] = prev - 1
+        null_end = required - 1 - checkpoint
+        if prev < null_end:
+            blocks.extend([self.null_block] * (null_end - prev))
+        num_new = required - len(blocks)
+        if num_new <= 0:
+            return blocks[prev:]
+        blocks.extend(self.pool.get_new_blocks(num_new))
+        return blocks[prev:]  # the new positions, null ones included (as vLLM returns them)
+
+    def _released_by(self, request_id: str, blocks: Sequence[KVCacheBlock],
+                     num_computed_tokens: int) -> list[int]:
+        """Table indices ``remove_skipped_blocks`` releases, in release order."""
+        out: list[int] = []
+        skipped = num_computed_tokens - 1
+        if skipped > 0:
+            first = self.num_retired_blocks.get(request_id, 0)
+            last = min(skipped // self.block_size, len(blocks))
+            out.extend(i for i in range(last - 1, first - 1, -1) if not blocks[i].is_null)
+        source = self.last_state_block_idx.get(request_id)
+        if (source is not None and source < -(-num_computed_tokens // self.block_size) - 1
+                and source not in out and not blocks[source].is_null):
+            out.append(source)
+        return out
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        """Release the states before the processed tokens' last one: the table's released
+        range (skipping its null gaps, newest first), then the block the running state was
+        copied from, once the step that read it is processed."""
+        blocks = self.req_to_blocks.get(request_id)
+        if not blocks:
+            return
+        null = self.null_block
+        skipped = num_computed_tokens - 1
+        if skipped > 0:
+            first = self.num_retired_blocks.get(request_id, 0)
+            last = min(skipped // self.block_size, len(blocks))
+            if first < last:
+                freed = []
+                for i in range(last - 1, first - 1, -1):
+                    if not blocks[i].is_null:
+                        freed.append(blocks[i])
+                        blocks[i] = null
+                if freed:
+                    self.pool._free_blocks(freed)
+                self.num_retired_blocks[request_id] = last
+        source = self.last_state_block_idx.get(request_id)
+        if (source is not None and source < -(-num_computed_tokens // self.block_size) - 1
+                and not blocks[source].is_null):
+            block = blocks[source]
+            blocks[source] = null
+            self.pool._free_blocks([block])
+
+    def _retained(self, index: int, start_block: int) -> bool:
+        """Whether sparse retention keeps the state at table ``index`` by its segment alone."""
+        retention = self.retention_interval
+        if retention is None:
+            return True
+        per_segment = retention // self.block_size
+        if retention == 0:
+            return False
+        if per_segment <= 1:
+            return True
+        return index >= start_block and (index + 1) % per_segment == 0
+
+    def cache_mask(self, request: KVRequest, start_block: int,
+                   end_block: int) -> list[bool] | None:
+        """Under sparse retention, only the states a later request can resume at: one per
+        retention interval, the prompt's replay boundary and the shared prefix the request's
+        admission found (vLLM's reachable-block mask for Mamba)."""
+        if self.retention_interval is None:
+            return None
+        if self.retention_interval and self.retention_interval // self.block_size <= 1:
+            return None
+        mask = [self._retained(i, start_block) for i in range(start_block, end_block)]
+        align = self.alignment_tokens
+        boundaries = [request.num_prompt_tokens - 1]
+        shared = self.shared_prefix_boundaries.get(request.request_id, 0)
+        if shared:
+            boundaries.append(shared)
+        for boundary in boundaries:
+            index = boundary // align * align // self.block_size - 1
+            if start_block <= index < end_block:
+                mask[index - start_block] = True
+        return mask
+
+    def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
+        """Cache the full states (null positions skipped), key the reserved checkpoint block at
+        its boundary, and hand each newly cached state to KV connectors."""
+        rid = request.request_id
+        before = self.num_cached_block.get(rid, 0)
+        SingleTypeKVCacheManager.cache_blocks(self, request, num_tokens)
+        after = self.num_cached_block.get(rid, 0)
+        if rid in self.checkpoints:
+            self._cache_checkpoint(request)
+        elif self.recache_prompt_boundary:
+            self._recache_prompt_boundary(request, num_tokens)
+        if after > before:
+            blocks = self.req_to_blocks[rid]
+            for i in range(before, after):
+                block = blocks[i]
+                if block.is_null or block.block_hash is None:
+                    continue
+                self.cached_this_step.add(block.block_hash)
+                self.pending_offloads.append((rid, self.group_id, block, (i + 1) * self.block_size))
+
+    def _cache_checkpoint(self, request: RequestLike) -> None:
+        """The checkpoint block reserved for this chunk holds the state at its position: a
+        transient one (not the prompt's, not retained, not the shared prefix) leaves the cache;
+        a kept one is cached there (it normally is already, as a full block)."""
+        rid = request.request_id
+        position, index = self.checkpoints[rid]
+        block = self.req_to_blocks[rid][index]
+        if block.is_null:
+            return
+        kept = (position == checkpoint_position(request.num_prompt_tokens, self.alignment_tokens)
+                or (position % self.block_size == 0
+                    and self._retained(position // self.block_size - 1, 0))
+                or position == self.shared_prefix_boundaries.get(rid, 0))
+        if not kept:
+            if block.block_hash is not None:
+                self.pool.evict_blocks([block.block_id])
+            return
+        if block.block_hash is not None:
+            return
+        hashes = hashes_at(request.block_hashes, self.hash_block_size, self.block_size)
+        if position // self.block_size > len(hashes):
+            return
+        self.pool.cache_full_blocks(request, self.req_to_blocks[rid], index, index + 1,
+                                    self.block_size, self.group_id, hashes, trusted=True)
+        self.cached_this_step.add(hashes[index])
+
+    def _recache_prompt_boundary(self, request: RequestLike, num_tokens: int) -> None:
+        """vLLM 0.32: a chunk ending at the prompt's last block boundary before its end marks
+        the state there cached this step again, even one cached (or hit) earlier."""
+        bs = self.block_size
+        if num_tokens <= 0 or num_tokens % bs or num_tokens != checkpoint_position(
+                request.num_prompt_tokens, self.hash_block_size):
+            return
+        blocks = self.req_to_blocks[request.request_id]
+        index = num_tokens // bs - 1
+        if index < len(blocks):
+            h = blocks[index].block_hash
+            if h is not None:
+                self.cached_this_step.add(h)
+
+    def pop_blocks(self, request_id: str) -> list[KVCacheBlock]:
+        self._forget(request_id)
+        return super().pop_blocks(request_id)
+
+    def _forget(self, request_id: str) -> None:
+        self.last_state_block_idx.pop(request_id, None)
+        self.num_retired_blocks.pop(request_id, None)
+        self.checkpoints.pop(request_id, None)
+        if any(entry[0] == request_id for entry in self.pending_offloads):
+            self.pending_offloads = [e for e in self.pending_offloads if e[0] != request_id]
+
+    def take_boundary_state_offloads(self) -> list[tuple[str, int, KVCacheBlock, int]]:
+        """The states cached since the last call: ``(request id, group id, block, boundary
+        tokens)`` each, for a KV connector to offload (vLLM's hand-off; a request that is freed
+        first takes its entries with it)."""
+        out = self.pending_offloads
+        self.pending_offloads = []
+        return out

@@ -83,8 +83,13 @@ def _specs(cfg: dict[str, Any], classes: dict[str, Any], mamba_kw: dict[str, Any
     for g in cfg["groups"]:
         bs = g["block_size"]
         if g["type"] == "mamba":
+            kw = dict(mamba_kw)
+            if g.get("mode") == "align":  # vLLM's "align" mode, with or without checkpoints
+                kw["mamba_cache_mode"] = "align"
+                if g.get("checkpoint"):
+                    kw.update(num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1)
             out.append(classes["mamba"](block_size=bs, shapes=((2, 4),), dtypes=(torch.float32,),
-                                        **mamba_kw))
+                                        **kw))
             continue
         common = dict(block_size=bs, num_kv_heads=1, head_size=8, dtype=torch.float16)
         if g["type"] == "swa":
@@ -205,6 +210,7 @@ class KvcoreImpl(_Impl):
         extra: dict[str, Any] = {"use_eagle": True} if cfg.get("eagle") else {}
         if cfg.get("vllm") == "0.32":  # the peer's EAGLE retention (see CacheSettings)
             extra["eagle_junction_tail"] = False
+            extra["mamba_recache_prompt_boundary"] = True
         if cfg.get("lookahead"):
             extra["num_hash_lookahead_tokens"] = cfg["lookahead"]
         if cfg.get("general_path"):  # kvcore only: every allocate_slots call fully validated
@@ -257,6 +263,9 @@ class KvcoreImpl(_Impl):
     def stats(self) -> Any:
         return self.m.make_prefix_cache_stats()
 
+    def zeroed(self) -> list[int]:
+        return []  # kvcore's own manager records nothing for zeroing (vLLM's adapter does)
+
 
 def vllm_block_sizes(cfg: dict[str, Any]) -> tuple[int, int]:
     """(scheduler_block_size, hash_block_size) as vLLM's ``resolve_kv_cache_block_sizes``
@@ -267,7 +276,8 @@ def vllm_block_sizes(cfg: dict[str, Any]) -> tuple[int, int]:
     if len(sizes) == 1:
         return sizes[0], sizes[0]
     sched = math.lcm(*sizes)
-    if not cfg.get("caching", True) or any(g["type"] == "mamba" for g in groups):
+    if not cfg.get("caching", True) or any(g["type"] == "mamba" and g.get("mode") != "align"
+                                           for g in groups):
         return sched, sched
     return sched, math.gcd(*sizes)
 
@@ -373,6 +383,10 @@ class VllmImpl(_Impl):
     def stats(self) -> Any:
         return self.m.make_prefix_cache_stats()
 
+    def zeroed(self) -> list[int]:
+        """Block ids recorded for zeroing since the last op (Mamba models)."""
+        return list(self.m.take_new_block_ids())
+
 
 class AdapterImpl(VllmImpl):
     """kvcore behind vLLM's manager surface (kvcore.integrations.vllm): built with exactly the
@@ -401,6 +415,25 @@ class Replayer:
     def __init__(self, impl: Any) -> None:
         self.impl = impl
         self.requests: dict[str, Any] = {}
+        # Mamba "align": prefill chunks end on block boundaries, as vLLM's scheduler splits them.
+        self.align_block = next((g["block_size"] for g in impl.cfg["groups"]
+                                 if g.get("mode") == "align"), 0)
+
+    def chunk(self, req: Any, start: int, n: int) -> int:
+        """``n`` new tokens from ``start``, cut as vLLM's scheduler cuts a Mamba "align" prefill
+        chunk: mid-prompt chunks end on a block boundary (when one lies inside) and never run
+        past the last block boundary before the request's end (its cacheable state)."""
+        bs = self.align_block
+        prefill_end = max(req.num_prompt_tokens, req.num_tokens - 1)
+        if not bs or n <= 0 or start >= prefill_end:
+            return n
+        end = start + n
+        if end < prefill_end and end // bs * bs > start:
+            end = end // bs * bs
+        last = max((req.num_tokens - 1) // bs * bs, 0)
+        if start < last < end:
+            end = last
+        return end - start
 
     def apply(self, op: dict[str, Any]) -> dict[str, Any]:
         impl = self.impl
@@ -419,7 +452,7 @@ class Replayer:
             delay = bool(op.get("delay"))
             ext = max(min(op.get("ext", 0), rest if delay else rest - 1), 0)
             delay = delay and ext > 0
-            n = 0 if delay else min(op["chunk"], rest - ext)
+            n = 0 if delay else self.chunk(req, hit + ext, min(op["chunk"], rest - ext))
             out = impl.allocate(req, n, hit, blocks, ext=ext, delay=delay, enc=op.get("enc", 0),
                                 fit=bool(op.get("fit")))
             o.update(hit=hit, hit_blocks=_ids(blocks), new=_ids(out))
@@ -437,7 +470,8 @@ class Replayer:
         elif kind == "step":
             req = self.requests[rid]
             if req.num_computed_tokens < req.num_tokens:
-                n = min(op["chunk"], req.num_tokens - req.num_computed_tokens)
+                n = self.chunk(req, req.num_computed_tokens,
+                               min(op["chunk"], req.num_tokens - req.num_computed_tokens))
             else:
                 req.append_output_token_ids(op["token"])
                 impl.label_hashes(rid, req)
@@ -462,11 +496,37 @@ class Replayer:
             o["stats"] = None if s is None else [getattr(s, f) for f in STATS_FIELDS]
         else:
             raise ValueError(f"unknown op {kind!r}")
+        if self.impl.cfg.get("observe_zeroing"):  # vLLM and the adapter (kvcore has none)
+            zeroed = impl.zeroed()
+            if zeroed:
+                o["zeroed"] = zeroed
         o["free_queue"] = impl.free_queue()
         events = impl.events()
         if events:
             o["events"] = events
         return o
+
+
+VLLM_EXT_UNDERCOUNT = "Cannot get"
+"""vLLM's error when a Mamba "align" admission with externally computed tokens takes more
+blocks than its count checked for (docs/vllm_mamba_external_undercount_bug.md)."""
+
+
+def cut_at_vllm_undercount(trace: dict[str, Any], ours: list[dict[str, Any]],
+                           theirs: list[dict[str, Any]]
+                           ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
+    """Both observation lists up to the op where vLLM raised its Mamba external-token
+    undercount error, if it did on such an admission and kvcore refused the same admission
+    (``new`` None: kvcore counts those blocks); else unchanged.  The flag says whether it cut."""
+    for i, o in enumerate(theirs):
+        if VLLM_EXT_UNDERCOUNT in str(o.get("error", "")):
+            op = trace["ops"][i]
+            mamba = any(g.get("mode") == "align" for g in trace["config"]["groups"])
+            if (mamba and op["op"] == "admit" and op.get("ext") and i < len(ours)
+                    and ours[i].get("new", 0) is None):
+                return ours[:i], theirs[:i], True
+            break
+    return ours, theirs, False
 
 
 def make_impl(name: str, cfg: dict[str, Any]) -> Any:

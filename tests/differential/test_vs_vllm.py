@@ -23,7 +23,7 @@ import pytest
 
 from kvcore.bench.peer import peer_python
 from tests.differential.known_divergences import REPROS, repro_traces
-from tests.differential.replay import replay, replay_all
+from tests.differential.replay import cut_at_vllm_undercount, replay, replay_all
 from tests.differential.traces import KINDS, KVCORE_PENDING, generate_trace, pending_features
 
 NUM_TRACES = int(os.environ.get("KVCORE_DIFF_TRACES", "400"))
@@ -54,7 +54,7 @@ def _first_difference(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) 
 
 @pytest.fixture(scope="module")
 def traces() -> list[dict[str, Any]]:
-    out = [generate_trace(seed, pending=PENDING) for seed in range(NUM_TRACES)]
+    out = [generate_trace(seed, pending=PENDING, vllm=PEER_VLLM) for seed in range(NUM_TRACES)]
     for t in out:
         t["config"]["vllm"] = PEER_VLLM  # the peer's semantics where vLLM versions differ
     return out
@@ -106,13 +106,16 @@ def test_kvcore_matches_vllm_on_every_trace(
     ours = replay_all("kvcore", [{**t, "config": {**t["config"], "general_path": path == "general"}}
                                  for t in traces])
     failures = []
+    errors = []
+    cut = 0
     for trace, a in zip(traces, ours):
-        b = vllm_observations[str(trace["seed"])]
+        a, b, was_cut = cut_at_vllm_undercount(trace, a, vllm_observations[str(trace["seed"])])
+        cut += was_cut
+        errors.extend(o["error"] for o in b if "error" in o)
         if a != b:
             failures.append(f"seed {trace['seed']} config {trace['config']}:\n"
                             f"{_first_difference(a, b)}")
-    errors = [o["error"] for t in traces for o in vllm_observations[str(t["seed"])]
-              if "error" in o]
+    assert cut <= len(traces) // 50  # vLLM's Mamba undercount: rare, and kvcore refuses there
     assert not errors, f"vLLM raised on {len(errors)} traces (invalid ops?): {errors[:3]}"
     nones = sum(1 for obs in ours for o in obs if "new" in o and o["new"] is None)
     hits = sum(1 for obs in ours for o in obs if o.get("hit", 0) > 0)

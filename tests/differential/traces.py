@@ -37,7 +37,8 @@ def pending_features() -> list[str]:
 
 
 KINDS = ["full", "full", "swa", "swa", "chunked", "hybrid", "hybrid_bs", "nocache",
-         "mamba", "hybrid_mamba", "cross", "hybrid_partial"]
+         "mamba", "hybrid_mamba", "cross", "hybrid_partial", "mamba_align", "hybrid_align",
+         "hybrid_align"]
 EAGLE_KINDS = {"full", "swa", "hybrid", "hybrid_bs", "mamba", "hybrid_mamba", "hybrid_partial"}
 """vLLM rejects eagle with chunked local attention (an assertion in its hit search)."""
 
@@ -70,6 +71,13 @@ def random_config(rng: random.Random, pending: list[str] | None = None,
         # Equal block sizes: vLLM hashes at the lcm when Mamba is not in "align" mode.
         bs = rng.choice([4, 8])
         groups = [{"type": "full", "block_size": bs}, {"type": "mamba", "block_size": bs}]
+    elif kind in ("mamba_align", "hybrid_align"):
+        # vLLM's "align" mode (hybrid models under prefix caching); equal block sizes, as vLLM
+        # sets the attention block size to the Mamba one; half with Mamba2's prefill checkpoint.
+        bs = rng.choice([4, 8])
+        mamba = {"type": "mamba", "block_size": bs, "mode": "align",
+                 "checkpoint": rng.random() < 0.5}
+        groups = [mamba] if kind == "mamba_align" else [{"type": "full", "block_size": bs}, mamba]
     elif kind == "cross":
         # Encoder-decoder: vLLM's cross-attention manager supports no prefix caching at all.
         groups = [{"type": "full", "block_size": rng.choice([2, 4, 8])},
@@ -159,9 +167,14 @@ class _MambaDuplicates:
 
 
 def generate_trace(seed: int, num_ops: int = 60, pending: list[str] | None = None,
-                   lookahead_hashes: bool = False) -> dict[str, Any]:
+                   lookahead_hashes: bool = False, vllm: str | None = None) -> dict[str, Any]:
+    """A random trace; ``vllm`` (``"0.32"``/``"0.33"``) is the peer version whose semantics
+    kvcore follows where versions differ, set before kvcore steers the generation so that every
+    op stays valid under them."""
     rng = random.Random(seed)
     config = random_config(rng, pending, lookahead_hashes)
+    if vllm is not None:
+        config["vllm"] = vllm
     families = [[rng.randrange(5) for _ in range(rng.randint(4, 40))] for _ in range(3)]
     replayer = Replayer(_steering_impl(config))
     requests = replayer.requests

@@ -1,8 +1,9 @@
 """vLLM's ``KVCacheConfig`` as kvcore's, and every vLLM setting kvcore refuses.
 
-kvcore manages what vLLM's full-attention, sliding-window and chunked-local managers manage.
-Anything else a vLLM 0.32 or 0.33 configuration can ask of its KV-cache manager — Mamba states,
-copy-on-write partial hits, block zeroing, context parallelism, sparse retention, scratch or
+kvcore manages what vLLM's full-attention, sliding-window and chunked-local managers manage, and
+Mamba states in vLLM's ``"align"`` mode.  Anything else a vLLM 0.32 or 0.33 configuration can
+ask of its KV-cache manager — other Mamba modes, speculative Mamba blocks, copy-on-write partial
+hits, block zeroing, context parallelism, sparse retention, scratch or
 host-resident groups, ... — is refused here, at engine start, with an
 :class:`~kvcore.errors.UnsupportedFeatureError` that names it and the setting that turns it
 off: kvcore never runs a configuration in which it would behave differently from vLLM.
@@ -12,9 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from vllm.v1.core.single_type_kv_cache_manager import (
     ChunkedLocalAttentionManager,
     FullAttentionManager,
+    MambaManager,
     SlidingWindowManager,
 )
 from vllm.v1.kv_cache_interface import (
@@ -25,6 +28,9 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.kv_cache_interface import (
     KVCacheGroupRole,
+)
+from vllm.v1.kv_cache_interface import (
+    MambaSpec as VllmMambaSpec,
 )
 from vllm.v1.kv_cache_interface import (
     SlidingWindowSpec as VllmSlidingWindowSpec,
@@ -39,6 +45,7 @@ from kvcore.specs import (
     KVCacheConfig,
     KVCacheGroup,
     KVCacheSpec,
+    MambaSpec,
     SlidingWindowSpec,
 )
 
@@ -81,10 +88,35 @@ def _spec(group_id: int, group: Any) -> KVCacheSpec:
         return SlidingWindowSpec(sliding_window=spec.sliding_window, **common)
     if manager is ChunkedLocalAttentionManager and isinstance(spec, VllmChunkedLocalSpec):
         return ChunkedLocalAttentionSpec(attention_chunk_size=spec.attention_chunk_size, **common)
+    if manager is MambaManager and isinstance(spec, VllmMambaSpec):
+        return _mamba_spec(group_id, spec)
     what = "Mamba state groups" if name.startswith("Mamba") else "this attention type"
     raise refuse(f"{what} (group {group_id}: {name}, managed in vLLM by "
                  f"{getattr(manager, '__name__', manager)})",
                  "use a model with only full, sliding-window or chunked-local attention")
+
+
+def _mamba_spec(group_id: int, spec: Any) -> MambaSpec:
+    """kvcore's spec for a vLLM Mamba group in ``"align"`` mode (what vLLM runs hybrid models
+    with under prefix caching) or ``"none"``, or raise naming what kvcore lacks."""
+    mode = spec.mamba_cache_mode
+    if mode not in ("align", "none"):
+        raise refuse(f"Mamba state groups in mamba_cache_mode={mode!r} (group {group_id})",
+                     "use mamba_cache_mode='align' (vLLM's default with prefix caching)")
+    if spec.num_speculative_blocks:
+        raise refuse(f"speculative Mamba state blocks ({spec.num_speculative_blocks} in group "
+                     f"{group_id}: MTP/EAGLE on a hybrid model)",
+                     "run the hybrid model without speculative decoding")
+    if spec.num_prefill_checkpoint_blocks > 1:
+        raise refuse(f"{spec.num_prefill_checkpoint_blocks} Mamba prefill checkpoint blocks "
+                     f"(group {group_id})", "use a Mamba backend with at most one")
+    shapes, dtypes = tuple(tuple(s) for s in spec.shapes), tuple(spec.dtypes)
+    if len(shapes) != len(dtypes) or not shapes:  # kvcore sizes pages only: keep the bytes
+        shapes, dtypes = ((spec.page_size_bytes,),), (torch.uint8,)
+    return MambaSpec(block_size=spec.block_size, shapes=shapes, dtypes=dtypes,
+                     mamba_cache_mode=mode,
+                     num_prefill_checkpoint_blocks=spec.num_prefill_checkpoint_blocks,
+                     prefill_checkpoint_alignment=spec.prefill_checkpoint_alignment)
 
 
 def kvcore_config(kv_cache_config: Any, *, scheduler_block_size: int, hash_block_size: int,
@@ -100,9 +132,6 @@ def kvcore_config(kv_cache_config: Any, *, scheduler_block_size: int, hash_block
         kv_cache_config.num_blocks,
         tuple(KVCacheGroup(tuple(g.layer_names), _spec(i, g)) for i, g in enumerate(groups)),
         getattr(kv_cache_config, "prefix_cache_retention_interval", None))
-    if getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
-        raise refuse("zeroing newly allocated blocks (mixed KV-cache precisions)",
-                     "use one KV-cache dtype for every layer")
     if config.alignment_tokens != scheduler_block_size:
         raise refuse(f"a scheduler block size of {scheduler_block_size} tokens for groups whose "
                      f"block sizes have lcm {config.alignment_tokens} (context parallelism "
@@ -112,6 +141,18 @@ def kvcore_config(kv_cache_config: Any, *, scheduler_block_size: int, hash_block
                      f"have gcd {config.hash_block_size} (prefix_match_unit: partial-block hits "
                      "with copy-on-write)", "leave cache_config.prefix_match_unit unset")
     return config
+
+
+def zeroing_groups(kv_cache_config: Any) -> tuple[int, ...]:
+    """The groups whose newly allocated blocks vLLM's workers zero (Mamba models and mixed
+    KV-cache precisions): attention groups other than circular buffers, as vLLM records them."""
+    from vllm.v1.kv_cache_interface import AttentionSpec, CircularBufferSpec
+
+    if not getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
+        return ()
+    return tuple(i for i, g in enumerate(kv_cache_config.kv_cache_groups)
+                 if isinstance(g.kv_cache_spec, AttentionSpec)
+                 and not isinstance(g.kv_cache_spec, CircularBufferSpec))
 
 
 def eagle_groups(kv_cache_config: Any, use_eagle: bool,

@@ -35,13 +35,14 @@ from vllm.v1.metrics.stats import PrefixCacheStats as VllmPrefixCacheStats
 
 from kvcore.blocks import KVCacheBlock
 from kvcore.hashing import EngineHashes
-from kvcore.integrations.vllm.config import eagle_groups, kvcore_config, refuse
+from kvcore.integrations.vllm.config import eagle_groups, kvcore_config, refuse, zeroing_groups
 from kvcore.integrations.vllm.events import VllmEventRecorder, int_hash
 from kvcore.integrations.vllm.request import VllmRequestView
 from kvcore.integrations.vllm.settings import KvcoreSettings
 from kvcore.integrations.vllm.version import VllmVersion, installed
-from kvcore.integrations.vllm.views import BlockPoolView, CoordinatorView
+from kvcore.integrations.vllm.views import BlockPoolView, coordinator_view
 from kvcore.manager import KVCacheManager
+from kvcore.managers import MambaAlignManager
 
 
 class KVCacheManagerAdapter:
@@ -86,6 +87,10 @@ class KVCacheManagerAdapter:
         config = kvcore_config(kv_cache_config, scheduler_block_size=scheduler_block_size,
                                hash_block_size=hash_block_size, enable_caching=enable_caching)
         eagle_ids, drop_ids = eagle_groups(kv_cache_config, use_eagle, version)
+        has_mamba = any(g.spec.holds_state for g in config.groups)
+        if has_mamba and (drop_ids or num_hash_lookahead_tokens):
+            raise refuse("speculative decoding (EAGLE/MTP) on a hybrid Mamba model",
+                         "run the hybrid model without speculative decoding")
         self.vllm_version = version
         self.settings = settings
         self.kv_cache_config = kv_cache_config
@@ -111,11 +116,12 @@ class KVCacheManagerAdapter:
             block_hasher=EngineHashes(), use_eagle=bool(drop_ids),
             num_hash_lookahead_tokens=num_hash_lookahead_tokens,
             eagle_junction_tail=version.eagle_junction_tail,
+            mamba_recache_prompt_boundary=version.mamba_recache_prompt_boundary,
             eviction_policy=settings.eviction_policy,
             events=VllmEventRecorder(config, num_hash_lookahead_tokens, convert))
         self.block_pool = BlockPoolView(self.kv, hash_block_size, num_hash_lookahead_tokens)
-        self.coordinator = CoordinatorView(self.kv, kv_cache_config, self.block_pool,
-                                           eagle_ids, drop_ids)
+        self.coordinator = coordinator_view(self.kv, kv_cache_config, self.block_pool,
+                                            eagle_ids, drop_ids)
         self.empty_kv_cache_blocks = VllmKVCacheBlocks(
             tuple(() for _ in range(self.num_kv_cache_groups)))
         self.prefix_cache_stats: VllmPrefixCacheStats | None = (
@@ -126,6 +132,12 @@ class KVCacheManagerAdapter:
         # manager then knows the hit it returned and need not check it again).
         self._lookup: VllmRequestView | None = None
         self._releases = any(m.releases_blocks for m in self.kv.coordinator.managers)
+        self._state_managers = [m for m in self.kv.coordinator.managers
+                                if isinstance(m, MambaAlignManager)]
+        # Block zeroing (Mamba models, mixed precisions): the groups whose new blocks vLLM's
+        # workers zero, and per group the block ids recorded since take_new_block_ids().
+        self._zeroing = zeroing_groups(kv_cache_config)
+        self._new_block_ids: list[list[int]] = [[] for _ in range(self.num_kv_cache_groups)]
         self._steps = 0
 
     # -- requests -------------------------------------------------------------------------
@@ -184,8 +196,21 @@ class KVCacheManagerAdapter:
     def get_computed_blocks_for_connector(
             self, request: Any, max_cache_hit_length: int | None = None
     ) -> tuple[VllmKVCacheBlocks, int, int, bool]:
-        """As vLLM for every model without Mamba layers: the plain lookup, never diverged."""
-        return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+        """The local lookup of a request scheduled with a KV connector.  Hybrid Mamba models,
+        as vLLM: full attention's own hit when no group hit deeper (flagged diverged when some
+        group hit less: the connector refills it, or the scheduler falls back), else the hit
+        every group agrees on.  Other models: the plain lookup, never diverged."""
+        coord = self.coordinator
+        fa = coord.full_attention_group_id
+        if not self._state_managers or fa is None:
+            return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+        if not self.enable_caching or request.skip_reading_prefix_cache:
+            return self.empty_kv_cache_blocks, 0, 0, False
+        blocks, hits = coord.find_longest_cache_hit_per_group(request.block_hashes,
+                                                              request.num_tokens - 1)
+        if any(hit > hits[fa] for hit in hits):
+            return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+        return self._blocks(blocks), hits[fa], 0, min(hits) < hits[fa]
 
     def allocate_slots(self, request: Any, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: VllmKVCacheBlocks | None = None,
@@ -194,8 +219,9 @@ class KVCacheManagerAdapter:
                        full_sequence_must_fit: bool = False, reserved_blocks: int = 0,
                        has_scheduled_reqs: bool = True,
                        skip_zeroing_group_ids: tuple[int, ...] = ()) -> VllmKVCacheBlocks | None:
-        """vLLM's ``allocate_slots``; ``has_scheduled_reqs`` only gates vLLM's watermark and
-        ``skip_zeroing_group_ids`` only its zeroing (both refused at start)."""
+        """vLLM's ``allocate_slots``; ``has_scheduled_reqs`` only gates vLLM's watermark
+        (refused at start); ``skip_zeroing_group_ids``: groups whose blocks for externally
+        computed tokens are not recorded for zeroing (the load writes them)."""
         rid = request.request_id
         tracked = self._views.get(rid)
         running = tracked is not None and tracked.vllm is request
@@ -215,11 +241,30 @@ class KVCacheManagerAdapter:
             num_encoder_tokens, full_sequence_must_fit, reserved_blocks)
         if new is None:
             return None
+        if self._zeroing:
+            self._record_zeroing(rid, running, new, hits, num_external_computed_tokens,
+                                 skip_zeroing_group_ids)
         if not running:
             self._views[rid] = view
             if self._lookup is view:
                 self._lookup = None
         return self._blocks(new)
+
+    def _record_zeroing(self, rid: str, running: bool, new: Sequence[Sequence[KVCacheBlock]],
+                        hits: Any, num_external: int, skip: tuple[int, ...]) -> None:
+        """Record the blocks this allocation took for vLLM's workers to zero, per group, as
+        vLLM's managers do: a new request's blocks for externally computed tokens (unless its
+        group is in ``skip``: the load writes them), then the new blocks."""
+        tables = self.kv.coordinator.get_blocks(rid) if num_external and not running else None
+        for g in self._zeroing:
+            out = self._new_block_ids[g]
+            grown = new[g]
+            if tables is not None and g not in skip:
+                table = tables[g]
+                hit_ids = {b.block_id for b in hits[g]} if hits else set()
+                out.extend(b.block_id for b in table[:len(table) - len(grown)]
+                           if not b.is_null and b.block_id not in hit_ids)
+            out.extend(b.block_id for b in grown if not b.is_null)
 
     def free(self, request: Any) -> None:
         """Release the request's blocks, tail first; nothing for a request without blocks."""
@@ -319,19 +364,38 @@ class KVCacheManagerAdapter:
         return self._blocks(tuple(out))
 
     def take_new_block_ids(self) -> list[int]:
-        return []  # no block zeroing (refused at start)
+        """The block ids recorded for zeroing since the last call, group after group."""
+        out = [bid for ids in self._new_block_ids for bid in ids]
+        for ids in self._new_block_ids:
+            ids.clear()
+        return out
 
     def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
-        raise refuse("zeroing newly allocated blocks", "use one KV-cache dtype for every layer")
+        """Record the request's blocks from ``start_token`` (a block boundary) on for zeroing
+        again, e.g. those a failed KV load left unwritten."""
+        tables = self.kv.coordinator.get_blocks(request_id)
+        managers = self.kv.coordinator.managers
+        for g in self._zeroing:
+            bs = managers[g].block_size
+            if start_token % bs:
+                raise refuse(f"zeroing from token {start_token}, inside a block of {bs}",
+                             "zero from a block boundary")
+            self._new_block_ids[g].extend(b.block_id for b in tables[g][start_token // bs:])
 
     def take_kv_cache_block_copies(self) -> tuple[list[Any], list[KVCacheBlock]]:
         return [], []  # no copy-on-write (partial-block hits are refused at start)
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
-        return {}  # Mamba "align" boundary states only (refused at start)
+        """The Mamba "align" states cached since the last call, for a KV connector:
+        ``{request id: [(group id, block id, boundary tokens), ...]}`` (empty without Mamba)."""
+        out: dict[str, list[tuple[int, int, int]]] = {}
+        for m in self._state_managers:
+            for rid, group, block, tokens in m.take_boundary_state_offloads():
+                out.setdefault(rid, []).append((group, block.block_id, tokens))
+        return out
 
     def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
-        return []  # Mamba "align" partial tails only (refused at start)
+        return []  # Mamba "align" partial tails need partial-block hits (refused at start)
 
     def new_step_starts(self) -> None:
         """A scheduling step starts; checks kvcore's invariants every

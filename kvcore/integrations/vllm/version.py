@@ -58,6 +58,13 @@ class VllmVersion:
         return (self.major, self.minor) >= (0, 33)
 
 
+    @property
+    def mamba_recache_prompt_boundary(self) -> bool:
+        """Whether a Mamba "align" chunk ending at the prompt's last block boundary marks the
+        state there cached this step again even when cached earlier (0.32)."""
+        return (self.major, self.minor) < (0, 33)
+
+
 def supported_names() -> str:
     return ", ".join(f"{major}.{minor}" for major, minor in SUPPORTED)
 

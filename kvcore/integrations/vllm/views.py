@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from kvcore.block_pool import BlockPool
 from kvcore.blocks import BlockHash, KVCacheBlock
+from kvcore.coordinator.hybrid import HybridCoordinator
+from kvcore.errors import UnsupportedFeatureError
 from kvcore.managers.base import SingleTypeKVCacheManager
 
 if TYPE_CHECKING:
@@ -192,4 +194,45 @@ class CoordinatorView:
         kv = self._kv
         return kv.coordinator.num_blocks_to_allocate(
             request_id, num_tokens, new_computed_blocks, num_encoder_tokens,
-            total_computed_tokens, kv.admission_caps if apply_admission_cap else None)
+            total_computed_tokens, kv.admission_caps if apply_admission_cap else None,
+            num_tokens_main_model, prefill_end, not apply_admission_cap)
+
+    @property
+    def full_attention_group_id(self) -> int | None:
+        coord = self._kv.coordinator
+        return coord.full_attention_group_id if isinstance(coord, HybridCoordinator) else None
+
+    def find_longest_cache_hit_per_group(
+            self, block_hashes: Sequence[Any], max_cache_hit_length: int
+    ) -> tuple[tuple[list[KVCacheBlock], ...], tuple[int, ...]]:
+        """Each group's own longest hit and its length (hybrid models; see kvcore's
+        ``HybridCoordinator.find_longest_cache_hit_per_group``)."""
+        coord = self._kv.coordinator
+        if not isinstance(coord, HybridCoordinator):
+            raise UnsupportedFeatureError("per-group prefix lookups exist for hybrid models "
+                                          "only (vLLM's HybridKVCacheCoordinator)")
+        return coord.find_longest_cache_hit_per_group(block_hashes, max_cache_hit_length)
+
+
+
+class HybridCoordinatorView(CoordinatorView):
+    """The view of a hybrid model's coordinator: registered as a virtual subclass of vLLM's
+    ``HybridKVCacheCoordinator`` (an abstract base class), so vLLM's
+    ``isinstance(coordinator, HybridKVCacheCoordinator)`` checks (its offloading connector,
+    its tests) see what vLLM would have built."""
+
+
+def coordinator_view(kv: KVCacheManager, kv_cache_config: Any, block_pool: BlockPoolView,
+                     eagle_group_ids: set[int], drop_eagle_group_ids: set[int]
+                     ) -> CoordinatorView:
+    """The view matching kvcore's coordinator (hybrid models get :class:`HybridCoordinatorView`,
+    registered with vLLM's class on first use)."""
+    if not isinstance(kv.coordinator, HybridCoordinator):
+        return CoordinatorView(kv, kv_cache_config, block_pool, eagle_group_ids,
+                               drop_eagle_group_ids)
+    from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
+
+    if not issubclass(HybridCoordinatorView, HybridKVCacheCoordinator):
+        HybridKVCacheCoordinator.register(HybridCoordinatorView)
+    return HybridCoordinatorView(kv, kv_cache_config, block_pool, eagle_group_ids,
+                                 drop_eagle_group_ids)
