@@ -236,6 +236,32 @@ class BlockPool(PoolChecks):
                 blocks = rest
         self.free_queue.on_touch(blocks)
 
+    def pin(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Take one more reference on each block *without* recording an access: a free block
+        leaves the free side (the policy, or the hint reserve) as it is, so the eviction
+        policy's history is what it was (a holder that only copies the block, such as a KV
+        offload, is not a reuse).  ``free_blocks`` returns it as any freed block.
+
+        Null blocks are skipped.  A block of another pool, or a free block that is not on the
+        free side, raises :class:`BlockStateError` before anything changes.
+        """
+        batch = blocks if type(blocks) is list else list(blocks)
+        self._check_owned(batch, "pin")
+        for block in batch:
+            if block.ref_cnt == 0 and not block.is_null and block.prev_free is None:
+                raise BlockStateError(f"pin: block {block.block_id} has ref_cnt 0 but is not "
+                                      "in the free queue")
+        reserved = self._reserved
+        for block in batch:
+            if block.is_null:
+                continue
+            if block.ref_cnt == 0:
+                if block.block_id in reserved:
+                    self._hint_reserve.unhold(block)
+                else:
+                    self.free_queue.remove(block)
+            block.ref_cnt += 1
+
     def retain(self, blocks: Iterable[KVCacheBlock]) -> None:
         """A retention hint: record one access on each cached block in use (as a prefix hit
         would, through the policy's ``on_hit``) without taking a reference.  Free, uncached and

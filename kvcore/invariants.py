@@ -232,7 +232,8 @@ def check_manager_invariants(manager: ManagerState) -> None:
 
     ``request-registry``  a request has blocks in some group iff the manager tracks it (and only
                           tracked requests have prefix chains or shared-prefix boundaries)
-    ``withheld``          references handed out by ``pop_blocks_for_free`` name real blocks
+    ``withheld``          references handed out by ``pop_blocks_for_free`` or taken by
+                          ``withhold`` name real blocks
                           (and count in their ``ref_cnt``, checked with the pool's ownership)
     ``null-placement``    null blocks only in groups whose type allows them, as a leading run
                           (anywhere for types with ``null_gaps``)

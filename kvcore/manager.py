@@ -365,6 +365,34 @@ class KVCacheManager(ManagerChecks):
             withheld[bid] = withheld.get(bid, 0) + 1
         return blocks
 
+    def withhold(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Take one reference on each block for a holder outside the manager — a KV connector
+        copying it to or from another tier, as vLLM's ``SimpleCPUOffloadConnector`` does with
+        vLLM's ``block_pool.touch`` — withheld like :meth:`pop_blocks_for_free`'s until
+        :meth:`free_withheld` returns it.  A block may be in use by requests or free and
+        cached; a free one leaves the free side without counting as an access (the eviction
+        policy's history is unchanged: ``BlockPool.pin``).  A block listed twice takes two
+        references.  Null blocks are skipped.
+
+        Raises :class:`~kvcore.errors.BlockStateError`, changing nothing, for a block of
+        another pool and for a free block that caches nothing (no holder and no prefix: it
+        holds no KV a caller could want, and taking it would only hide it from allocation).
+        """
+        batch = [b for b in blocks if not (isinstance(b, KVCacheBlock) and b.is_null)]
+        mine = self.pool.blocks
+        for block in batch:
+            bid = getattr(block, "block_id", None)
+            if not isinstance(bid, int) or not 0 <= bid < len(mine) or mine[bid] is not block:
+                raise BlockStateError(f"withhold: {block!r} is not a block of this pool")
+            if block.ref_cnt == 0 and block.block_hash is None:
+                raise BlockStateError(f"withhold: block {bid} is free and caches nothing "
+                                      "(in use by nobody)")
+        self.pool.pin(batch)
+        withheld = self._withheld
+        for block in batch:
+            bid = block.block_id
+            withheld[bid] = withheld.get(bid, 0) + 1
+
     def free_withheld(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Return blocks :meth:`pop_blocks_for_free` handed out, in eviction priority order
         (first = evicted first: pass a request's blocks reversed, so its prefix is evicted

@@ -209,6 +209,13 @@ CASES = [
     Case("manager", "return a block that was never withheld",
          lambda w: w.m.free_withheld([w.m.get_blocks("run")[0][0]]), BlockStateError,
          "withheld 0", f"{M}.free_withheld"),
+    Case("manager", "withhold a free block that caches nothing",
+         lambda w: w.m.withhold([w.m.get_blocks("run")[0][0], next(
+             b for b in w.m.pool.blocks[1:] if b.ref_cnt == 0 and b.block_hash is None)]),
+         BlockStateError, "in use by nobody", f"{M}.withhold"),
+    Case("manager", "withhold another manager's block",
+         lambda w: w.m.withhold([w.other.pool.blocks[1]]), BlockStateError,
+         "not a block of this pool"),
     Case("manager", "free with a retention hint that is not a bool",
          lambda w: w.m.free(w.running, retain="yes"), InvalidArgumentError,
          "retain must be a bool, got 'yes'"),
@@ -264,6 +271,9 @@ CASES = [
     Case("pool", "free a free block", lambda w: w.m.pool.free_blocks(
         [w.m.pool.blocks[1], w.m.pool.free_queue.first()]), DoubleFreeError, "freed",
          f"{P}.free_blocks"),
+    Case("pool", "pin a foreign block", lambda w: w.m.pool.pin(
+        [w.m.pool.blocks[1], w.other.pool.blocks[1]]), BlockStateError,
+         "not a block of this pool", f"{P}.pin"),
     Case("pool", "retain a foreign block", lambda w: w.m.pool.retain(
         [w.m.pool.blocks[1], w.other.pool.blocks[1]]), BlockStateError,
          "not a block of this pool", f"{P}.retain"),

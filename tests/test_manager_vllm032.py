@@ -248,3 +248,39 @@ def test_a_deferred_free_leaves_out_null_blocks_and_keeps_group_order() -> None:
         m.pop_blocks_for_free(r)
     m.free_withheld(reversed(blocks))
     m.check_invariants()
+
+
+@pytest.mark.parametrize("policy", ["lru", "slru", "s3fifo", "arc"])
+def test_withheld_references_of_an_outside_holder_pin_blocks_without_an_access(
+        policy: str) -> None:
+    """``withhold`` (vLLM's ``block_pool.touch`` for a connector that copies blocks): free
+    cached blocks leave the free side and blocks in use count one more reference, both
+    withheld until ``free_withheld``; no access is recorded, so a policy's history and the
+    free order after the return are those of a plain free."""
+    from kvcore import BlockStateError
+
+    m = make_manager(num_blocks=16, eviction_policy=policy)
+    a, b = m.make_request("a", list(range(9))), m.make_request("b", list(range(100, 113)))
+    admit(m, a)
+    admit(m, b)
+    m.free(b)
+    cached = [x for x in m.pool.free_queue if x.block_hash is not None]
+    in_use = m.get_blocks("a")[0][0]
+    marks = [getattr(m.pool.free_queue, "mark", lambda _: 0)(x) for x in m.pool.blocks]
+    free_before = m.num_free_blocks
+    m.withhold([*cached, in_use, cached[0], m.pool.null_block])
+    assert m.withheld_blocks() == {**{x.block_id: 1 for x in cached}, in_use.block_id: 1,
+                                   cached[0].block_id: 2}
+    assert m.num_free_blocks == free_before - len(cached) and in_use.ref_cnt == 2
+    assert [getattr(m.pool.free_queue, "mark", lambda _: 0)(x) for x in m.pool.blocks] == marks
+    m.check_invariants()
+    snap = manager_snapshot(m)
+    unhashed = next(x for x in m.pool.free_queue if x.block_hash is None)
+    with pytest.raises(BlockStateError, match="in use by nobody"):
+        m.withhold([in_use, unhashed])
+    with pytest.raises(BlockStateError, match="not a block of this pool"):
+        m.pool.pin([in_use, make_manager(num_blocks=16).pool.blocks[1]])
+    assert manager_snapshot(m) == snap
+    m.free_withheld([*cached, in_use, cached[0]])
+    assert m.num_withheld_blocks == 0 and m.num_free_blocks == free_before
+    m.check_invariants()

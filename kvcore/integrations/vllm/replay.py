@@ -184,6 +184,8 @@ class ReplaySetup:
     # None, every block cached; vLLM's default 0 keeps only replay-boundary tails).
     prefix_cache_retention_interval: int | None = 0
     kv_transfer_config: dict[str, Any] | None = None  # a KV connector (vLLM's KVTransferConfig)
+    # vLLM's KVCacheTensors (default none): a connector that sizes a tier from them needs them.
+    kv_cache_tensors: Callable[[], list[Any]] | None = None
     # vLLM's deferred block frees, as a P/D decode instance (KV consumer) or CPU offloading has
     # them with overlapped steps; vLLM's CPU build turns async scheduling off with a connector,
     # so they are forced on here, as vLLM's own tests do.
@@ -234,7 +236,8 @@ def make_scheduler(setup: ReplaySetup, engine: Engine, scheduler_cls: type | Non
                   block_size=setup.block_size, num_kv_heads=1, head_size=32,
                   dtype=torch.float16))])
     kv_cache_config = KVCacheConfig(
-        num_blocks=setup.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups,
+        num_blocks=setup.num_blocks, kv_cache_groups=groups,
+        kv_cache_tensors=setup.kv_cache_tensors() if setup.kv_cache_tensors is not None else [],
         prefix_cache_retention_interval=cache_config.prefix_cache_retention_interval)
     from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler

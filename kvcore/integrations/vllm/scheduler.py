@@ -51,24 +51,45 @@ def _connectors(connector: Any) -> Iterator[Any]:
         yield from _connectors(child)
 
 
+def _binds_through_views(cls: Any) -> bool:
+    """Whether a connector class that binds vLLM's block pool uses only what kvcore's
+    :class:`~kvcore.integrations.vllm.views.BlockPoolView` implements with vLLM's semantics:
+    vLLM's ``SimpleCPUOffloadConnector`` (native CPU offloading, ``--kv-offloading-size``), or
+    a subclass that keeps its binds."""
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.simple_cpu_offload_connector import (
+            SimpleCPUOffloadConnector,
+        )
+    except ImportError:  # pragma: no cover - both supported versions ship it
+        return False
+    return (issubclass(cls, SimpleCPUOffloadConnector)
+            and cls.bind_gpu_block_pool is SimpleCPUOffloadConnector.bind_gpu_block_pool
+            and cls.bind_kv_cache_manager is KVConnectorBase_V1.bind_kv_cache_manager)
+
+
 def _check_connector(connector: Any) -> None:
     """Refuse a KV connector that binds vLLM's block pool or cache manager (overrides
     ``bind_gpu_block_pool`` / ``bind_kv_cache_manager``: it reads and changes vLLM's pool
-    internals, which kvcore's views only partly answer).  A connector
-    that only uses the ``KVConnectorBase_V1`` scheduler interface is accepted, NixlConnector
-    included (its ``supports_divergent_local_hybrid_hits`` asks the manager for a per-group
-    lookup, which for every model kvcore accepts is the plain one)."""
+    internals), except ``SimpleCPUOffloadConnector``, whose every call on the pool kvcore's
+    views answer with vLLM's semantics (``touch`` / ``free_blocks`` as withheld references,
+    the free-queue walk, the cached-block lookups).  A connector that only uses the
+    ``KVConnectorBase_V1`` scheduler interface is accepted, NixlConnector and
+    OffloadingConnector included (NixlConnector's ``supports_divergent_local_hybrid_hits``
+    asks the manager for a per-group lookup, which for every model kvcore accepts is the plain
+    one)."""
     if connector is None:
         return
     for c in _connectors(connector):
         cls = type(c)
         if c is connector and getattr(c, "_connectors", None) is not None:
             continue  # MultiConnector forwards the binds to its children, checked next
-        if (cls.bind_gpu_block_pool is not KVConnectorBase_V1.bind_gpu_block_pool
-                or cls.bind_kv_cache_manager is not KVConnectorBase_V1.bind_kv_cache_manager):
+        if ((cls.bind_gpu_block_pool is not KVConnectorBase_V1.bind_gpu_block_pool
+                or cls.bind_kv_cache_manager is not KVConnectorBase_V1.bind_kv_cache_manager)
+                and not _binds_through_views(cls)):
             raise refuse(f"the KV connector {cls.__name__}, which binds vLLM's own block pool "
                          "or cache manager", "use a connector that only uses the "
-                         "KVConnectorBase_V1 scheduler interface (e.g. NixlConnector)")
+                         "KVConnectorBase_V1 scheduler interface (e.g. NixlConnector) or "
+                         "SimpleCPUOffloadConnector")
 
 
 class KvcoreSchedulerMixin:

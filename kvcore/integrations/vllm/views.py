@@ -8,34 +8,140 @@ view never goes stale — and is read-only where vLLM's callers only read.  Name
 that are missing here mean a caller kvcore was not checked against: an ``AttributeError`` then,
 never a silent default.
 
-Blocks are kvcore's :class:`~kvcore.blocks.KVCacheBlock` objects, which carry vLLM's block
-names (``block_id``, ``ref_cnt``, ``block_hash``, ``is_null``).
+Blocks of request tables (``KVCacheBlocks``, ``req_to_blocks``, the free queue's list) are
+kvcore's :class:`~kvcore.blocks.KVCacheBlock` objects, which carry vLLM's block names
+(``block_id``, ``ref_cnt``, ``block_hash``, ``is_null``; ``block_hash`` is kvcore's bare hash and
+``_block_hash`` vLLM's key).  The blocks the pool view looks up for a connector that binds vLLM's
+pool (``blocks[i]``, ``get_cached_block``, ``free_block_queue.iter_blocks_after``) are
+:class:`BlockView` objects, whose ``block_hash`` is vLLM's key (hash and group id), as a CPU
+tier keyed by vLLM's keys needs.  The pool view's two mutating calls, ``touch`` and
+``free_blocks``, go through kvcore's manager (``withhold`` / ``free_withheld``), so its
+invariants hold after every call, and a call kvcore cannot honour raises a typed error and
+changes nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import chain
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from kvcore.block_pool import BlockPool
 from kvcore.blocks import BlockHash, KVCacheBlock
 from kvcore.coordinator.hybrid import HybridCoordinator
-from kvcore.errors import UnsupportedFeatureError
+from kvcore.errors import BlockStateError, UnsupportedFeatureError
 from kvcore.managers.base import SingleTypeKVCacheManager
 
 if TYPE_CHECKING:
     from kvcore.manager import KVCacheManager
 
 
+class BlockView:
+    """One of kvcore's blocks with vLLM's ``KVCacheBlock`` names, read live: ``block_id``,
+    ``ref_cnt``, ``is_null``, and ``block_hash`` / ``_block_hash`` as vLLM's key (hash and group
+    id; ``None`` while uncached).  ``block_hash_num_tokens`` is the prefix a partial prompt-tail
+    entry covers, ``None`` for a full block's hash (kvcore does not record a full block's
+    position; vLLM's callers compare the value only for partial entries).  A view compares equal
+    to, and hashes as, the block it shows (so it can stand for it in sets and comparisons);
+    the pool view makes one per block."""
+
+    __slots__ = ("_pool", "block")
+
+    def __init__(self, block: KVCacheBlock, pool: BlockPool) -> None:
+        self.block = block
+        self._pool = pool
+
+    @property
+    def block_id(self) -> int:
+        return self.block.block_id
+
+    @property
+    def ref_cnt(self) -> int:
+        return self.block.ref_cnt
+
+    @property
+    def is_null(self) -> bool:
+        return self.block.is_null
+
+    @property
+    def block_hash(self) -> bytes | None:
+        return self.block._block_hash
+
+    @property
+    def _block_hash(self) -> bytes | None:
+        return self.block._block_hash
+
+    @property
+    def block_hash_num_tokens(self) -> int | None:
+        return self._pool.partial_primary_tokens(self.block)
+
+    def __eq__(self, other: object) -> bool:
+        return other is self.block or (type(other) is BlockView and other.block is self.block)
+
+    def __hash__(self) -> int:
+        return hash(self.block)
+
+    def __repr__(self) -> str:
+        return f"BlockView({self.block!r})"
+
+
+def _unwrap(blocks: Iterable[Any]) -> list[Any]:
+    """kvcore's blocks for a caller's blocks or :class:`BlockView` objects (anything else
+    passes through, for kvcore's manager to refuse by name)."""
+    return [b.block if type(b) is BlockView else b for b in blocks]
+
+
+class BlockViews(Sequence[BlockView]):
+    """vLLM's ``BlockPool.blocks``: block id -> :class:`BlockView`, one view per block, made on
+    first use.  An id outside the pool raises ``IndexError`` naming it (vLLM's list does)."""
+
+    __slots__ = ("_pool", "_views")
+
+    def __init__(self, pool: BlockPool) -> None:
+        self._pool = pool
+        self._views: list[BlockView | None] = [None] * pool.num_blocks
+
+    def view(self, block: KVCacheBlock) -> BlockView:
+        """The view of one of the pool's blocks."""
+        view = self._views[block.block_id]
+        if view is None:
+            view = self._views[block.block_id] = BlockView(block, self._pool)
+        return view
+
+    @overload
+    def __getitem__(self, index: int) -> BlockView: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[BlockView]: ...
+
+    def __getitem__(self, index: int | slice) -> BlockView | list[BlockView]:
+        blocks = self._pool.blocks
+        if isinstance(index, slice):
+            return [self.view(b) for b in blocks[index]]
+        try:
+            block = blocks[index]
+        except (IndexError, TypeError):
+            raise IndexError(f"block id {index!r} is not in the pool (ids 0 to "
+                             f"{len(blocks) - 1})") from None
+        return self.view(block)
+
+    def __len__(self) -> int:
+        return len(self._pool.blocks)
+
+    def __iter__(self) -> Iterator[BlockView]:
+        return map(self.view, self._pool.blocks)
+
+
 class FreeBlockQueueView:
     """vLLM's ``FreeKVCacheBlockQueue`` names over kvcore's free side (the eviction policy, plus
     the hint reserve when hints are declared)."""
 
-    __slots__ = ("_pool",)
+    __slots__ = ("_pool", "_views")
 
-    def __init__(self, pool: BlockPool) -> None:
+    def __init__(self, pool: BlockPool, views: BlockViews) -> None:
         self._pool = pool
+        self._views = views
 
     @property
     def num_free_blocks(self) -> int:
@@ -47,6 +153,76 @@ class FreeBlockQueueView:
 
     def __len__(self) -> int:
         return self._pool.num_free_blocks
+
+    def iter_blocks_after(self, cursor: BlockView | KVCacheBlock | None) -> Iterator[BlockView]:
+        """The free blocks after ``cursor`` (from the first with ``None``), in the order
+        kvcore would reuse them: the eviction policy's order (its segments in the order it
+        takes victims from), then the hint reserve, least urgent first — the order of
+        :meth:`get_all_free_blocks`.  With ``lru`` (and no hints) this is vLLM's free queue
+        exactly; with ``slru`` / ``s3fifo`` / ``arc`` it is the order the policy examines
+        blocks in, which a policy that gives blocks a second chance while picking may reorder
+        (the walk then names the blocks that are evicted soonest, not their exact sequence).
+        Lazy, as vLLM's: a walk must not outlive a change to the pool.
+
+        A cursor that is not one of the pool's free blocks raises
+        :class:`~kvcore.errors.BlockStateError` (vLLM's queue would yield nothing after a block
+        it no longer holds; its one caller resets such a cursor first)."""
+        pool = self._pool
+        lists = [*pool.free_queue.queues(), pool.reserve]
+        view = self._views.view
+        if cursor is None:
+            return map(view, chain.from_iterable(lists))
+        block = cursor.block if type(cursor) is BlockView else cursor
+        bid = getattr(block, "block_id", None)
+        if not isinstance(bid, int) or not 0 <= bid < pool.num_blocks or pool.blocks[bid] is not block:
+            raise BlockStateError(f"iter_blocks_after: {cursor!r} is not a block of this pool")
+        if block.is_null or block.ref_cnt or block.next_free is None:
+            raise BlockStateError(f"iter_blocks_after: block {bid} is not free (ref_cnt "
+                                  f"{block.ref_cnt}): the walk has no position there")
+        return map(view, _after(lists, block))
+
+
+def _after(lists: Sequence[Any], cursor: KVCacheBlock) -> Iterator[KVCacheBlock]:
+    """The blocks linked after ``cursor`` in its intrusive list, then every later list's."""
+    tails = {id(q.tail): i for i, q in enumerate(lists)}
+    node = cursor.next_free
+    while node is not None:
+        i = tails.get(id(node))
+        if i is not None:
+            for q in lists[i + 1:]:
+                yield from q
+            return
+        yield node
+        node = node.next_free
+
+
+class CachedBlockHashesByBlockView(Mapping[int, frozenset[bytes]]):
+    """vLLM's ``cached_block_hashes_by_block``, read-only: block id -> the vLLM keys of the
+    partial prompt-tail entries a cached block carries besides its hash (only blocks that
+    carry some are keys)."""
+
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool: BlockPool) -> None:
+        self._pool = pool
+
+    def _keys(self, block: KVCacheBlock) -> frozenset[bytes]:
+        group = block.group_id.to_bytes(4, "big") if block.group_id >= 0 else b""
+        return frozenset(h + group for h in self._pool.secondary_keys(block))
+
+    def __getitem__(self, block_id: int) -> frozenset[bytes]:
+        blocks = self._pool.blocks
+        if type(block_id) is int and 0 <= block_id < len(blocks):
+            keys = self._keys(blocks[block_id])
+            if keys:
+                return keys
+        raise KeyError(block_id)
+
+    def __iter__(self) -> Iterator[int]:
+        return (b.block_id for b in self._pool.blocks if self._pool.secondary_keys(b))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 class CachedBlockMapView(Mapping[BlockHash, KVCacheBlock]):
@@ -84,12 +260,15 @@ class CachedBlockMapView(Mapping[BlockHash, KVCacheBlock]):
 
 
 class BlockPoolView:
-    """vLLM's ``BlockPool`` names over kvcore's pool (see the module docstring).  The one
-    mutating name vLLM's scheduler calls, ``free_blocks``, returns blocks a deferred free
-    withheld (kvcore's ``KVCacheManager.free_withheld``)."""
+    """vLLM's ``BlockPool`` names over kvcore's pool (see the module docstring).  Its two
+    mutating names are references held outside kvcore's requests: ``touch`` takes them
+    (kvcore's ``KVCacheManager.withhold``: vLLM's ``SimpleCPUOffloadConnector`` pins blocks it
+    copies), ``free_blocks`` returns them and the blocks a deferred free withheld
+    (``KVCacheManager.free_withheld``)."""
 
-    __slots__ = ("_kv", "_pool", "cached_block_hash_to_block", "enable_caching",
-                 "free_block_queue", "hash_block_size", "num_hash_lookahead_tokens")
+    __slots__ = ("_kv", "_pool", "_views", "cached_block_hash_to_block",
+                 "cached_block_hashes_by_block", "enable_caching", "free_block_queue",
+                 "hash_block_size", "num_hash_lookahead_tokens")
 
     def __init__(self, kv: KVCacheManager, hash_block_size: int, num_hash_lookahead_tokens: int
                  ) -> None:
@@ -99,12 +278,15 @@ class BlockPoolView:
         self.enable_caching = pool.enable_caching
         self.hash_block_size = hash_block_size
         self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
-        self.free_block_queue = FreeBlockQueueView(pool)
+        self._views = BlockViews(pool)
+        self.free_block_queue = FreeBlockQueueView(pool, self._views)
         self.cached_block_hash_to_block = CachedBlockMapView(pool)
+        self.cached_block_hashes_by_block = CachedBlockHashesByBlockView(pool)
 
     @property
-    def blocks(self) -> Sequence[KVCacheBlock]:
-        return self._pool.blocks
+    def blocks(self) -> BlockViews:
+        """Every block by id, as :class:`BlockView` objects."""
+        return self._views
 
     @property
     def null_block(self) -> KVCacheBlock:
@@ -120,16 +302,35 @@ class BlockPoolView:
     def get_usage(self) -> float:
         return self._pool.usage
 
-    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
-        """Return blocks ``pop_blocks_for_free`` withheld, first evicted first (vLLM's
-        scheduler drains its deferred frees through this once their step has finished)."""
-        self._kv.free_withheld(ordered_blocks)
+    def touch(self, blocks: Iterable[BlockView | KVCacheBlock]) -> None:
+        """vLLM's ``touch`` for a holder outside the scheduler's requests (a connector that
+        copies the blocks): one more reference on each block, a free (cached) one leaves the
+        free queue; ``free_blocks`` returns them.  kvcore's ``KVCacheManager.withhold``: the
+        references count as withheld, and taking one records no access.  Null blocks are
+        skipped (vLLM 0.32 counts the null block's reference, 0.33 skips it too).
+
+        Raises :class:`~kvcore.errors.BlockStateError`, changing nothing, for a block of
+        another pool and for a free block that caches nothing."""
+        self._kv.withhold(_unwrap(blocks))
+
+    def free_blocks(self, ordered_blocks: Iterable[BlockView | KVCacheBlock]) -> None:
+        """Return references ``touch`` took or ``pop_blocks_for_free`` withheld, first evicted
+        first (vLLM's scheduler drains its deferred frees through this once their step has
+        finished; a connector returns what it touched once its copy is done): a block whose
+        last reference this is returns to the free side, cached ones to the end of the order
+        and uncached ones to its front, as vLLM's ``free_blocks`` does.
+
+        A block returned more often than it was withheld (a double free, or a block only
+        requests hold) or one of another pool raises :class:`~kvcore.errors.BlockStateError`
+        and changes nothing."""
+        self._kv.free_withheld(_unwrap(ordered_blocks))
 
     def get_cached_block(self, block_hash: BlockHash,
-                         kv_cache_group_ids: Sequence[int]) -> list[KVCacheBlock] | None:
+                         kv_cache_group_ids: Sequence[int]) -> list[BlockView] | None:
         """The block cached under ``block_hash`` in each of these groups, or ``None`` if any
         group misses (vLLM's contract)."""
-        return self._pool.get_cached_block(block_hash, kv_cache_group_ids)
+        found = self._pool.get_cached_block(block_hash, kv_cache_group_ids)
+        return None if found is None else [self._views.view(b) for b in found]
 
 
 class GroupView:

@@ -361,7 +361,7 @@ def test_the_views_answer_vllms_names_like_vllms_own_objects() -> None:
             [[blk.block_id for blk in g.req_to_blocks["a"]] for g in groups],
             ["b" in g.req_to_blocks for g in groups],
             [g._null_block is pool.null_block for g in groups],
-            [pool.blocks[blk.block_id] is blk for blk in groups[0].req_to_blocks["a"]],
+            [pool.blocks[blk.block_id] == blk for blk in groups[0].req_to_blocks["a"]],
             [blk.ref_cnt for blk in groups[0].req_to_blocks["a"]],
             coord.kv_cache_config.num_blocks, sorted(coord.eagle_group_ids),
             [blk._block_hash for blk in groups[0].req_to_blocks["a"]],
