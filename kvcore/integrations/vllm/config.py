@@ -1,7 +1,7 @@
 """vLLM's ``KVCacheConfig`` as kvcore's, and every vLLM setting kvcore refuses.
 
-kvcore manages what vLLM's full-attention, sliding-window and chunked-local managers manage.
-Anything else a vLLM 0.32 or 0.33 configuration can ask of its KV-cache manager — Mamba states,
+kvcore manages what vLLM's full-attention, sliding-window, chunked-local and cross-attention
+managers manage (cross attention, as in vLLM, only with prefix caching off).  Anything else a vLLM 0.32 or 0.33 configuration can ask of its KV-cache manager — Mamba states,
 copy-on-write partial hits, block zeroing, context parallelism, sparse retention, scratch or
 host-resident groups, ... — is refused here, at engine start, with an
 :class:`~kvcore.errors.UnsupportedFeatureError` that names it and the setting that turns it
@@ -10,15 +10,20 @@ off: kvcore never runs a configuration in which it would behave differently from
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from vllm.v1.core.single_type_kv_cache_manager import (
     ChunkedLocalAttentionManager,
+    CrossAttentionManager,
     FullAttentionManager,
     SlidingWindowManager,
 )
 from vllm.v1.kv_cache_interface import (
     ChunkedLocalAttentionSpec as VllmChunkedLocalSpec,
+)
+from vllm.v1.kv_cache_interface import (
+    CrossAttentionSpec as VllmCrossAttentionSpec,
 )
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec as VllmFullAttentionSpec,
@@ -35,6 +40,7 @@ from kvcore.errors import UnsupportedFeatureError
 from kvcore.integrations.vllm.version import VllmVersion
 from kvcore.specs import (
     ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroup,
@@ -81,10 +87,12 @@ def _spec(group_id: int, group: Any) -> KVCacheSpec:
         return SlidingWindowSpec(sliding_window=spec.sliding_window, **common)
     if manager is ChunkedLocalAttentionManager and isinstance(spec, VllmChunkedLocalSpec):
         return ChunkedLocalAttentionSpec(attention_chunk_size=spec.attention_chunk_size, **common)
+    if manager is CrossAttentionManager and isinstance(spec, VllmCrossAttentionSpec):
+        return CrossAttentionSpec(**common)
     what = "Mamba state groups" if name.startswith("Mamba") else "this attention type"
     raise refuse(f"{what} (group {group_id}: {name}, managed in vLLM by "
                  f"{getattr(manager, '__name__', manager)})",
-                 "use a model with only full, sliding-window or chunked-local attention")
+                 "use a model with only full, sliding-window, chunked-local or cross attention")
 
 
 def kvcore_config(kv_cache_config: Any, *, scheduler_block_size: int, hash_block_size: int,
@@ -103,9 +111,16 @@ def kvcore_config(kv_cache_config: Any, *, scheduler_block_size: int, hash_block
     if getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
         raise refuse("zeroing newly allocated blocks (mixed KV-cache precisions)",
                      "use one KV-cache dtype for every layer")
-    if config.alignment_tokens != scheduler_block_size:
+    cross = [i for i, g in enumerate(config.groups) if isinstance(g.spec, CrossAttentionSpec)]
+    if cross and enable_caching:
+        # vLLM's CrossAttentionManager raises on its first lookup or cache_blocks call.
+        raise refuse(f"prefix caching with cross attention (groups {cross}: encoder-decoder "
+                     "models)", "set enable_prefix_caching=False (vLLM's default for them)")
+    # vLLM's scheduler block size: the lcm of every group's, cross attention included.
+    lcm = math.lcm(*(g.spec.block_size for g in config.groups))
+    if lcm != scheduler_block_size:
         raise refuse(f"a scheduler block size of {scheduler_block_size} tokens for groups whose "
-                     f"block sizes have lcm {config.alignment_tokens} (context parallelism "
+                     f"block sizes have lcm {lcm} (context parallelism "
                      "scales blocks)", "turn decode/prefill context parallelism off")
     if enable_caching and config.hash_block_size != hash_block_size:
         raise refuse(f"hashing blocks of {hash_block_size} tokens for groups whose block sizes "

@@ -3,8 +3,9 @@ the vLLM adapter and through vLLM's own KVCacheManager, both driven with vLLM's 
 process: identical hits and hit block ids, new block ids, tables, free queue in eviction order,
 KV events (vLLM's types, hashes converted as vLLM converts them) and prefix-cache stats after
 every operation, on the installed vLLM (0.32 or 0.33; on 0.33 half the EAGLE traces use its
-lookahead hashes instead of the block drop).  Trace kinds the adapter refuses (Mamba, cross
-attention) are left out; that it refuses them is tested in test_adapter.py.
+lookahead hashes instead of the block drop).  Trace kinds the adapter refuses (Mamba) are left
+out; that it refuses them is tested in test_adapter.py.  Cross-attention traces (caching off, as
+vLLM requires for them) are in.
 
 On 0.33 kvcore's own manager (its own hashing, lookahead included) is compared with vLLM's on
 the lookahead traces too."""
@@ -21,7 +22,7 @@ from tests.differential.replay import replay_all
 from tests.differential.traces import generate_trace
 
 NUM_TRACES = int(os.environ.get("KVCORE_DIFF_TRACES", "400"))
-REFUSED = {"mamba", "hybrid_mamba", "cross"}
+REFUSED = {"mamba", "hybrid_mamba"}
 VERSION = installed()
 
 
