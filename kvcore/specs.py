@@ -203,8 +203,8 @@ class MambaSpec(KVCacheSpec):
 
 @dataclass(frozen=True, kw_only=True)
 class CrossAttentionSpec(KVCacheSpec):
-    """Encoder-decoder cross attention: blocks for the encoder output, allocated once per request
-    and never shared through the prefix cache."""
+    """Encoder-decoder cross attention: blocks for the encoder output, sized by the request's
+    encoder tokens (taken at admission) and never shared through the prefix cache."""
 
     kind: ClassVar[str] = "cross_attention"
     cacheable: ClassVar[bool] = False

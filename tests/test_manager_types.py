@@ -170,6 +170,27 @@ def test_cross_attention_allocated_once_never_cached() -> None:
     m.check_invariants()
 
 
+def test_cross_attention_grows_to_encoder_tokens_on_any_allocation() -> None:
+    """As vLLM's manager: the encoder table grows whenever num_encoder_tokens asks for more
+    (counted before anything is taken), and external tokens give it nothing."""
+    m = mgr(full_spec(BS), cross_spec(), num_blocks=8, enable_caching=False)
+    r = m.make_request("a", range(6))
+    out = m.allocate_slots(r, 2, num_external_computed_tokens=4)
+    assert out is not None and m.get_block_ids("a") == ([1, 2], [])
+    assert m.coordinator.managers[1].num_cached_block == {}
+    r.num_computed_tokens = 6
+    # 5 free blocks: 2 more decoder slots fit in the decoder's blocks, 40 encoder tokens
+    # (10 blocks) do not.
+    before = manager_snapshot(m)
+    assert m.allocate_slots(r, 2, num_encoder_tokens=40) is None
+    assert manager_snapshot(m) == before
+    out = m.allocate_slots(r, 1, num_encoder_tokens=10)
+    assert out is not None and out.get_block_ids() == ([], [3, 4, 5])
+    assert m.allocate_slots(r, 1, num_encoder_tokens=4) is not None  # never shrinks
+    assert m.get_block_ids("a") == ([1, 2], [3, 4, 5])
+    m.check_invariants()
+
+
 # -- hybrid ---------------------------------------------------------------------------------------
 
 def test_coordinator_factory() -> None:

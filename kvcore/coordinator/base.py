@@ -167,6 +167,15 @@ class KVCacheCoordinator:
                     need += n
             for m in own:
                 need += m.count_state_blocks(rid, main, (), total_computed, prefill_end, True)
+            if num_encoder_tokens and self._any_encoder:
+                # Encoder groups grow to num_encoder_tokens whenever it is passed (vLLM's
+                # scheduler passes it only with the encoder input, at admission).
+                for m, sized_by_encoder in zip(managers, self._encoder):
+                    if sized_by_encoder:
+                        n = (-(-num_encoder_tokens // m.block_size)
+                             - len(m.req_to_blocks.get(rid, ())))
+                        if n > 0:
+                            need += n
             if self._releasing:
                 # Blocks leave the window on the processed tokens only: a step in flight still
                 # reads below its optimistic boundary (and rejected drafts can roll it back).

@@ -106,8 +106,8 @@ class SingleTypeKVCacheManager:
     """Whether ``get_num_skipped_tokens`` can be non-zero (blocks leave as a request advances)."""
 
     uses_encoder_tokens: ClassVar[bool] = False
-    """Whether the group holds the encoder output (sized by ``num_encoder_tokens``, allocated
-    once per request) instead of the decoder's tokens."""
+    """Whether the group holds the encoder output (sized by ``num_encoder_tokens``, which a
+    scheduler passes once, at admission) instead of the decoder's tokens."""
 
     downward_closed_hits: ClassVar[bool] = False
     """Whether every shorter aligned prefix of a hit is itself a hit (full attention), so a

@@ -1,9 +1,10 @@
 """vLLM's ``KVCacheConfig`` as kvcore's, and every vLLM setting kvcore refuses.
 
-kvcore manages what vLLM's full-attention, sliding-window and chunked-local managers manage, and
-Mamba states in vLLM's ``"align"`` mode.  Anything else a vLLM 0.32 or 0.33 configuration can
-ask of its KV-cache manager — other Mamba modes, speculative Mamba blocks, copy-on-write partial
-hits, block zeroing, context parallelism, sparse retention, scratch or
+kvcore manages what vLLM's full-attention, sliding-window, chunked-local and cross-attention
+managers manage (cross attention, as in vLLM, only with prefix caching off), and Mamba states in
+vLLM's ``"align"`` and ``"none"`` modes.  Anything else a vLLM 0.32 or 0.33 configuration can
+ask of its KV-cache manager — speculative Mamba blocks, copy-on-write partial hits, context
+parallelism, sparse retention, scratch or
 host-resident groups, ... — is refused here, at engine start, with an
 :class:`~kvcore.errors.UnsupportedFeatureError` that names it and the setting that turns it
 off: kvcore never runs a configuration in which it would behave differently from vLLM.
@@ -11,17 +12,22 @@ off: kvcore never runs a configuration in which it would behave differently from
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from vllm.v1.core.single_type_kv_cache_manager import (
     ChunkedLocalAttentionManager,
+    CrossAttentionManager,
     FullAttentionManager,
     MambaManager,
     SlidingWindowManager,
 )
 from vllm.v1.kv_cache_interface import (
     ChunkedLocalAttentionSpec as VllmChunkedLocalSpec,
+)
+from vllm.v1.kv_cache_interface import (
+    CrossAttentionSpec as VllmCrossAttentionSpec,
 )
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec as VllmFullAttentionSpec,
@@ -41,6 +47,7 @@ from kvcore.errors import UnsupportedFeatureError
 from kvcore.integrations.vllm.version import VllmVersion
 from kvcore.specs import (
     ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroup,
@@ -90,10 +97,12 @@ def _spec(group_id: int, group: Any) -> KVCacheSpec:
         return ChunkedLocalAttentionSpec(attention_chunk_size=spec.attention_chunk_size, **common)
     if manager is MambaManager and isinstance(spec, VllmMambaSpec):
         return _mamba_spec(group_id, spec)
+    if manager is CrossAttentionManager and isinstance(spec, VllmCrossAttentionSpec):
+        return CrossAttentionSpec(**common)
     what = "Mamba state groups" if name.startswith("Mamba") else "this attention type"
     raise refuse(f"{what} (group {group_id}: {name}, managed in vLLM by "
                  f"{getattr(manager, '__name__', manager)})",
-                 "use a model with only full, sliding-window or chunked-local attention")
+                 "use a model with only full, sliding-window, chunked-local or cross attention")
 
 
 def _mamba_spec(group_id: int, spec: Any) -> MambaSpec:
@@ -132,9 +141,16 @@ def kvcore_config(kv_cache_config: Any, *, scheduler_block_size: int, hash_block
         kv_cache_config.num_blocks,
         tuple(KVCacheGroup(tuple(g.layer_names), _spec(i, g)) for i, g in enumerate(groups)),
         getattr(kv_cache_config, "prefix_cache_retention_interval", None))
-    if config.alignment_tokens != scheduler_block_size:
+    cross = [i for i, g in enumerate(config.groups) if isinstance(g.spec, CrossAttentionSpec)]
+    if cross and enable_caching:
+        # vLLM's CrossAttentionManager raises on its first lookup or cache_blocks call.
+        raise refuse(f"prefix caching with cross attention (groups {cross}: encoder-decoder "
+                     "models)", "set enable_prefix_caching=False (vLLM's default for them)")
+    # vLLM's scheduler block size: the lcm of every group's, cross attention included.
+    lcm = math.lcm(*(g.spec.block_size for g in config.groups))
+    if lcm != scheduler_block_size:
         raise refuse(f"a scheduler block size of {scheduler_block_size} tokens for groups whose "
-                     f"block sizes have lcm {config.alignment_tokens} (context parallelism "
+                     f"block sizes have lcm {lcm} (context parallelism "
                      "scales blocks)", "turn decode/prefill context parallelism off")
     if enable_caching and config.hash_block_size != hash_block_size:
         raise refuse(f"hashing blocks of {hash_block_size} tokens for groups whose block sizes "

@@ -315,11 +315,12 @@ class KVCacheManagerAdapter:
 
     def get_block_ids_for_computed_tokens(self, request_id: str,
                                           num_computed_tokens: int) -> tuple[list[int], ...]:
-        """The block ids covering the first ``num_computed_tokens`` tokens, per group."""
+        """The block ids covering the first ``num_computed_tokens`` tokens, per group (all of
+        an encoder group's: they hold the encoder output, not the decoder's tokens)."""
         out = []
         for m, blocks in zip(self.kv.coordinator.managers,
                              self.kv.coordinator.get_blocks(request_id)):
-            n = -(-num_computed_tokens // m.block_size)
+            n = len(blocks) if m.uses_encoder_tokens else -(-num_computed_tokens // m.block_size)
             out.append([b.block_id for b in blocks[:n]])
         return tuple(out)
 

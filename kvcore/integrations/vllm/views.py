@@ -27,6 +27,10 @@ from itertools import chain
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, overload
 
+from vllm.v1.core.single_type_kv_cache_manager import (
+    CrossAttentionManager as VllmCrossAttentionManager,
+)
+
 from kvcore.block_pool import BlockPool
 from kvcore.blocks import BlockHash, KVCacheBlock
 from kvcore.coordinator.hybrid import HybridCoordinator
@@ -365,6 +369,15 @@ class GroupView:
         return self._manager.null_block
 
 
+@VllmCrossAttentionManager.register
+class CrossAttentionGroupView(GroupView):
+    """The view of a cross-attention group (encoder-decoder models).  Registered as a virtual
+    subclass of vLLM's ``CrossAttentionManager`` (an ABC), so code that finds the encoder group
+    by ``isinstance`` — vLLM's own scheduler tests do — finds it here too."""
+
+    __slots__ = ()
+
+
 class CoordinatorView:
     """vLLM's ``KVCacheCoordinator`` names over kvcore's coordinator: the pool, one
     :class:`GroupView` per group, the EAGLE group sets, and the block count the scheduler's
@@ -379,7 +392,8 @@ class CoordinatorView:
         self.kv_cache_config = kv_cache_config
         self.block_pool = block_pool
         self.single_type_managers = tuple(
-            GroupView(m, g.kv_cache_spec, block_pool)
+            (CrossAttentionGroupView if m.uses_encoder_tokens else GroupView)(
+                m, g.kv_cache_spec, block_pool)
             for m, g in zip(kv.coordinator.managers, kv_cache_config.kv_cache_groups))
         self.eagle_group_ids = eagle_group_ids
         self.drop_eagle_group_ids = drop_eagle_group_ids

@@ -59,9 +59,11 @@ def managers(config: KVCacheConfig, *, block_size: int = 16, hash_block_size: in
              settings: KvcoreSettings | None = None, **kwargs: Any
              ) -> tuple[KVCacheManager, KVCacheManagerAdapter]:
     """vLLM's manager and kvcore's adapter, built with the same arguments."""
-    args = dict(kv_cache_config=config, max_model_len=4096, scheduler_block_size=block_size,
-                hash_block_size=hash_block_size or block_size, enable_caching=True,
-                log_stats=True, enable_kv_cache_events=True, **kwargs)
+    args: dict[str, Any] = dict(kv_cache_config=config, max_model_len=4096,
+                                scheduler_block_size=block_size,
+                                hash_block_size=hash_block_size or block_size,
+                                enable_caching=True, log_stats=True, enable_kv_cache_events=True)
+    args.update(kwargs)
     return KVCacheManager(**args), KVCacheManagerAdapter(**args, settings=settings)
 
 

@@ -160,8 +160,9 @@ def _mamba() -> MambaSpec:
 
 @pytest.mark.parametrize(("config", "kwargs", "names"), [
     (lambda: kv_config(_mamba()), {}, "Mamba state groups"),
-    (lambda: kv_config(CrossAttentionSpec(block_size=16, num_kv_heads=1, head_size=32,
-                                          dtype=torch.float16)), {}, "CrossAttentionSpec"),
+    (lambda: kv_config(full(), CrossAttentionSpec(block_size=16, num_kv_heads=1, head_size=32,
+                                                  dtype=torch.float16)), {},
+     "prefix caching with cross attention"),
     (lambda: kv_config(full(32), swa(32, block_size=32)), {"hash_block_size": 16},
      "prefix_match_unit"),
     (lambda: kv_config(full(dtype=torch.float16), full(dtype=torch.bfloat16)), {}, "zeroing"),
