@@ -150,7 +150,8 @@ class ManagerChecks:
                     num_hit_tokens: int, num_external_tokens: int) -> None:
         """Raise :class:`InvalidHitError` unless ``hits`` is a prefix hit of ``num_hit_tokens``
         tokens that this manager could serve the request now: in every group, one block per
-        ``block_size`` hit tokens, each one of this pool's blocks still cached under the
+        ``block_size`` hit tokens (a state group may hold fewer when external tokens follow:
+        their load brings the state), each one of this pool's blocks still cached under the
         request's hash at its position (and, in verify mode, proven to hold the request's own
         prefix), and the null block only where the next token reads no KV."""
         rid = request.request_id
@@ -168,7 +169,12 @@ class ManagerChecks:
                     raise InvalidHitError(f"request {rid!r}: group {g} is never cached, but "
                                           f"new_computed_blocks holds {len(blocks)} blocks for it")
                 continue
-            if len(blocks) * bs != num_hit_tokens:
+            if len(blocks) * bs != num_hit_tokens and not (
+                    # A recurrent state's hit may stop short when a KV connector supplies the
+                    # state at the end of the computed tokens (vLLM: a connector that refills
+                    # Mamba state behind a deeper full-attention hit).
+                    m.spec.holds_state and num_external_tokens
+                    and len(blocks) * bs < num_hit_tokens):
                 raise InvalidHitError(
                     f"request {rid!r}: num_new_computed_tokens={num_hit_tokens} but group {g} "
                     f"has {len(blocks)} hit blocks of {bs} tokens")

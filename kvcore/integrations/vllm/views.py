@@ -303,6 +303,11 @@ class BlockPoolView:
     def get_num_free_blocks(self) -> int:
         return self._pool.num_free_blocks
 
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drop these blocks from the prefix cache (reference counts unchanged; an id out of
+        range raises before anything changes): the adapter's ``evict_blocks``."""
+        self._kv.evict_blocks(block_ids)
+
     def get_usage(self) -> float:
         return self._pool.usage
 
