@@ -243,7 +243,9 @@ class KVCacheConfig:
     on (dense); ``0`` only the window's tail before the prompt's replay boundaries and before a
     shared prefix some group has cached but this one has not (where a sibling request can
     resume); ``k > 0`` also one tail per ``k`` tokens.  It must be a multiple of the hit
-    alignment; other attention types cache densely whatever it is (Mamba groups refuse it).
+    alignment.  Mamba ``"align"`` groups keep only the states at those boundaries (and one per
+    ``k`` tokens); other attention types cache densely whatever it is (Mamba groups in ``"none"``
+    mode refuse it).
     """
 
     num_blocks: int
@@ -270,9 +272,10 @@ class KVCacheConfig:
                 raise InvalidArgumentError(
                     f"prefix_cache_retention_interval={retention} must be a multiple of the hit "
                     f"alignment ({self.alignment_tokens} tokens)")
-            if any(g.spec.kind == "mamba" for g in self.groups):
+            if any(g.spec.kind == "mamba" and getattr(g.spec, "mamba_cache_mode", "") != "align"
+                   for g in self.groups):
                 raise InvalidArgumentError("prefix_cache_retention_interval is not implemented "
-                                           "for Mamba groups (leave it None)")
+                                           "for Mamba groups outside 'align' mode (leave it None)")
 
     @property
     def num_groups(self) -> int:

@@ -167,11 +167,12 @@ class MambaAlignManager(MambaManager):
             if num_new > cap:
                 num_new = cap
         hit_tokens = len(new_computed_blocks) * bs
-        if not blocks and total_computed_tokens > hit_tokens:
+        if record and not blocks and total_computed_tokens > hit_tokens:
             # Tokens computed elsewhere (a KV connector) first get every position up to them
             # (allocate_external_computed_blocks), then the state block: vLLM counts only the
             # latter and fails inside the allocation when the pool runs short; kvcore counts
-            # both (the same decision wherever vLLM's allocation succeeds).
+            # both (the same decision wherever vLLM's allocation succeeds).  An admission
+            # estimate (not ``record``) keeps vLLM's count, as its decision is vLLM's.
             held = -(-total_computed_tokens // bs)
             required = -(-num_tokens // bs)
             grown = 0

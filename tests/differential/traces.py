@@ -101,6 +101,9 @@ def random_config(rng: random.Random, pending: list[str] | None = None,
             # bounds the search by the hashes; vLLM is tested where it works (EAGLE's 1).
             # Report text: docs/vllm_swa_lookahead_bug.md.
             config["lookahead"] = 1
+    if any(g.get("mode") == "align" for g in groups):
+        # vLLM's default for Mamba "align" is 0: only the states a later request resumes at.
+        config["retention"] = rng.choice([None, 0, 0, 2 * bs, 4 * bs])
     if any(g["type"] == "swa" for g in groups):
         # Sparse retention of sliding-window blocks (vLLM's default is 0): None = dense; the
         # interval is a multiple of the hit alignment.

@@ -129,7 +129,7 @@ def _mamba_spec(group_id: int, spec: Any) -> MambaSpec:
 
 
 def kvcore_config(kv_cache_config: Any, *, scheduler_block_size: int, hash_block_size: int,
-                  enable_caching: bool) -> KVCacheConfig:
+                  enable_caching: bool, version: VllmVersion | None = None) -> KVCacheConfig:
     """kvcore's :class:`~kvcore.specs.KVCacheConfig` for vLLM's ``kv_cache_config`` (same groups
     in the same order, same pool size: block ids are vLLM's), or raise
     :class:`UnsupportedFeatureError` for anything kvcore would manage differently."""
@@ -142,6 +142,12 @@ def kvcore_config(kv_cache_config: Any, *, scheduler_block_size: int, hash_block
         tuple(KVCacheGroup(tuple(g.layer_names), _spec(i, g)) for i, g in enumerate(groups)),
         getattr(kv_cache_config, "prefix_cache_retention_interval", None))
     cross = [i for i, g in enumerate(config.groups) if isinstance(g.spec, CrossAttentionSpec)]
+    none_mode = [i for i, g in enumerate(config.groups)
+                 if getattr(g.spec, "mamba_cache_mode", "align") == "none"]
+    if none_mode and enable_caching and version is not None and version.lookahead_hashes:
+        # vLLM 0.33's Mamba manager asserts "align" under prefix caching.
+        raise refuse(f"prefix caching with Mamba groups in mamba_cache_mode='none' on vLLM "
+                     f"{version.text} (groups {none_mode})", "use mamba_cache_mode='align'")
     if cross and enable_caching:
         # vLLM's CrossAttentionManager raises on its first lookup or cache_blocks call.
         raise refuse(f"prefix caching with cross attention (groups {cross}: encoder-decoder "

@@ -85,7 +85,8 @@ class KVCacheManagerAdapter:
             raise refuse(f"lookahead block hashes on vLLM {version.text}",
                          "use vLLM 0.33 for them")
         config = kvcore_config(kv_cache_config, scheduler_block_size=scheduler_block_size,
-                               hash_block_size=hash_block_size, enable_caching=enable_caching)
+                               hash_block_size=hash_block_size, enable_caching=enable_caching,
+                               version=version)
         eagle_ids, drop_ids = eagle_groups(kv_cache_config, use_eagle, version)
         has_mamba = any(g.spec.holds_state for g in config.groups)
         if has_mamba and (drop_ids or num_hash_lookahead_tokens):
