@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvcore.errors import InvalidArgumentError, InvariantError
+from kvcore.errors import InvalidArgumentError, InvariantError, UnsupportedFeatureError
 from kvcore.manager import KVCacheManager
 from kvcore.managers import CircularBufferManager
+from kvcore.scheduler import Scheduler
 from kvcore.specs import (
     CircularBufferSpec,
     FullAttentionSpec,
@@ -153,3 +154,13 @@ def test_invariants_cover_scratch_groups() -> None:
                              trusted=True)
     with pytest.raises(InvariantError, match="scratch group 1"):
         m.check_invariants()
+
+
+def test_kvcores_own_scheduler_refuses_bounded_replay_and_runs_rings() -> None:
+    """kvcore's Scheduler does not replay hits: with a replayed window and caching on it
+    refuses at construction (vLLM's scheduler replays; kvcore runs inside it).  Rings need no
+    scheduler support."""
+    with pytest.raises(UnsupportedFeatureError, match="32 tokens of bounded replay"):
+        Scheduler(KVCacheManager(_config(_full(), _replayed()), 4096))
+    Scheduler(KVCacheManager(_config(_full(), _replayed()), 4096, enable_caching=False))
+    Scheduler(KVCacheManager(_config(_full(), _ring()), 4096))
