@@ -37,6 +37,7 @@ from kvcore.request import Request
 from kvcore.settings import CacheSettings
 from kvcore.specs import (
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
@@ -74,6 +75,7 @@ __all__ = [
     "BlockStored",
     "CacheSettings",
     "ChunkedLocalAttentionSpec",
+    "CircularBufferSpec",
     "CrossAttentionSpec",
     "DoubleFreeError",
     "FreeBlockQueue",

@@ -237,7 +237,11 @@ def check_manager_invariants(manager: ManagerState) -> None:
                           (and count in their ``ref_cnt``, checked with the pool's ownership)
     ``null-placement``    null blocks only in groups whose type allows them, as a leading run
                           (anywhere for types with ``null_gaps``)
-    ``block-count``       every computed token has a slot; no table exceeds max_model_len
+    ``block-count``       every computed token has a slot; no table exceeds max_model_len, nor
+                          its type's fixed size (a circular buffer holds one block)
+    ``scratch``           a scratch group (``spec.prefix_cacheable`` false: circular buffers,
+                          bounded-replay windows) has nothing in the prefix cache and no block
+                          of its tables carries a hash
     ``cached-count``      the cached-block watermark lies within the table and the full blocks
     ``block-hash``        a hashed block below the watermark carries the request's hash for that
                           position in this group; blocks above it carry none
@@ -270,6 +274,11 @@ def check_manager_invariants(manager: ManagerState) -> None:
         raise InvariantError("request-registry", f"shared-prefix boundaries kept for untracked "
                              f"requests {stale}")
 
+    for g, m in enumerate(coord.managers):
+        if not m.spec.prefix_cacheable:
+            for _h, block in manager.pool.iter_cached(g):
+                raise InvariantError("scratch", f"scratch group {g} ({type(m.spec).__name__}) "
+                                     "has a block in the prefix cache", block_id=block.block_id)
     hbs = manager.hash_block_size
     verify = manager.pool.verify_hits
     for rid, request in requests.items():
@@ -297,6 +306,17 @@ def check_manager_invariants(manager: ManagerState) -> None:
                 if len(blocks) > -(-manager.max_model_len // bs):
                     raise InvariantError("block-count", f"request {rid!r} has {len(blocks)} blocks "
                                          f"in group {g}, more than max_model_len allows")
+            cap = m.max_table_blocks
+            if cap is not None and len(blocks) > cap:
+                raise InvariantError("block-count", f"request {rid!r} has {len(blocks)} blocks "
+                                     f"in group {g} ({type(m).__name__}), which holds at most "
+                                     f"{cap}", observed=len(blocks))
+            if not m.spec.prefix_cacheable:
+                for block in blocks:
+                    if block.block_hash is not None:
+                        raise InvariantError("scratch", f"request {rid!r}: a block of scratch "
+                                             f"group {g} carries a hash",
+                                             block_id=block.block_id)
             num_cached = m.num_cached_block.get(rid, 0)
             if num_cached > len(blocks) or num_cached * bs > request.num_tokens:
                 raise InvariantError("cached-count", f"request {rid!r} group {g}: {num_cached} cached "

@@ -51,7 +51,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from itertools import islice
 
 from kvcore.connector.base import KVConnectorBase, KVConnectorOutput
-from kvcore.errors import InvalidArgumentError, UnknownRequestError
+from kvcore.errors import InvalidArgumentError, UnknownRequestError, UnsupportedFeatureError
 from kvcore.events import KVCacheEvent
 from kvcore.manager import KVCacheManager
 from kvcore.request import Request, RequestStatus
@@ -87,6 +87,13 @@ class Scheduler(ConnectorSteps):
                 f"({self.max_model_len})")
         if self.config.async_scheduling and connector is not None:
             raise InvalidArgumentError("async_scheduling is not supported with a KV connector")
+        replay = kv_cache_manager.config.prefix_replay_tokens
+        if replay and kv_cache_manager.enable_caching:
+            # Its groups would get fresh blocks for hit tokens nobody recomputes.
+            raise UnsupportedFeatureError(
+                f"kvcore's Scheduler does not replay prefix hits ({replay} tokens of bounded "
+                "replay): run this model inside vLLM's scheduler "
+                "(kvcore.integrations.vllm), or with enable_caching=False")
         self.waiting: deque[Request] = deque()
         self._order = WaitingOrder(kv_cache_manager, self.config)  # admission order
         self.running: list[Request] = []

@@ -61,6 +61,20 @@ class KVCacheSpec:
         reads (full attention: every earlier one)."""
         return range(max(num_tokens, 0))
 
+    @property
+    def prefix_cacheable(self) -> bool:
+        """Whether this group's blocks take part in prefix caching (vLLM's
+        ``KVCacheSpec.prefix_cacheable``).  A group that does not is *scratch*: its blocks are
+        per-request, never cached, never hit, and the hash granularity ignores its block size
+        (a circular buffer; a sliding window rebuilt by bounded replay)."""
+        return self.cacheable
+
+    @property
+    def prefix_replay_tokens(self) -> int:
+        """Tokens a scheduler recomputes at the end of every prefix hit to rebuild this group
+        (vLLM's ``prefix_replay_tokens``: DeepSeek-V4 bounded replay); 0: none."""
+        return 0
+
     def __post_init__(self) -> None:
         _positive("block_size", self.block_size)
         _positive("num_kv_heads", self.num_kv_heads)
@@ -98,15 +112,33 @@ class FullAttentionSpec(KVCacheSpec):
 
 @dataclass(frozen=True, kw_only=True)
 class SlidingWindowSpec(KVCacheSpec):
-    """Each token attends to the last ``sliding_window`` tokens (itself included)."""
+    """Each token attends to the last ``sliding_window`` tokens (itself included).
+
+    ``bounded_replay`` (vLLM's ``SlidingWindowMLASpec(bounded_replay=True)``, DeepSeek-V4's
+    sliding-window layers) makes the group scratch: never cached nor hit; after a prefix hit
+    of the other groups a scheduler recomputes the hit's last ``sliding_window`` tokens
+    (``prefix_replay_tokens``) to rebuild it, into fresh blocks (the positions below the window
+    of the hit's next token are null, as for any window)."""
 
     sliding_window: int
+    bounded_replay: bool = False
     kind: ClassVar[str] = "sliding_window"
     admission_capped: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _positive("sliding_window", self.sliding_window)
+        if not isinstance(self.bounded_replay, bool):
+            raise InvalidArgumentError(f"bounded_replay must be a bool, got "
+                                       f"{self.bounded_replay!r}")
+
+    @property
+    def prefix_cacheable(self) -> bool:
+        return not self.bounded_replay
+
+    @property
+    def prefix_replay_tokens(self) -> int:
+        return self.sliding_window if self.bounded_replay else 0
 
     def event_stamp(self) -> tuple[str, int | None]:
         return (self.kind, self.sliding_window)
@@ -214,6 +246,25 @@ class CrossAttentionSpec(KVCacheSpec):
         return range(0)  # it reads the encoder's KV, none of the request's tokens
 
 
+@dataclass(frozen=True, kw_only=True)
+class CircularBufferSpec(KVCacheSpec):
+    """One block per request, a ring of ``block_size`` slots (vLLM's ``CircularBufferSpec``:
+    the raw keys of the token group a compressor is still compressing, DeepSeek-V4's CSA
+    compressor ring).  The block is taken at the request's first allocation and held until it
+    is freed; it is scratch (never cached nor hit) and covers no token range, so its block size
+    takes part in the hit alignment but not in the hash granularity."""
+
+    kind: ClassVar[str] = "circular_buffer"
+    cacheable: ClassVar[bool] = False
+
+    def needed_positions(self, num_tokens: int) -> range:
+        return range(0)  # the ring is rewritten in place: no position's KV stays in it
+
+    def max_blocks_per_request(self, max_model_len: int,
+                               max_num_batched_tokens: int | None = None) -> int:
+        return 1
+
+
 @dataclass(frozen=True)
 class KVCacheGroup:
     """Layers that share one block table (and therefore one spec)."""
@@ -276,6 +327,11 @@ class KVCacheConfig:
                    for g in self.groups):
                 raise InvalidArgumentError("prefix_cache_retention_interval is not implemented "
                                            "for Mamba groups outside 'align' mode (leave it None)")
+        windows = sorted({g.spec.prefix_replay_tokens for g in self.groups
+                          if g.spec.prefix_replay_tokens})
+        if len(windows) > 1:
+            raise InvalidArgumentError(f"groups with bounded replay must replay one window "
+                                       f"(vLLM's scheduler rewinds a hit by one), got {windows}")
 
     @property
     def num_groups(self) -> int:
@@ -283,15 +339,24 @@ class KVCacheConfig:
 
     @property
     def hash_block_size(self) -> int:
-        """Token granularity of block hashes: the gcd of the cacheable groups' block sizes."""
-        sizes = [g.spec.block_size for g in self.groups if g.spec.cacheable]
+        """Token granularity of block hashes: the gcd of the prefix-cacheable groups' block
+        sizes (scratch groups and cross attention are never hashed)."""
+        sizes = [g.spec.block_size for g in self.groups if g.spec.prefix_cacheable]
         return math.gcd(*sizes) if sizes else self.groups[0].spec.block_size
 
     @property
     def alignment_tokens(self) -> int:
-        """Granularity of a hybrid hit: the lcm of the cacheable groups' block sizes."""
-        sizes = [g.spec.block_size for g in self.groups if g.spec.cacheable]
+        """Granularity of a hybrid hit: the lcm of the block sizes of every group over the
+        request's own tokens, scratch groups included (vLLM's scheduler block size; cross
+        attention, over the encoder's tokens, is left out)."""
+        sizes = [g.spec.block_size for g in self.groups if not g.spec.reads_encoder]
         return math.lcm(*sizes) if sizes else self.groups[0].spec.block_size
+
+    @property
+    def prefix_replay_tokens(self) -> int:
+        """The bounded-replay window of the groups that have one (0: no group replays): a
+        scheduler recomputes that many of a prefix hit's last tokens (at most the hit)."""
+        return max((g.spec.prefix_replay_tokens for g in self.groups), default=0)
 
 
 def bytes_per_block(groups: Sequence[KVCacheGroup]) -> int:

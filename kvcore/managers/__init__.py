@@ -12,12 +12,14 @@ from types import MappingProxyType
 from kvcore.errors import InvalidArgumentError
 from kvcore.managers.base import ManagerContext, SingleTypeKVCacheManager
 from kvcore.managers.chunked_local import ChunkedLocalAttentionManager
+from kvcore.managers.circular_buffer import CircularBufferManager
 from kvcore.managers.cross_attention import CrossAttentionManager
 from kvcore.managers.full_attention import FullAttentionManager
 from kvcore.managers.mamba import MambaAlignManager, MambaManager
 from kvcore.managers.sliding_window import SlidingWindowManager
 from kvcore.specs import (
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
@@ -33,6 +35,7 @@ MANAGER_REGISTRY: ManagerClasses = MappingProxyType({
     ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager,
     MambaSpec: MambaManager,
     CrossAttentionSpec: CrossAttentionManager,
+    CircularBufferSpec: CircularBufferManager,
 })
 
 
@@ -60,6 +63,7 @@ def make_manager(spec: KVCacheSpec, group_id: int, ctx: ManagerContext,
 __all__ = [
     "MANAGER_REGISTRY",
     "ChunkedLocalAttentionManager",
+    "CircularBufferManager",
     "CrossAttentionManager",
     "FullAttentionManager",
     "MambaAlignManager",

@@ -122,6 +122,10 @@ class SingleTypeKVCacheManager:
     model's tokens (``count_state_blocks``) instead of counting missing positions itself:
     types whose tables grow by fewer blocks than positions (Mamba "align")."""
 
+    max_table_blocks: ClassVar[int | None] = None
+    """The most blocks a request's table of this type ever holds, whatever its length (a
+    circular buffer: 1); ``None``: its tokens decide."""
+
     drops_eagle_block: ClassVar[bool] = True
     """Whether a hit drops its last block under EAGLE (``HitQuery.drop_last``); a type that keeps
     its hit (a recurrent state: the draft model has no such layer) gets no look-ahead margin."""
@@ -131,7 +135,8 @@ class SingleTypeKVCacheManager:
         self.block_size = spec.block_size
         self.pool = ctx.pool
         self.group_id = group_id
-        self.enable_caching = ctx.enable_caching and spec.cacheable
+        # Scratch groups (``spec.prefix_cacheable`` false) are never cached nor hit.
+        self.enable_caching = ctx.enable_caching and spec.prefix_cacheable
         self.hash_block_size = ctx.hash_block_size
         self.alignment_tokens = ctx.alignment_tokens
         self.use_eagle = ctx.use_eagle

@@ -11,7 +11,8 @@ or import :func:`replay_all` (kvcore side, in-process).  The module imports only
 implementation under test, so it runs in the vLLM peer venv without kvcore.
 
 A trace is ``{"config": {...}, "ops": [...]}``.  The config names the groups (``full``, ``swa``,
-``chunked``, ``mamba``, ``cross``), the pool size, ``caching``, ``eagle`` (``use_eagle``),
+``chunked``, ``mamba``, ``cross``; the scratch groups ``swa_replay``, a sliding window rebuilt by
+bounded replay, and ``ring``, a circular buffer), the pool size, ``caching``, ``eagle`` (``use_eagle``),
 ``retention`` (``prefix_cache_retention_interval``: sliding-window blocks cached sparsely),
 ``lookahead`` (vLLM 0.33's ``num_hash_lookahead_tokens``: each hash covers that many tokens
 after its block; a vLLM peer must be 0.33),
@@ -31,8 +32,14 @@ on requests by id, the way a scheduler does:
                                      no new tokens, ``delay_cache_blocks=True``; the request
                                      waits for a ``cache`` op.  On success the request's stats
                                      are recorded (vLLM's scheduler: once per admission).
+                                     With a ``swa_replay`` group, as vLLM's scheduler: external
+                                     tokens are cut to whole scheduler blocks, a hit no longer
+                                     than the window is not adopted, and the hit's last window is
+                                     replayed (computed tokens rewound by it; only the chunk's
+                                     tokens past the hit get slots).
     cache     {rid}                  the load finished: cache_blocks(request, num_computed_tokens)
-                                     (and a fully loaded prompt recomputes its last token)
+                                     (and a fully loaded prompt recomputes its last token; with
+                                     bounded replay the load's last window is replayed instead)
     step      {rid, chunk, token, look}
                                      running request: next prefill chunk, or (prompt done) append
                                      ``token`` and allocate one decode slot; ``look`` lookahead
@@ -94,6 +101,9 @@ def _specs(cfg: dict[str, Any], classes: dict[str, Any], mamba_kw: dict[str, Any
         common = dict(block_size=bs, num_kv_heads=1, head_size=8, dtype=torch.float16)
         if g["type"] == "swa":
             out.append(classes["swa"](sliding_window=g["window"], **common))
+        elif g["type"] == "swa_replay":  # vLLM: SlidingWindowMLASpec(bounded_replay=True)
+            out.append(classes["swa_replay"](sliding_window=g["window"], bounded_replay=True,
+                                             **common))
         elif g["type"] == "chunked":
             out.append(classes["chunked"](attention_chunk_size=g["chunk"], **common))
         else:
@@ -193,6 +203,7 @@ class KvcoreImpl(_Impl):
         from kvcore.manager import KVCacheManager
         from kvcore.specs import (
             ChunkedLocalAttentionSpec,
+            CircularBufferSpec,
             CrossAttentionSpec,
             FullAttentionSpec,
             KVCacheConfig,
@@ -203,7 +214,8 @@ class KvcoreImpl(_Impl):
 
         classes = {"full": FullAttentionSpec, "swa": SlidingWindowSpec,
                    "chunked": ChunkedLocalAttentionSpec, "mamba": MambaSpec,
-                   "cross": CrossAttentionSpec}
+                   "cross": CrossAttentionSpec, "swa_replay": SlidingWindowSpec,
+                   "ring": CircularBufferSpec}
         specs = _specs(cfg, classes, {})
         groups = [KVCacheGroup((f"layer{i}",), spec) for i, spec in enumerate(specs)]
         config = KVCacheConfig(cfg["num_blocks"], tuple(groups), cfg.get("retention"))
@@ -270,7 +282,8 @@ class KvcoreImpl(_Impl):
 def vllm_block_sizes(cfg: dict[str, Any]) -> tuple[int, int]:
     """(scheduler_block_size, hash_block_size) as vLLM's ``resolve_kv_cache_block_sizes``
     derives them: one group -> its block size; several -> the lcm, and hashes at the gcd unless
-    caching is off or a Mamba group is not in "align" mode (then at the lcm)."""
+    caching is off or a Mamba group is not in "align" mode (then at the lcm); scratch groups
+    (``swa_replay``, ``ring``) count in the lcm, not in the gcd."""
     groups = cfg["groups"]
     sizes = [g["block_size"] for g in groups]
     if len(sizes) == 1:
@@ -279,7 +292,12 @@ def vllm_block_sizes(cfg: dict[str, Any]) -> tuple[int, int]:
     if not cfg.get("caching", True) or any(g["type"] == "mamba" and g.get("mode") != "align"
                                            for g in groups):
         return sched, sched
-    return sched, math.gcd(*sizes)
+    hashed = [g["block_size"] for g in groups if g["type"] not in SCRATCH] or sizes
+    return sched, math.gcd(*hashed)
+
+
+SCRATCH = ("swa_replay", "ring")
+"""Group types that are never prefix cached (vLLM's ``prefix_cacheable`` false)."""
 
 
 class VllmImpl(_Impl):
@@ -295,18 +313,21 @@ class VllmImpl(_Impl):
         )
         from vllm.v1.kv_cache_interface import (
             ChunkedLocalAttentionSpec,
+            CircularBufferSpec,
             CrossAttentionSpec,
             FullAttentionSpec,
             KVCacheConfig,
             KVCacheGroupSpec,
             MambaSpec,
+            SlidingWindowMLASpec,
             SlidingWindowSpec,
         )
         from vllm.v1.request import Request
 
         classes = {"full": FullAttentionSpec, "swa": SlidingWindowSpec,
                    "chunked": ChunkedLocalAttentionSpec, "mamba": MambaSpec,
-                   "cross": CrossAttentionSpec}
+                   "cross": CrossAttentionSpec, "swa_replay": SlidingWindowMLASpec,
+                   "ring": CircularBufferSpec}
         # Mamba "none": every block cached, hit = right-most cached state, no sub-block hits
         # (kvcore's semantics); "align" is vLLM's checkpointing mode with partial hits.
         specs = _specs(cfg, classes, {"mamba_cache_mode": "none"})
@@ -418,6 +439,10 @@ class Replayer:
         # Mamba "align": prefill chunks end on block boundaries, as vLLM's scheduler splits them.
         self.align_block = next((g["block_size"] for g in impl.cfg["groups"]
                                  if g.get("mode") == "align"), 0)
+        # Bounded replay (vLLM's scheduler): the window every hit's end is replayed over.
+        self.replay = max((g["window"] for g in impl.cfg["groups"]
+                           if g["type"] == "swa_replay"), default=0)
+        self.scheduler_block = vllm_block_sizes(impl.cfg)[0]
 
     def chunk(self, req: Any, start: int, n: int) -> int:
         """``n`` new tokens from ``start``, cut as vLLM's scheduler cuts a Mamba "align" prefill
@@ -451,21 +476,37 @@ class Replayer:
             rest = req.num_tokens - hit
             delay = bool(op.get("delay"))
             ext = max(min(op.get("ext", 0), rest if delay else rest - 1), 0)
+            o.update(hit=hit, hit_blocks=_ids(blocks))
+            adopted, replay = hit, 0
+            if self.replay:
+                # vLLM's scheduler: external hits end on a block boundary; a hit no longer
+                # than the window is recomputed in full, so not adopted (an empty lookup
+                # result); otherwise the hit's last window is replayed.
+                ext -= ext % self.scheduler_block
+                if 0 < hit + ext <= self.replay:
+                    blocks, adopted, ext = tuple([] for _ in impl.cfg["groups"]), 0, 0
             delay = delay and ext > 0
-            n = 0 if delay else self.chunk(req, hit + ext, min(op["chunk"], rest - ext))
-            out = impl.allocate(req, n, hit, blocks, ext=ext, delay=delay, enc=op.get("enc", 0),
-                                fit=bool(op.get("fit")))
-            o.update(hit=hit, hit_blocks=_ids(blocks), new=_ids(out))
+            if self.replay and not delay:
+                replay = min(self.replay, adopted + ext)
+            start = adopted + ext - replay
+            n = 0 if delay else self.chunk(req, start, min(op["chunk"], req.num_tokens - start))
+            out = impl.allocate(req, max(n - replay, 0), adopted, blocks, ext=ext, delay=delay,
+                                enc=op.get("enc", 0), fit=bool(op.get("fit")))
+            o["new"] = _ids(out)
             if ext:
                 o["ext"] = ext
+            if replay:
+                o["replay"] = replay
             if out is not None:
-                req.num_computed_tokens = hit + ext + n
-                impl.admitted(req, hit)
+                req.num_computed_tokens = start + n
+                impl.admitted(req, adopted)
                 o["table"] = impl.block_ids(rid)
         elif kind == "cache":
             req = self.requests[rid]
             impl.cache_blocks(req, req.num_computed_tokens)
-            if req.num_computed_tokens == req.num_tokens:
+            if self.replay:  # the loaded tokens' last window is replayed
+                req.num_computed_tokens -= min(self.replay, req.num_computed_tokens)
+            elif req.num_computed_tokens == req.num_tokens:
                 req.num_computed_tokens -= 1  # the last token's logits are recomputed
         elif kind == "step":
             req = self.requests[rid]

@@ -41,15 +41,21 @@ KINDS = ["full", "full", "swa", "swa", "chunked", "hybrid", "hybrid_bs", "nocach
          "hybrid_align"]
 EAGLE_KINDS = {"full", "swa", "hybrid", "hybrid_bs", "mamba", "hybrid_mamba", "hybrid_partial"}
 """vLLM rejects eagle with chunked local attention (an assertion in its hit search)."""
+SCRATCH_KINDS = ["hybrid_replay", "hybrid_ring", "dsv4"]
+"""Kinds with vLLM's scratch groups (never prefix cached): a sliding window rebuilt by bounded
+replay next to full attention, a circular buffer next to full attention, and both (DeepSeek-V4's
+layout).  Drawn only when asked for (``kinds``), so the other kinds' seeds keep their traces."""
 
 
 def random_config(rng: random.Random, pending: list[str] | None = None,
-                  lookahead_hashes: bool = False) -> dict[str, Any]:
-    """A random trace configuration; ``lookahead_hashes`` (a vLLM 0.33 peer) turns half the
-    EAGLE configurations into lookahead-hash ones, as vLLM 0.33 does without a connector
-    (``lookahead`` 1 for EAGLE, more for MTP; no block drop then)."""
+                  lookahead_hashes: bool = False,
+                  kinds: list[str] | None = None) -> dict[str, Any]:
+    """A random trace configuration of one of ``kinds`` (default ``KINDS``);
+    ``lookahead_hashes`` (a vLLM 0.33 peer) turns half the EAGLE configurations into
+    lookahead-hash ones, as vLLM 0.33 does without a connector (``lookahead`` 1 for EAGLE, more
+    for MTP; no block drop then)."""
     pending = pending_features() if pending is None else pending
-    kind = rng.choice(KINDS)
+    kind = rng.choice(kinds or KINDS)
     bs = rng.choice([2, 4, 8]) if kind in ("full", "nocache", "mamba") else 4
     caching = kind not in ("nocache", "cross")
     if kind in ("full", "nocache"):
@@ -82,6 +88,15 @@ def random_config(rng: random.Random, pending: list[str] | None = None,
         # Encoder-decoder: vLLM's cross-attention manager supports no prefix caching at all.
         groups = [{"type": "full", "block_size": rng.choice([2, 4, 8])},
                   {"type": "cross", "block_size": rng.choice([2, 4, 8])}]
+    elif kind in SCRATCH_KINDS:
+        # Block sizes may differ: the scheduler block (the hit alignment) is the lcm of all,
+        # the hash block the gcd of the cacheable groups only.
+        groups = [{"type": "full", "block_size": rng.choice([2, 4])}]
+        if kind != "hybrid_ring":
+            groups.append({"type": "swa_replay", "block_size": rng.choice([2, 4, 8]),
+                           "window": rng.choice([3, 4, 8, 12, 16])})
+        if kind != "hybrid_replay":
+            groups.append({"type": "ring", "block_size": rng.choice([2, 4, 8])})
     else:  # hybrid_partial: full-attention block > hash block, so prompts end inside blocks
         groups = [{"type": "full", "block_size": rng.choice([8, 12])},
                   {"type": "swa", "block_size": 4, "window": rng.choice([4, 5, 8, 12])}]
@@ -170,12 +185,13 @@ class _MambaDuplicates:
 
 
 def generate_trace(seed: int, num_ops: int = 60, pending: list[str] | None = None,
-                   lookahead_hashes: bool = False, vllm: str | None = None) -> dict[str, Any]:
-    """A random trace; ``vllm`` (``"0.32"``/``"0.33"``) is the peer version whose semantics
-    kvcore follows where versions differ, set before kvcore steers the generation so that every
-    op stays valid under them."""
+                   lookahead_hashes: bool = False, vllm: str | None = None,
+                   kinds: list[str] | None = None) -> dict[str, Any]:
+    """A random trace of one of ``kinds`` (default ``KINDS``); ``vllm`` (``"0.32"``/``"0.33"``)
+    is the peer version whose semantics kvcore follows where versions differ, set before kvcore
+    steers the generation so that every op stays valid under them."""
     rng = random.Random(seed)
-    config = random_config(rng, pending, lookahead_hashes)
+    config = random_config(rng, pending, lookahead_hashes, kinds)
     if vllm is not None:
         config["vllm"] = vllm
     families = [[rng.randrange(5) for _ in range(rng.randint(4, 40))] for _ in range(3)]

@@ -1,11 +1,12 @@
 """vLLM's ``KVCacheConfig`` as kvcore's, and every vLLM setting kvcore refuses.
 
 kvcore manages what vLLM's full-attention, sliding-window, chunked-local and cross-attention
-managers manage (cross attention, as in vLLM, only with prefix caching off), and Mamba states in
-vLLM's ``"align"`` and ``"none"`` modes.  Anything else a vLLM 0.32 or 0.33 configuration can
-ask of its KV-cache manager — speculative Mamba blocks, copy-on-write partial hits, context
-parallelism, sparse retention, scratch or
-host-resident groups, ... — is refused here, at engine start, with an
+managers manage (cross attention, as in vLLM, only with prefix caching off), Mamba states in
+vLLM's ``"align"`` and ``"none"`` modes, and vLLM's scratch groups: circular buffers
+(``CircularBufferSpec``, the CSA compressor ring) and sliding windows rebuilt by bounded replay
+(``SlidingWindowMLASpec(bounded_replay=True)``).  Anything else a vLLM 0.32 or 0.33
+configuration can ask of its KV-cache manager — speculative Mamba blocks, copy-on-write partial
+hits, context parallelism, host-resident groups, ... — is refused here, at engine start, with an
 :class:`~kvcore.errors.UnsupportedFeatureError` that names it and the setting that turns it
 off: kvcore never runs a configuration in which it would behave differently from vLLM.
 """
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 from vllm.v1.core.single_type_kv_cache_manager import (
     ChunkedLocalAttentionManager,
+    CircularBufferManager,
     CrossAttentionManager,
     FullAttentionManager,
     MambaManager,
@@ -25,6 +27,9 @@ from vllm.v1.core.single_type_kv_cache_manager import (
 )
 from vllm.v1.kv_cache_interface import (
     ChunkedLocalAttentionSpec as VllmChunkedLocalSpec,
+)
+from vllm.v1.kv_cache_interface import (
+    CircularBufferSpec as VllmCircularBufferSpec,
 )
 from vllm.v1.kv_cache_interface import (
     CrossAttentionSpec as VllmCrossAttentionSpec,
@@ -47,6 +52,7 @@ from kvcore.errors import UnsupportedFeatureError
 from kvcore.integrations.vllm.version import VllmVersion
 from kvcore.specs import (
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
@@ -74,12 +80,6 @@ def _spec(group_id: int, group: Any) -> KVCacheSpec:
     if role != KVCacheGroupRole.DEFAULT:
         raise refuse(f"KV-cache group role {role!s} (group {group_id}, {name})",
                      "disable sparse attention for this model")
-    if not spec.prefix_cacheable:
-        raise refuse(f"scratch KV-cache groups that are never prefix cached (group {group_id}, "
-                     f"{name})", "use a model without them")
-    if spec.prefix_replay_tokens:
-        raise refuse(f"sliding-window bounded replay (group {group_id}, {name}: "
-                     f"{spec.prefix_replay_tokens} replay tokens)", "use a model without it")
     manager = KVCacheSpecRegistry.get_manager_class(spec, None)
     common = dict(block_size=spec.block_size, num_kv_heads=getattr(spec, "num_kv_heads", 1) or 1,
                   head_size=getattr(spec, "head_size", 1) or 1)
@@ -92,17 +92,33 @@ def _spec(group_id: int, group: Any) -> KVCacheSpec:
         if getattr(spec, "extra_retained_tokens", 0):
             raise refuse(f"sliding windows that retain extra tokens (group {group_id}, {name})",
                          "use a model without them")
-        return SlidingWindowSpec(sliding_window=spec.sliding_window, **common)
+        # Bounded replay (DeepSeek-V4): a scratch window of sliding_window replayed tokens.
+        replay = spec.prefix_replay_tokens
+        if replay and (replay != spec.sliding_window or spec.prefix_cacheable):
+            raise refuse(f"bounded replay of {replay} tokens over a {spec.sliding_window}-token "
+                         f"window (group {group_id}, {name})", "use a model without it")
+        if not replay and not spec.prefix_cacheable:
+            raise refuse(f"scratch sliding windows without replay (group {group_id}, {name})",
+                         "use a model without them")
+        return SlidingWindowSpec(sliding_window=spec.sliding_window, bounded_replay=bool(replay),
+                                 **common)
+    if manager is CircularBufferManager and isinstance(spec, VllmCircularBufferSpec):
+        return CircularBufferSpec(**common)
     if manager is ChunkedLocalAttentionManager and isinstance(spec, VllmChunkedLocalSpec):
         return ChunkedLocalAttentionSpec(attention_chunk_size=spec.attention_chunk_size, **common)
     if manager is MambaManager and isinstance(spec, VllmMambaSpec):
         return _mamba_spec(group_id, spec)
     if manager is CrossAttentionManager and isinstance(spec, VllmCrossAttentionSpec):
         return CrossAttentionSpec(**common)
+    if not spec.prefix_cacheable:
+        raise refuse(f"scratch KV-cache groups of this type (group {group_id}: {name}, managed "
+                     f"in vLLM by {getattr(manager, '__name__', manager)})",
+                     "use a model without them")
     what = "Mamba state groups" if name.startswith("Mamba") else "this attention type"
     raise refuse(f"{what} (group {group_id}: {name}, managed in vLLM by "
                  f"{getattr(manager, '__name__', manager)})",
-                 "use a model with only full, sliding-window, chunked-local or cross attention")
+                 "use a model with only full, sliding-window, chunked-local or cross attention, "
+                 "Mamba or circular buffers")
 
 
 def _mamba_spec(group_id: int, spec: Any) -> MambaSpec:

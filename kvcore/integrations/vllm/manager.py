@@ -357,9 +357,14 @@ class KVCacheManagerAdapter:
     def truncate_computed_blocks(self, blocks: VllmKVCacheBlocks,
                                  num_computed_tokens: int) -> VllmKVCacheBlocks:
         """The first ``num_computed_tokens`` tokens' worth of a lookup result (no ref counts
-        change)."""
-        out = []
+        change; scratch groups' slots stay empty)."""
+        out: list[list[KVCacheBlock]] = []
         for m, group in zip(self.kv.coordinator.managers, blocks.blocks):
+            if not m.spec.prefix_cacheable:
+                # A scratch group (a circular buffer, a replayed window) is never part of a hit
+                # and covers no token range: its slot stays empty, whatever its block size.
+                out.append([])
+                continue
             if num_computed_tokens % m.block_size:
                 raise refuse("a hit truncated inside a block", "use whole-block hits")
             out.append(list(group[:num_computed_tokens // m.block_size]))

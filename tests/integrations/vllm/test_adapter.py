@@ -13,9 +13,12 @@ from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
 from vllm.sampling_params import SamplingParams
 from vllm.v1.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     CrossAttentionSpec,
+    HiSparseHotSpec,
     KVCacheGroupSpec,
     MambaSpec,
+    SlidingWindowMLASpec,
 )
 
 from kvcore.errors import InvalidArgumentError, InvariantError, UnsupportedFeatureError
@@ -188,6 +191,30 @@ def test_refused_configurations_name_the_feature(config, kwargs, names) -> None:
     with pytest.raises(UnsupportedFeatureError, match=names) as info:
         KVCacheManagerAdapter(**args, settings=KvcoreSettings())
     assert "kvcore does not implement" in str(info.value)
+
+
+def test_scratch_groups_are_mapped_and_unknown_ones_refused() -> None:
+    """vLLM's bounded-replay window and circular buffer become kvcore's scratch specs (the
+    hash block is the cacheable groups' gcd, the hit alignment the lcm of all); a scratch group
+    of a type kvcore lacks is still refused, naming it."""
+    from kvcore import specs
+
+    window = SlidingWindowMLASpec(block_size=16, num_kv_heads=1, head_size=64,
+                                  dtype=torch.bfloat16, sliding_window=32, bounded_replay=True)
+    ring = CircularBufferSpec(block_size=8, num_kv_heads=1, head_size=32, dtype=torch.float16)
+    _, m = managers(kv_config(full(), window, ring))
+    groups = m.kv.config.groups
+    assert groups[1].spec == specs.SlidingWindowSpec(
+        block_size=16, num_kv_heads=1, head_size=64, dtype=torch.bfloat16, sliding_window=32,
+        bounded_replay=True)
+    assert isinstance(groups[2].spec, specs.CircularBufferSpec)
+    assert m.kv.config.prefix_replay_tokens == 32
+    assert (m.kv.config.hash_block_size, m.kv.config.alignment_tokens) == (16, 16)
+    hot = HiSparseHotSpec(block_size=16, page_size=64, blocks_per_request=2)
+    with pytest.raises(UnsupportedFeatureError, match="HiSparseHotSpec"):
+        KVCacheManagerAdapter(kv_config(full(), hot), max_model_len=4096,
+                              scheduler_block_size=16, hash_block_size=16,
+                              settings=KvcoreSettings())
 
 
 def test_supported_attention_types_are_accepted() -> None:

@@ -12,7 +12,12 @@ docs/vllm_mamba_external_undercount_bug.md) and kvcore refuses that admission, t
 compared up to there.
 
 On 0.33 kvcore's own manager (its own hashing, lookahead included) is compared with vLLM's on
-the lookahead traces too."""
+the lookahead traces too.
+
+vLLM's scratch groups (never prefix cached) get traces of their own (``SCRATCH_KINDS``: full
+attention with a sliding window rebuilt by bounded replay, with a circular buffer, and with
+both), each op driven as vLLM's scheduler drives replay (tests/differential/replay.py), through
+the adapter and through kvcore's own manager against vLLM's, on both versions."""
 
 from __future__ import annotations
 
@@ -23,9 +28,10 @@ import pytest
 
 from kvcore.integrations.vllm.version import installed
 from tests.differential.replay import cut_at_vllm_undercount, replay_all
-from tests.differential.traces import generate_trace
+from tests.differential.traces import SCRATCH_KINDS, generate_trace
 
 NUM_TRACES = int(os.environ.get("KVCORE_DIFF_TRACES", "400"))
+NUM_SCRATCH_TRACES = int(os.environ.get("KVCORE_DIFF_SCRATCH_TRACES", "200"))
 REFUSED = {"mamba", "hybrid_mamba"}  # Mamba "none" with prefix caching
 VERSION = installed()
 
@@ -82,4 +88,27 @@ def test_kvcores_own_lookahead_hashing_matches_vllm(traces: list[dict[str, Any]]
                  if e[0] == "stored" and e[-1])
     assert stored > 50  # events with lookahead tokens were compared
     failures = _differences(ahead, ours, theirs)
+    assert not failures, f"{len(failures)} traces differ; first: {failures[0]}"
+
+
+@pytest.mark.parametrize("impl", ["adapter", "kvcore"])
+def test_scratch_groups_match_vllm_on_every_trace(impl: str) -> None:
+    """Bounded replay and circular buffers: identical observations after every op, with hits
+    replayed, hits no longer than the window dropped and external tokens cut to whole blocks
+    as vLLM's scheduler does."""
+    version = f"{VERSION.major}.{VERSION.minor}"
+    traces = [generate_trace(seed, pending=[], vllm=version, kinds=SCRATCH_KINDS)
+              for seed in range(NUM_SCRATCH_TRACES)]
+    for t in traces:
+        t["config"]["vllm"] = version
+    theirs = replay_all("vllm", traces)
+    ours = replay_all(impl, traces)
+    errors = [o["error"] for obs in theirs for o in obs if "error" in o]
+    assert not errors, f"vLLM raised on {len(errors)} traces: {errors[:3]}"
+    kinds = {t["config"]["kind"] for t in traces}
+    assert kinds == set(SCRATCH_KINDS)
+    replays = sum(1 for obs in ours for o in obs if o.get("replay"))
+    hits = sum(1 for obs in ours for o in obs if o.get("hit", 0) > 0)
+    assert replays > 50 and hits > 100
+    failures = _differences(traces, ours, theirs)
     assert not failures, f"{len(failures)} traces differ; first: {failures[0]}"
