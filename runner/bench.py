@@ -10,7 +10,8 @@
   peer's output is checked against ours (``max_err``) before it is timed.  A peer that is not
   installed or fails leaves a note in its cells instead of ending the run, and
   ``--time-limit`` starts no case after its deadline (peers go last, so they are cut first).
-  ``--split-sweep`` adds our decode at fixed split counts next to the default's choice.
+  ``--split-sweep`` adds our decode at fixed split counts next to the default's choice (batch
+  1, 8 and 48, where the choice is many parts, a few and one).
 * ``prefill-attention``: causal prefill attention over paged K/V (each sequence's whole context
   is its query: no cached prefix), in TFLOP/s, with the same peers (FlashInfer's paged prefill,
   FlexAttention, SDPA); every kernel timed eagerly (our prefill is not graph-captured).
@@ -607,8 +608,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, metavar="S",
                     help="attention: start no case after S seconds (the rest: 'time limit')")
     ap.add_argument("--split-sweep", action="store_true",
-                    help="attention: also time our decode at fixed split counts, batch 1 and "
-                    "8 (CPU: 2) at the two longest contexts")
+                    help="attention: also time our decode at fixed split counts, batch 1, 8 "
+                    "and 48 (CPU: 1 and 2) at the two longest contexts")
     ap.add_argument("--allow-cpu", action="store_true",
                     help="tiny shapes on the CPU, even where a GPU exists (a smoke test)")
     ap.add_argument("--json", metavar="FILE")
@@ -673,7 +674,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _print_attention(rows, copy, shape)
         if args.split_sweep and "triton" in backends:
             longest = sorted(contexts)[-2:]
-            sweep_batches = (1, 8) if cuda else (1, 2)
+            sweep_batches = (1, 8, 48) if cuda else (1, 2)
             sweep = bench_split_sweep(device, [(b, c) for b in sweep_batches for c in longest],
                                       dtype,
                                       reps=20 if cuda else 1,

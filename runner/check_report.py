@@ -143,7 +143,13 @@ def summarize(outdir: Path, dry_run: bool = False) -> dict[str, Any]:
         serial = read_tests(outdir / "tests_serial.xml")
         if serial is not None:
             tests = {k: tests[k] + serial[k] for k in tests}
-    return {"dry_run": dry_run, "steps": steps, "tests": tests,
+    warm = []
+    for name in ("throughput_async", "throughput_sync"):
+        for r in (_load(outdir / f"{name}.json") or {}).get("throughput", []):
+            warm.append({"run": name, "backend": r["backend"],
+                         "shapes_not_warmed": r.get("shapes_not_warmed"),
+                         "kernels_compiled_in_timed_runs": r.get("kernels_compiled_in_timed_runs")})
+    return {"dry_run": dry_run, "steps": steps, "tests": tests, "warm_up": warm,
             "targets": targets(outdir, steps, dry_run),
             "all_steps_ok": bool(steps) and all(s["status"] == "ok" for s in steps)}
 
@@ -162,6 +168,13 @@ def render_summary(summary: dict[str, Any]) -> str:
         lines.append(f"tests: {t['tests']} run, {t['failures']} failed, {t['errors']} errors, "
                      f"{t['skipped']} skipped")
         lines += [f"  FAILED {name}" for name in t["failed"]]
+    for w in summary.get("warm_up", []):
+        missed = w["shapes_not_warmed"]
+        compiled = w["kernels_compiled_in_timed_runs"]
+        lines.append(f"{w['run']} ({w['backend']}): warm-up missed "
+                     f"{'?' if missed is None else len(missed)} shapes"
+                     f"{': ' + ', '.join(missed) if missed else ''}; Triton kernels compiled "
+                     f"while timed: {'not known' if compiled is None else compiled}")
     lines.append("")
     lines.append(render(["target", "this run", "met"],
                         [[x["target"], x["value"],

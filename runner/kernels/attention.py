@@ -411,9 +411,10 @@ def decode_splits(max_seqlen_k: int, num_seqs: int, num_kv_heads: int, window: i
     context's key tiles, and 128), then the fewest parts that keep the same tiles per part
     (equal time, fewer partials to merge).  One 32k sequence with 8 KV heads on 132 SMs: 64
     parts (512 programs of 528 slots, 8 tiles each); batch 8: 8 parts; batch 32: 2; batch
-    >= 66: 1.  A sliding window bounds the keys read, so it bounds the parts too.  (Several
-    waves of short parts can fit the slots exactly too, but that bets on the exact residency,
-    which the kernel's register use decides, so the choice stays within one wave.)"""
+    >= 34: 1 (272 or more programs leave no room for a second part each).  A sliding window
+    bounds the keys read, so it bounds the parts too.  (Several waves of short parts can fit
+    the slots exactly too, but that bets on the exact residency, which the kernel's register
+    use decides, so the choice stays within one wave.)"""
     if num_sms <= 0 or programs_per_sm <= 0 or block_n <= 0:
         raise ValueError(f"num_sms ({num_sms}), programs_per_sm ({programs_per_sm}) and "
                          f"block_n ({block_n}) must be positive")

@@ -31,6 +31,7 @@ def test_dry_run_runs_every_step(tmp_path: Path) -> None:
     assert summary["tests"]["tests"] == 2 and summary["tests"]["failed"] == []
     assert all(t["met"] is None for t in summary["targets"])  # nothing measured on a CPU
     assert "all steps ok" in res.stdout and "PASSED" in (tmp_path / "tests.log").read_text()
+    assert res.stdout.count("warm-up missed 0 shapes") == 2  # async and sync
     attention = json.loads((tmp_path / "attention.json").read_text())
     measured = {r["backend"] for r in attention["attention"] if r["ms"] is not None}
     assert {"triton", "peer:flex", "peer:sdpa"} <= measured
