@@ -146,7 +146,7 @@ def summarize(outdir: Path, dry_run: bool = False) -> dict[str, Any]:
     warm = []
     for name in ("throughput_async", "throughput_sync"):
         for r in (_load(outdir / f"{name}.json") or {}).get("throughput", []):
-            warm.append({"run": name, "backend": r["backend"],
+            warm.append({"run": name, "backend": r.get("backend", "?"),
                          "shapes_not_warmed": r.get("shapes_not_warmed"),
                          "kernels_compiled_in_timed_runs": r.get("kernels_compiled_in_timed_runs")})
     return {"dry_run": dry_run, "steps": steps, "tests": tests, "warm_up": warm,

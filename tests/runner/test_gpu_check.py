@@ -23,7 +23,7 @@ def test_dry_run_runs_every_step(tmp_path: Path) -> None:
     env.pop("PYTEST_XDIST_WORKER", None)
     res = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--dry-run",
                           str(tmp_path)], capture_output=True, text=True, env=env,
-                         timeout=240, cwd=tmp_path)
+                         timeout=600, cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert [s["step"] for s in summary["steps"]] == STEPS
