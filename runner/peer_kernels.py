@@ -5,9 +5,10 @@ head_dim]``, 0 = K, 1 = V), block tables (``[batch, width]`` int32, physical blo
 sequence lengths, does its planning once (as a serving engine would, outside the timed call) and
 returns ``decode(q)``: ``q`` ``[batch, num_heads, head_dim]`` (one query token per sequence, at
 the end of its context) -> ``[batch, num_heads, head_dim]``.  The paged peers (FlexAttention,
-FlashInfer) copy nothing: they read the same pages the Triton kernel reads.  The prefill builders (``prefill=True``) take ``q_len``
-query tokens per sequence, the last ``q_len`` of its context, causal: ``q`` ``[batch * q_len,
-num_heads, head_dim]`` packed by sequence, as the engine packs a prefill step.
+FlashInfer) copy nothing: they read the same pages the Triton kernel reads.  The prefill
+builders (``prefill=True``) take ``q_len`` query tokens per sequence, the last ``q_len`` of its
+context, causal: ``q`` ``[batch * q_len, num_heads, head_dim]`` packed by sequence, as the
+engine packs a prefill step.
 
 * ``flex``: torch's FlexAttention.  K/V are strided views ``[1, kv_heads, num_blocks *
   block_size, head_dim]`` of the pages; a ``BlockMask`` built from the block tables

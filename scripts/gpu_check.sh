@@ -121,8 +121,8 @@ step env "$(limit ENV 15)" env.log "$PY" -c "$env_check"
 serial_test=tests/runner/test_gpu_engine.py::test_profiled_kv_memory_respects_utilization
 dry_run_test=tests/runner/test_gpu_check.py::test_dry_run_runs_every_step  # CI's, on a CPU
 if [ "$dry" = 1 ]; then
-    step tests "$(limit TESTS 150)" tests.log "$PY" -m pytest "${jobs[@]}" -p no:cacheprovider -o addopts= \
-        -v -rf --durations=20 --junitxml="$outdir/tests.xml" \
+    step tests "$(limit TESTS 150)" tests.log "$PY" -m pytest "${jobs[@]}" -o addopts= \
+        -p no:cacheprovider -v -rf --durations=20 --junitxml="$outdir/tests.xml" \
         tests/runner/test_split_decode.py::test_h100_choices_match_the_sweeps_best_points \
         tests/runner/test_split_decode.py::test_one_split_writes_the_output_directly
     bench=(--allow-cpu)
@@ -131,8 +131,8 @@ if [ "$dry" = 1 ]; then
     peer=(--peer transformers --peer-num-seqs 2 --peer-time-limit 30)
     prefix=(--backends triton)
 else
-    step tests "$(limit TESTS 150)" tests.log "$PY" -m pytest "${jobs[@]}" -p no:cacheprovider -o addopts= \
-        -v -rf --durations=20 --junitxml="$outdir/tests.xml" tests/runner \
+    step tests "$(limit TESTS 150)" tests.log "$PY" -m pytest "${jobs[@]}" -o addopts= \
+        -p no:cacheprovider -v -rf --durations=20 --junitxml="$outdir/tests.xml" tests/runner \
         --deselect "$serial_test" --deselect "$dry_run_test"
     step tests-serial "$(limit TESTS_SERIAL 25)" tests_serial.log "$PY" -m pytest -o addopts= \
         -p no:cacheprovider -v -rf --junitxml="$outdir/tests_serial.xml" "$serial_test"
