@@ -59,6 +59,19 @@ def warmup_inputs(num_tokens: int, max_model_len: int, block_size: int, num_grou
     return ModelInputs(ids, positions, meta), 1 + len(lens) * blocks_per_seq
 
 
+def _int_class(n: int) -> str:
+    """How Triton specializes an integer kernel argument: 1, a multiple of 16, or other."""
+    return "1" if n == 1 else "16k" if n % 16 == 0 else "n"
+
+
+def eager_step_shape(meta: AttentionMetadata) -> tuple[Any, ...]:
+    """What decides which compiled kernel variants an eager step runs: prefill or decode, and
+    per KV-cache group the block table's width as Triton specializes it (the only integer
+    kernel argument that changes from step to step; grids and tensor sizes need no compile)."""
+    return ("eager", "decode" if meta.is_decode_only else "prefill",
+            tuple(_int_class(g.block_tables.shape[1]) for g in meta.groups))
+
+
 def decode_graph_sizes(max_batch: int, limit: int = 512) -> list[int]:
     """Batch sizes to capture: 1, 2, 4, 8, multiples of 8 to 64 and of 16 to ``limit``, capped
     by ``max_batch`` (included itself when it is below ``limit``)."""
@@ -94,6 +107,10 @@ class ModelRunner:
         self._graphs: dict[int, _Graph] = {}
         self._graph_sizes: list[int] = []  # sorted keys of _graphs
         self._static: ModelInputs | None = None  # the largest graph's input buffers
+        # When a set: each forward adds the shape key of what it ran (eager_step_shape, or
+        # ("graph", size)), so a benchmark can check that its warm-up ran every kernel variant
+        # its timed run needs.
+        self.shape_log: set[tuple[Any, ...]] | None = None
 
     # -- KV memory ------------------------------------------------------------------------------
     def block_bytes(self) -> int:
@@ -150,7 +167,11 @@ class ModelRunner:
         if self._graphs and inputs.meta.is_decode_only:
             i = bisect.bisect_left(self._graph_sizes, inputs.meta.num_seqs)
             if i < len(self._graph_sizes):
+                if self.shape_log is not None:
+                    self.shape_log.add(("graph", self._graph_sizes[i]))
                 return self._replay(self._graphs[self._graph_sizes[i]], inputs)
+        if self.shape_log is not None:
+            self.shape_log.add(eager_step_shape(inputs.meta))
         return self.model(inputs.input_ids, inputs.positions, self.layer_caches, inputs.meta,
                           self.backend)
 

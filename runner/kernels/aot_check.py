@@ -94,7 +94,8 @@ def _variants(quick: bool) -> list[tuple[str, Callable[[], Any]]]:
             ROWS=tiles.rows, BLOCK_N=tiles.block_n, BLOCK_D=tiles.block_d,
             IEEE=dt == torch.float32, SOFTCAP_LOG2=softcap_log2, grid=(1,))
 
-    def decode(dt: torch.dtype, head_dim: int, gqa: int, softcap: float | None = None) -> Any:
+    def decode(dt: torch.dtype, head_dim: int, gqa: int, softcap: float | None = None,
+               split: bool = True) -> Any:
         q, cache, bt, i32 = args(dt, gqa, head_dim)
         f32 = torch.empty(64, dtype=torch.float32)
         bd = max(16, triton.next_power_of_2(head_dim))
@@ -104,7 +105,8 @@ def _variants(quick: bool) -> list[tuple[str, Callable[[], Any]]]:
             cache.stride(1), cache.stride(2), cache.stride(3), bt.stride(0), 64, 64, 1, 64, 8,
             scale_log2, 16, 8, head_dim, 8 * gqa, G=gqa,
             BLOCK_H=max(16, triton.next_power_of_2(gqa)), BLOCK_N=A._decode_block_n(bd, dt),
-            BLOCK_D=bd, IEEE=dt == torch.float32, SOFTCAP_LOG2=softcap_log2, grid=(1,))
+            BLOCK_D=bd, IEEE=dt == torch.float32, SOFTCAP_LOG2=softcap_log2, SPLIT=split,
+            grid=(1,))
 
     def combine(head_dim: int) -> Any:
         f32 = torch.empty(64, dtype=torch.float32)
@@ -130,6 +132,9 @@ def _variants(quick: bool) -> list[tuple[str, Callable[[], Any]]]:
             for gqa in ([1, 3, 8] if quick else [1, 3, 4, 7, 8, 12]):
                 out.append((f"prefill {name} d{hd} gqa{gqa}", partial(prefill, DTYPES[name], hd, gqa)))
                 out.append((f"decode {name} d{hd} gqa{gqa}", partial(decode, DTYPES[name], hd, gqa)))
+            # One split: the kernel writes the output itself (no partials).
+            out.append((f"decode {name} d{hd} gqa2 1split",
+                        partial(decode, DTYPES[name], hd, 2, None, False)))
         # Logit soft-capping (Gemma-2: head_dim 256, GQA 2), the largest tiles.
         for hd in ([256] if quick else [128, 256]):
             for kind, build in (("prefill", prefill), ("decode", decode)):

@@ -13,11 +13,16 @@ token ``t`` of a sequence is row ``t % block_size`` of block ``block_table[t // 
   positions at a time, each row gathered through the block table (so any page size works with
   tensor-core tiles >= 16).  The loop covers only positions some query in the tile can see:
   ``[first_query_pos - window + 1, last_query_pos]``.  Online softmax in fp32.
-* ``paged_decode``: one query per sequence, programs over (sequence, KV head, split).  The
-  visible range ``[seq_len - window, seq_len)`` is cut into ``num_splits`` parts (flash-decoding)
-  so long contexts use the whole GPU; each part writes a partial output and its log-sum-exp, and
-  ``_combine`` merges them.  The G query heads are rows of one tile (padded to a power of two,
-  at least 16).
+* ``paged_decode``: one query per sequence, programs over (sequence, KV head, split): split-K
+  (flash-decoding).  The visible range ``[seq_len - window, seq_len)`` is ``n`` tiles of
+  ``BLOCK_N`` keys; split ``i`` of ``s`` takes tiles ``[i * n // s, (i + 1) * n // s)``, so the
+  parts differ by at most one tile, a part ends wherever its last tile ends (inside a page when
+  pages are larger than a tile, or at the window's unaligned start plus whole tiles), and with
+  ``s > n`` some parts are empty.  Each part writes a partial output and its log-sum-exp and
+  ``_combine`` merges them; with one split the kernel writes the output itself (no partials,
+  no combine launch).  :func:`decode_splits` picks ``s`` from the device's SM count, the batch
+  and the context, so that a small batch still fills the GPU.  The G query heads are rows of
+  one tile (padded to a power of two, at least 16).
 
 Any head dim works: tiles are ``BLOCK_D = next_power_of_2(head_dim)`` wide, masked beyond
 ``head_dim`` (loads fill 0, so the padded columns add nothing to QK^T and are never stored).
@@ -31,7 +36,7 @@ fp32 inputs use IEEE fp32 dot products (no TF32) so results match the torch refe
 
 from __future__ import annotations
 
-import math
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -189,7 +194,12 @@ def _decode_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, part_out_ptr, part
                    stride_pl_s, stride_pl_h,
                    scale_log2, block_size, window, head_dim, num_heads,
                    G: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_D: tl.constexpr, IEEE: tl.constexpr, SOFTCAP_LOG2: tl.constexpr):
+                   BLOCK_D: tl.constexpr, IEEE: tl.constexpr, SOFTCAP_LOG2: tl.constexpr,
+                   SPLIT: tl.constexpr):
+    """One part of one sequence's context for the G query heads of one KV head.  ``SPLIT``:
+    write the part's normalised output and log-sum-exp (log2 units) to the partial buffers;
+    else (one split) the final output to ``part_out_ptr`` (then the output tensor, whose
+    ``stride_po_s``/``stride_po_h`` are its token and head strides)."""
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -198,9 +208,12 @@ def _decode_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, part_out_ptr, part
     lo = 0
     if window > 0:
         lo = tl.maximum(seq_len - window, 0)
-    span = tl.cdiv(tl.cdiv(seq_len - lo, num_splits), BLOCK_N) * BLOCK_N
-    start0 = lo + split * span
-    end = tl.minimum(start0 + span, seq_len)
+    # Whole tiles, spread evenly: part `split` takes tiles [t0, t1) of the n visible ones.
+    n_tiles = tl.cdiv(seq_len - lo, BLOCK_N)
+    t0 = split * n_tiles // num_splits
+    t1 = (split + 1) * n_tiles // num_splits
+    start0 = lo + t0 * BLOCK_N
+    end = tl.minimum(lo + t1 * BLOCK_N, seq_len)
     h = tl.arange(0, BLOCK_H)
     h_mask = h < G
     head = kvh * G + h
@@ -221,13 +234,17 @@ def _decode_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, part_out_ptr, part
                                      block_size, IEEE, SOFTCAP_LOG2)
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
     store_mask = h_mask & (head < num_heads)
-    tl.store(part_out_ptr + seq.to(tl.int64) * stride_po_s + head[:, None] * stride_po_h
-             + split * stride_po_split + offs_d[None, :], out,
-             mask=store_mask[:, None] & d_mask[None, :])
-    tl.store(part_lse_ptr + seq.to(tl.int64) * stride_pl_s + head * stride_pl_h + split, lse,
-             mask=store_mask)
+    dst = part_out_ptr + seq.to(tl.int64) * stride_po_s + head[:, None] * stride_po_h
+    if SPLIT:
+        lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+        tl.store(dst + split * stride_po_split + offs_d[None, :], out,
+                 mask=store_mask[:, None] & d_mask[None, :])
+        tl.store(part_lse_ptr + seq.to(tl.int64) * stride_pl_s + head * stride_pl_h + split,
+                 lse, mask=store_mask)
+    else:
+        tl.store(dst + offs_d[None, :], out.to(part_out_ptr.dtype.element_ty),
+                 mask=store_mask[:, None] & d_mask[None, :])
 
 
 @triton.jit
@@ -360,28 +377,83 @@ def paged_prefill(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: tor
     return out
 
 
+# The split-count model (see decode_splits).  From the H100 sweep in BENCHMARKS.md
+# (2026-11-22): the best points (batch 8: 8 splits at 8k and 32k, 9 = 576 programs was 13
+# points slower; batch 32 x 8k: 2 splits; one 32k sequence: 64 splits) are where the grid just
+# fits 4 resident programs per SM, i.e. one full wave.
+PROGRAMS_PER_SM = 4
+MAX_DECODE_SPLITS = 128
+# "SMs" assumed off CUDA (the Triton interpreter): small, so interpreter grids stay small.
+INTERPRETER_SMS = 4
+
+
+@functools.cache
+def _cuda_sm_count(index: int) -> int:
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+def device_sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (cached); :data:`INTERPRETER_SMS` elsewhere."""
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    return _cuda_sm_count(device.index if device.index is not None
+                          else torch.cuda.current_device())
+
+
 def decode_splits(max_seqlen_k: int, num_seqs: int, num_kv_heads: int, window: int | None,
-                  target_programs: int = 528) -> int:
-    """How many parts to cut each sequence's context into: enough programs to fill the GPU
-    (``target_programs`` ~ 4 per SM on an H100), at least 128 positions per part.  From a sweep
-    on an H100 (BENCHMARKS.md): one 32k-token sequence went from 48% of copy bandwidth (2
-    programs per SM, 256 positions per part) to 68% (64 parts)."""
+                  *, num_sms: int, block_n: int = 64,
+                  programs_per_sm: int = PROGRAMS_PER_SM) -> int:
+    """How many parts to cut each sequence's context into (split-K decode).
+
+    A batch of ``num_seqs * num_kv_heads`` (sequence, KV head) pairs that already fills the
+    GPU's ``num_sms * programs_per_sm`` resident program slots gets 1 (no partials, no combine
+    launch).  A smaller batch gets as many parts as one wave of programs holds (at most the
+    context's key tiles, and 128), then the fewest parts that keep the same tiles per part
+    (equal time, fewer partials to merge).  One 32k sequence with 8 KV heads on 132 SMs: 64
+    parts (512 programs of 528 slots, 8 tiles each); batch 8: 8 parts; batch 32: 2; batch
+    >= 34: 1 (272 or more programs leave no room for a second part each).  A sliding window
+    bounds the keys read, so it bounds the parts too.  (Several waves of short parts can fit
+    the slots exactly too, but that bets on the exact residency, which the kernel's register
+    use decides, so the choice stays within one wave.)"""
+    if num_sms <= 0 or programs_per_sm <= 0 or block_n <= 0:
+        raise ValueError(f"num_sms ({num_sms}), programs_per_sm ({programs_per_sm}) and "
+                         f"block_n ({block_n}) must be positive")
     span = min(max_seqlen_k, window) if window else max_seqlen_k
-    by_length = max(1, span // 128)
-    by_occupancy = max(1, math.ceil(target_programs / max(1, num_seqs * num_kv_heads)))
-    return int(min(by_length, by_occupancy, 64))
+    tiles = max(1, -(-span // block_n))
+    work = max(1, num_seqs * num_kv_heads)
+    most = min((num_sms * programs_per_sm) // work, tiles, MAX_DECODE_SPLITS)
+    if most <= 1:
+        return 1
+    per_part = -(-tiles // most)
+    return -(-tiles // per_part)
+
+
+def split_ranges(seq_len: int, window: int | None, num_splits: int, block_n: int
+                 ) -> list[tuple[int, int]]:
+    """The key positions ``[start, end)`` each part of one sequence reads, exactly as the decode
+    kernel cuts them (empty parts: ``start >= end``); for tests and tuning."""
+    lo = max(seq_len - window, 0) if window else 0
+    n_tiles = -(-(seq_len - lo) // block_n)
+    out = []
+    for i in range(num_splits):
+        t0, t1 = i * n_tiles // num_splits, (i + 1) * n_tiles // num_splits
+        out.append((lo + t0 * block_n, min(lo + t1 * block_n, seq_len)))
+    return out
 
 
 def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                  seq_lens: torch.Tensor, max_seqlen_k: int, scale: float,
                  sliding_window: int | None = None, num_splits: int | None = None,
                  block_n: int | None = None, num_warps: int = 4,
-                 num_stages: int | None = None, softcap: float | None = None) -> torch.Tensor:
+                 num_stages: int | None = None, softcap: float | None = None,
+                 num_sms: int | None = None) -> torch.Tensor:
     """One query token per sequence ([S, Hq, D]) over the paged cache, split-K.
 
-    ``num_splits``, ``block_n``, ``num_warps`` and ``num_stages`` override the tuned defaults
-    (for tests and tuning sweeps).  ``softcap``: logit soft-capping (None: off).  Any G and
-    head_dim: the G query heads are padded to ``BLOCK_H`` rows, head_dim to ``BLOCK_D``."""
+    ``num_splits`` (else :func:`decode_splits` for this device's SM count, or ``num_sms``),
+    ``block_n``, ``num_warps`` and ``num_stages`` override the tuned defaults (for tests and
+    tuning sweeps).  ``softcap``: logit soft-capping (None: off).  Any G and head_dim: the G
+    query heads are padded to ``BLOCK_H`` rows, head_dim to ``BLOCK_D``.  The launch depends
+    only on shapes and ``max_seqlen_k``, never on tensor contents (CUDA-graph safe)."""
     _check_cache(kv_cache)
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = kv_cache.shape[3]
@@ -389,24 +461,31 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torc
     block_d = max(16, triton.next_power_of_2(head_dim))
     block_h = max(16, triton.next_power_of_2(group))
     block_n = block_n or _decode_block_n(block_d, query.dtype)
-    splits = num_splits or decode_splits(max_seqlen_k, num_seqs, num_kv_heads, sliding_window)
+    splits = num_splits or decode_splits(
+        max_seqlen_k, num_seqs, num_kv_heads, sliding_window, block_n=block_n,
+        num_sms=num_sms or device_sm_count(query.device))
     scale_log2, softcap_log2 = _score_scales(scale, softcap)
     out = torch.empty_like(query)
     if num_seqs == 0:
+        return out
+    common = dict(G=group, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d,
+                  IEEE=query.dtype == torch.float32, SOFTCAP_LOG2=softcap_log2,
+                  num_warps=num_warps, **({} if num_stages is None else {"num_stages": num_stages}))
+    args = (query.stride(0), query.stride(1), kv_cache.stride(0), kv_cache.stride(1),
+            kv_cache.stride(2), kv_cache.stride(3), block_tables.stride(0))
+    scalars = (scale_log2, kv_cache.shape[2], sliding_window or 0, head_dim, num_heads)
+    if splits == 1:  # the batch fills the GPU: the kernel writes the output itself
+        _decode_kernel[(num_seqs, num_kv_heads, 1)](
+            query, kv_cache, block_tables, seq_lens, out, out, *args,
+            out.stride(0), out.stride(1), 0, 0, 0, *scalars, SPLIT=False, **common)
         return out
     part_out = torch.empty(num_seqs, num_heads, splits, head_dim, dtype=torch.float32,
                            device=query.device)
     part_lse = torch.empty(num_seqs, num_heads, splits, dtype=torch.float32, device=query.device)
     _decode_kernel[(num_seqs, num_kv_heads, splits)](
-        query, kv_cache, block_tables, seq_lens, part_out, part_lse,
-        query.stride(0), query.stride(1), kv_cache.stride(0), kv_cache.stride(1),
-        kv_cache.stride(2), kv_cache.stride(3), block_tables.stride(0),
+        query, kv_cache, block_tables, seq_lens, part_out, part_lse, *args,
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
-        part_lse.stride(0), part_lse.stride(1),
-        scale_log2, kv_cache.shape[2], sliding_window or 0, head_dim, num_heads,
-        G=group, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d,
-        IEEE=query.dtype == torch.float32, SOFTCAP_LOG2=softcap_log2, num_warps=num_warps,
-        **({} if num_stages is None else {"num_stages": num_stages}))
+        part_lse.stride(0), part_lse.stride(1), *scalars, SPLIT=True, **common)
     _combine_kernel[(num_seqs, num_heads)](
         part_out, part_lse, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1), head_dim,

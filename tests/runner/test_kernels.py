@@ -15,7 +15,6 @@ import torch
 from runner.attention import AttentionMetadata, GroupMetadata, TorchAttentionBackend, get_backend
 from runner.kernels.attention import (
     _tile_sizes,
-    decode_splits,
     paged_decode,
     prefill_schedule,
     store_kv,
@@ -138,13 +137,6 @@ def test_prefill_schedule_covers_every_query_once(dtype: torch.dtype, group: int
     assert sched.dtype == torch.int32 and sched.device.type == DEVICE.type
     assert list(zip(*sched.cpu().tolist())) == want
     assert prefill_schedule([], 128, group, dtype, DEVICE).shape == (2, 0)
-
-
-def test_split_heuristic() -> None:
-    assert decode_splits(512, 256, 8, None) == 1  # busy GPU, short context: no split
-    assert decode_splits(32768, 1, 8, None) == 64  # one long sequence: many splits (capped)
-    assert decode_splits(32768, 8, 8, None) == 9  # ~4 programs per SM on an H100
-    assert decode_splits(32768, 1, 8, 1024) == 8  # a window bounds the work: 128 keys a split
 
 
 def test_flash_attn_backend_reports_missing_package() -> None:

@@ -61,3 +61,42 @@ def test_unknown_or_missing_peer_is_refused() -> None:
     if importlib.util.find_spec("flashinfer") is None:
         with pytest.raises(ImportError):
             build_peer("flashinfer", cache, tables, seq_lens, 1.0, num_heads=6)
+
+
+@pytest.mark.parametrize("lens,q_len", [([40, 40, 40], 1), ([40, 17, 1, 64], 1),
+                                        ([24, 24], 24), ([40, 20, 57], 20)],
+                         ids=["equal", "ragged", "causal", "causal-ragged"])
+def test_sdpa_on_contiguous_kv_equals_the_reference(lens: list[int], q_len: int) -> None:
+    """The no-paging peer: the same K/V gathered into contiguous tensors, masked only when the
+    lengths differ (or the queries are not the whole context)."""
+    cache, tables, seq_lens, q, want = paged_case(lens, q_len=q_len, seed=3)
+    got = build_peer("sdpa", cache, tables, seq_lens, 16 ** -0.5, num_heads=q.shape[1],
+                     q_len=q_len)(q)
+    assert (got - want).abs().max().item() < 1e-5
+
+
+def test_flex_compiles_each_shape_once_past_the_recompile_limit() -> None:
+    """One compiled build per shape, more shapes than dynamo's recompile limit: every build
+    still runs the compiled kernel (no fallback, no error) and matches the reference, and
+    each compiled once (its own code object, so its own cache)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    shapes = [[9], [17, 4], [33, 2, 8], [40, 17, 33]]
+    old = torch._dynamo.config.cache_size_limit
+    torch._dynamo.config.cache_size_limit = 2  # fewer than the shapes
+    try:
+        torch._dynamo.reset()
+        counters.clear()
+        for i, lens in enumerate(shapes):
+            cache, tables, seq_lens, q, want = paged_case(lens, group=2, seed=10 + i)
+            decode = build_peer("flex", cache, tables, seq_lens, 16 ** -0.5,
+                                num_heads=q.shape[1])
+            for _ in range(2):  # a second call reuses the compiled kernel
+                assert (decode(q) - want).abs().max().item() < 1e-5
+        # One graph per shape (one shared compiled function stops at the limit, then runs
+        # flex eagerly: 3 graphs here).
+        assert counters["stats"]["unique_graphs"] == len(shapes)
+    finally:
+        torch._dynamo.config.cache_size_limit = old
+        torch._dynamo.reset()
