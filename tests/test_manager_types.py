@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import pytest
 import torch
 
 from kvcore.blocks import KVCacheBlock
@@ -13,6 +14,7 @@ from kvcore.coordinator import (
     NoPrefixCacheCoordinator,
     UnitaryCoordinator,
 )
+from kvcore.errors import UnsupportedFeatureError
 from kvcore.specs import ChunkedLocalAttentionSpec, CrossAttentionSpec, MambaSpec
 from tests.factories import admit, decode, full_spec, make_manager, manager_snapshot, swa_spec
 
@@ -149,6 +151,46 @@ def test_mamba_keeps_only_latest_state_and_hits_last_block() -> None:
     decode(m, a, 7)  # a's older states (blocks 1-3) are released
     assert m.get_block_ids("a") == ([0, 0, 0, 4, 6],)
     m.check_invariants()
+
+
+def mamba_align_spec(checkpoint: bool = False) -> MambaSpec:
+    return MambaSpec(block_size=BS, shapes=((2, 4),), dtypes=(torch.float32,),
+                     mamba_cache_mode="align", num_prefill_checkpoint_blocks=int(checkpoint),
+                     prefill_checkpoint_alignment=1 if checkpoint else None)
+
+
+def test_mamba_align_holds_the_running_state_its_source_and_the_prompt_checkpoint() -> None:
+    """Dense retention (no interval): every chunk that can export a checkpoint does."""
+    m = mgr(full_spec(BS), mamba_align_spec(checkpoint=True), num_blocks=24)
+    a = m.make_request("a", range(14))
+    # A chunk of two blocks: the checkpoint for the state at 4 (index 0) and the running state.
+    out = m.allocate_slots(a, 8)
+    assert out is not None and out.get_block_ids() == ([1, 2], [3, 4])
+    a.num_computed_tokens = 8
+    # The prompt's last chunk: the state at 4 is no longer needed (released, still cached), the
+    # checkpoint for the prompt's last boundary (12, index 2) and the new running state; the
+    # state the kernel copies from (index 1) stays until this step is processed.
+    out = m.allocate_slots(a, 6)
+    assert out is not None and out.get_block_ids() == ([5, 6], [7, 8])
+    assert m.get_block_ids("a") == ([1, 2, 5, 6], [0, 4, 7, 8])
+    a.num_computed_tokens = 14
+    m.new_step()
+    b = m.make_request("b", [*range(12), 7, 7])
+    blocks, hit = m.get_computed_blocks(b)
+    assert hit == 12 and ids(blocks[1]) == [0, 0, 7]  # the checkpoint's state
+    decode(m, a, 5)  # processed past both: the source and the checkpoint go back to the pool
+    assert m.get_block_ids("a")[1] == [0, 0, 0, 8]
+    m.check_invariants()
+
+
+def test_mamba_align_failed_allocation_changes_nothing_and_eagle_is_refused() -> None:
+    m = mgr(full_spec(BS), mamba_align_spec(), num_blocks=4)
+    a = m.make_request("a", range(16))
+    before = manager_snapshot(m)
+    assert m.allocate_slots(a, 16) is None  # 4 attention blocks + 1 state block > 3 free
+    assert manager_snapshot(m) == before
+    with pytest.raises(UnsupportedFeatureError, match="EAGLE"):
+        mgr(full_spec(BS), mamba_align_spec(), num_blocks=8, use_eagle=True)
 
 
 # -- cross attention ------------------------------------------------------------------------------

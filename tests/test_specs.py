@@ -175,3 +175,29 @@ def test_from_hf_config_drives_a_manager() -> None:
     assert m.allocate_slots(r, 40) is not None
     assert [len(x) for x in m.get_block_ids("a")] == [10, 10]
     m.check_invariants()
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    (dict(mamba_cache_mode="all"), "mamba_cache_mode"),
+    (dict(mamba_cache_mode="align", num_prefill_checkpoint_blocks=2), "0 or 1"),
+    (dict(mamba_cache_mode="align", num_prefill_checkpoint_blocks=True), "0 or 1"),
+    (dict(num_prefill_checkpoint_blocks=1), "needs mamba_cache_mode 'align'"),
+    (dict(mamba_cache_mode="align", prefill_checkpoint_alignment=0),
+     "prefill_checkpoint_alignment"),
+])
+def test_bad_mamba_specs_name_the_value(kwargs: dict, match: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(InvalidArgumentError, match=match):
+        MambaSpec(block_size=16, shapes=((2, 4),), dtypes=(torch.float32,), **kwargs)
+
+
+def test_mamba_align_holds_at_most_three_state_blocks_and_takes_sparse_retention() -> None:
+    align = MambaSpec(block_size=16, shapes=((2, 4),), dtypes=(torch.float32,),
+                      mamba_cache_mode="align", num_prefill_checkpoint_blocks=1,
+                      prefill_checkpoint_alignment=1)
+    assert align.max_blocks_per_request(4096, 512) == 3
+    assert MambaSpec(block_size=16, shapes=((2, 4),), dtypes=(torch.float32,)
+                     ).max_blocks_per_request(4096, 512) == 33
+    KVCacheConfig(8, (KVCacheGroup(("m",), align),), prefix_cache_retention_interval=0)
+    none = MambaSpec(block_size=16, shapes=((2, 4),), dtypes=(torch.float32,))
+    with pytest.raises(InvalidArgumentError, match="outside 'align' mode"):
+        KVCacheConfig(8, (KVCacheGroup(("m",), none),), prefix_cache_retention_interval=0)

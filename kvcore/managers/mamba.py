@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from kvcore._mypyc import mypyc_attr
 from kvcore.blocks import BlockHash, KVCacheBlock
+from kvcore.errors import UnsupportedFeatureError
 from kvcore.hashing import hashes_at
 from kvcore.kv_request import KVRequest
 from kvcore.managers.base import HitBlocks, HitQuery, ManagerContext, SingleTypeKVCacheManager
@@ -101,6 +102,10 @@ class MambaAlignManager(MambaManager):
     def __init__(self, spec: KVCacheSpec, group_id: int, ctx: ManagerContext) -> None:
         super().__init__(spec, group_id, ctx)
         assert isinstance(spec, MambaSpec)
+        if ctx.use_eagle:
+            # vLLM moves align-mode checkpoints to EAGLE's replay boundary; not implemented.
+            raise UnsupportedFeatureError("Mamba 'align' groups with EAGLE/MTP drafting "
+                                          "(use_eagle) are not implemented")
         self.has_checkpoints = spec.num_prefill_checkpoint_blocks > 0
         self.checkpoint_alignment = spec.prefill_checkpoint_alignment
         # Sparse retention (KVCacheConfig.prefix_cache_retention_interval; vLLM's default 0):

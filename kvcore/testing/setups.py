@@ -41,6 +41,14 @@ def mamba(block_size: int = 4) -> KVCacheSpec:
     return MambaSpec(block_size=block_size, shapes=((2, 4),), dtypes=(torch.float32,))
 
 
+def mamba_align(block_size: int = 4, checkpoint: bool = False) -> KVCacheSpec:
+    """A Mamba group in vLLM's "align" mode (``checkpoint``: with Mamba2's prefill checkpoint
+    block)."""
+    return MambaSpec(block_size=block_size, shapes=((2, 4),), dtypes=(torch.float32,),
+                     mamba_cache_mode="align", num_prefill_checkpoint_blocks=int(checkpoint),
+                     prefill_checkpoint_alignment=1 if checkpoint else None)
+
+
 def cross(block_size: int = 4) -> KVCacheSpec:
     return _attn(CrossAttentionSpec, block_size)
 
@@ -58,6 +66,7 @@ class Setup:
     collisions: str | None = None  # a CollidingHasher mode (needs verify_hits), or real hashes
     use_eagle: bool = False
     fast_path: bool = True  # False: every allocate_slots call takes the validated path
+    retention: int | None = None  # KVCacheConfig.prefix_cache_retention_interval
     # The class to build: a subclass of KVCacheManager drives your own manager (or one with a
     # planted bug, to see the driver catch it).
     manager_class: type[KVCacheManager] = KVCacheManager
@@ -65,7 +74,8 @@ class Setup:
     def build(self) -> KVCacheManager:
         groups = tuple(KVCacheGroup((f"layer{i}",), s) for i, s in enumerate(self.specs))
         hasher = CollidingHasher(self.collisions) if self.collisions else None
-        return self.manager_class(KVCacheConfig(self.num_blocks, groups), self.max_model_len,
+        config = KVCacheConfig(self.num_blocks, groups, self.retention)
+        return self.manager_class(config, self.max_model_len,
                               enable_caching=self.enable_caching, verify_hits=self.verify_hits,
                               block_hasher=hasher, enable_events=True, use_eagle=self.use_eagle,
                               fast_path=self.fast_path)
@@ -83,6 +93,9 @@ def _setups() -> tuple[Setup, ...]:
         Setup("full+swa5+swa5", (full(4), swa(5, 4), swa(5, 4)), num_blocks=64),
         Setup("full+mamba", (full(4), mamba(4)), num_blocks=48),
         Setup("full+cross", (full(4), cross(4)), num_blocks=48),
+        Setup("full+mamba-align", (full(4), mamba_align(4, checkpoint=True)), num_blocks=48),
+        Setup("full+mamba-align retention0", (full(4), mamba_align(4)), num_blocks=48,
+              retention=0),
         Setup("nocache full+swa", (full(4), swa(8, 4)), num_blocks=48, enable_caching=False),
         Setup("full8+swa4", (full(8), swa(6, 4)), num_blocks=48),  # partial prompt-tail entries
         Setup("full eagle", (full(4),), use_eagle=True),
@@ -91,10 +104,10 @@ def _setups() -> tuple[Setup, ...]:
               use_eagle=True),
     )
     verified = tuple(Setup(f"{s.name} verify", s.specs, s.num_blocks, s.max_model_len, True,
-                           s.enable_caching, use_eagle=s.use_eagle)
+                           s.enable_caching, use_eagle=s.use_eagle, retention=s.retention)
                      for s in base if s.enable_caching)
     colliding = tuple(Setup(f"{s.name} {mode}", s.specs, s.num_blocks, s.max_model_len, True,
-                            True, mode, s.use_eagle)
+                            True, mode, s.use_eagle, retention=s.retention)
                       for s in base if s.enable_caching
                       for mode in ("tokens", "constant", "truncated"))
     general = tuple(Setup(f"{s.name} general-path", s.specs, s.num_blocks, s.max_model_len,
@@ -106,6 +119,7 @@ def _setups() -> tuple[Setup, ...]:
 
 SETUPS: tuple[Setup, ...] = _setups()
 """Full, sliding window, chunked local with chunk sizes that are not multiples of the block
-size, hybrids (different block sizes, partial prompt-tail entries, Mamba, cross attention),
+size, hybrids (different block sizes, partial prompt-tail entries, Mamba in both modes — "align"
+with a prefill checkpoint, and under sparse retention — cross attention),
 EAGLE, caching off; each again with ``verify_hits`` and with each colliding hasher; a few with
 ``fast_path`` off."""

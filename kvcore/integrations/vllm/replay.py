@@ -194,6 +194,24 @@ class ReplaySetup:
     # the scheduler cannot foresee: with overlapped steps a finished request was already
     # scheduled once more (what deferred frees exist for).
     stop_by_token: bool = False
+    # A hybrid model's groups instead of one full-attention group: a Mamba2-style state group
+    # in vLLM's "align" mode (with its prefill checkpoint block) and a full-attention group,
+    # both at ``block_size``, as vLLM configures Granite 4 / Nemotron-H under prefix caching.
+    hybrid: bool = False
+
+
+def _hybrid_groups(block_size: int) -> list[Any]:
+    """A Mamba2 layer's state group ("align", one prefill checkpoint block) and a full-attention
+    group, as vLLM builds them for a hybrid model (page sizes are irrelevant without a model)."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, MambaSpec
+
+    return [KVCacheGroupSpec(["layer.0"], MambaSpec(
+                block_size=block_size, shapes=((4, 64), (8, 32, 16)),
+                dtypes=(torch.float32, torch.float32), mamba_cache_mode="align",
+                num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1)),
+            KVCacheGroupSpec(["layer.1"], FullAttentionSpec(
+                block_size=block_size, num_kv_heads=1, head_size=32, dtype=torch.float32))]
 
 
 def make_scheduler(setup: ReplaySetup, engine: Engine, scheduler_cls: type | None = None,
@@ -221,7 +239,9 @@ def make_scheduler(setup: ReplaySetup, engine: Engine, scheduler_cls: type | Non
         enable_chunked_prefill=True, async_scheduling=setup.async_scheduling)
     cache_config = CacheConfig(
         block_size=setup.block_size, enable_prefix_caching=setup.enable_caching,
-        prefix_cache_retention_interval=setup.prefix_cache_retention_interval)
+        prefix_cache_retention_interval=setup.prefix_cache_retention_interval,
+        **({"mamba_cache_mode": "align", "mamba_block_size": setup.block_size}
+           if setup.hybrid else {}))
     additional = ({} if engine.settings is None else {"kvcore": asdict(engine.settings)}
                   ) if additional_config is None else additional_config
     transfer = (None if setup.kv_transfer_config is None
@@ -232,6 +252,7 @@ def make_scheduler(setup: ReplaySetup, engine: Engine, scheduler_cls: type | Non
         kv_transfer_config=transfer, additional_config=additional)
     cache_config.num_gpu_blocks = setup.num_blocks
     groups = (setup.kv_cache_groups() if setup.kv_cache_groups is not None else
+              _hybrid_groups(setup.block_size) if setup.hybrid else
               [KVCacheGroupSpec(["layer.0"], FullAttentionSpec(
                   block_size=setup.block_size, num_kv_heads=1, head_size=32,
                   dtype=torch.float16))])
@@ -420,6 +441,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3,
                     help="timed runs of every engine, interleaved (0: hit rates and the "
                     "comparison with vLLM only)")
+    ap.add_argument("--hybrid", action="store_true",
+                    help="a hybrid model's groups: a Mamba2 state group in vLLM's 'align' mode "
+                    "and a full-attention group (default: one full-attention group)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     args = ap.parse_args(argv)
     from vllm.envs import enable_envs_cache
@@ -437,7 +461,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         max_model_len=-(-(longest + 1) // args.block_size) * args.block_size,
                         max_num_seqs=args.max_num_seqs,
                         max_num_batched_tokens=max(args.max_num_batched_tokens, args.max_num_seqs),
-                        async_scheduling=args.async_scheduling)
+                        async_scheduling=args.async_scheduling, hybrid=args.hybrid)
     recorded = {e.name: run(requests, setup, e, record=True) for e in engines}
     step_us: dict[str, list[float]] = {e.name: [] for e in engines}
     manager_us: dict[str, list[float]] = {e.name: [] for e in engines}
