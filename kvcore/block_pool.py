@@ -37,6 +37,7 @@ from kvcore.eviction.registry import make_policy
 from kvcore.pool.checks import PoolChecks, check_count, check_hashes
 from kvcore.pool.hints import HINT_RESERVE_SHARE, HintReserve
 from kvcore.pool.maps import PrefixMaps
+from kvcore.pool.observer import PoolObserver, check_observer
 from kvcore.settings import CacheSettings
 
 if TYPE_CHECKING:
@@ -61,6 +62,8 @@ class BlockPool(PoolChecks):
             prove a hit) and ``enable_events`` (record :mod:`kvcore.events` for ``take_events``).
         events: the recorder the events go to (default: one that stamps no spec metadata; the
             manager passes one stamped with its groups' spec kinds and windows).
+        observer: told of allocations, hits, evictions and resets as they happen (see
+            :mod:`kvcore.pool.observer`; ``set_observer`` changes it later).
         **options: :class:`CacheSettings` fields, a shorthand for ``settings=``.
     """
 
@@ -68,7 +71,7 @@ class BlockPool(PoolChecks):
     # parameter would take True as 1): the checks below raise kvcore's typed errors in both builds.
     def __init__(self, num_blocks: SupportsIndex, *, num_groups: SupportsIndex = 1,
                  settings: CacheSettings | None = None, events: EventRecorder | None = None,
-                 **options: Any) -> None:
+                 observer: PoolObserver | None = None, **options: Any) -> None:
         if type(num_blocks) is not int or num_blocks < 2:
             raise InvalidArgumentError(
                 f"num_blocks must be an int >= 2 (block 0 is the null block), got {num_blocks!r}")
@@ -77,6 +80,7 @@ class BlockPool(PoolChecks):
         settings = CacheSettings.of(settings, options)
         if events is not None and not isinstance(events, EventRecorder):
             raise InvalidArgumentError(f"events must be an EventRecorder, got {events!r}")
+        self._observer: PoolObserver | None = check_observer(observer)
         self.num_blocks = num_blocks
         self.num_groups = num_groups
         self.settings = settings
@@ -111,6 +115,17 @@ class BlockPool(PoolChecks):
     @property
     def enable_events(self) -> bool:
         return self.events is not None
+
+    @property
+    def observer(self) -> PoolObserver | None:
+        """The pool's observer (:mod:`kvcore.pool.observer`), or ``None``."""
+        return self._observer
+
+    def set_observer(self, observer: PoolObserver | None) -> None:
+        """Tell ``observer`` of every later allocation, hit, eviction and reset
+        (:mod:`kvcore.pool.observer`; ``None``: nobody).  An object without every callback
+        raises :class:`InvalidArgumentError` and the observer stays as it was."""
+        self._observer = check_observer(observer)
 
     # -- queries --------------------------------------------------------------------------------
     @property
@@ -190,7 +205,20 @@ class BlockPool(PoolChecks):
             for block in blocks:
                 if block.block_hash is not None:
                     self._evict(block)
+        if self._observer is not None:
+            self._observe_allocation(self._observer, blocks)
         return blocks
+
+    def _observe_allocation(self, observer: PoolObserver, blocks: list[KVCacheBlock]) -> None:
+        """Tell the observer of blocks handed out: with caching, each one's eviction from the
+        prefix cache first (cached or not), as vLLM's pool reports them."""
+        if self.enable_caching:
+            for block in blocks:
+                observer.on_block_evicted(block)
+                observer.on_block_allocated(block)
+        else:
+            for block in blocks:
+                observer.on_block_allocated(block)
 
     def _release_reserve(self, num_blocks: int) -> None:
         """Return reserved blocks to the policy until it holds ``num_blocks`` (soft pins yield
@@ -219,6 +247,11 @@ class BlockPool(PoolChecks):
     def _touch(self, blocks: Sequence[KVCacheBlock]) -> None:
         """``touch`` for blocks known to be this pool's and consistent (the managers' hits,
         checked where they enter the manager)."""
+        observer = self._observer
+        if observer is not None:
+            for block in blocks:
+                if not block.is_null:
+                    observer.on_block_accessed(block)
         if self._reserved:  # reserved blocks are handed out here; the policy records the hit
             reserved = self._reserved
             held: list[KVCacheBlock] = []
@@ -496,8 +529,8 @@ class BlockPool(PoolChecks):
     def evict_blocks(self, block_ids: Iterable[SupportsIndex]) -> None:
         """Drop the listed blocks from the prefix cache (their reference counts are unchanged).
 
-        Unhashed blocks are ignored; an out-of-range id or the null block raises before anything
-        changes.
+        Unhashed blocks are ignored (the observer is told of every id); an out-of-range id or
+        the null block raises before anything changes.
         """
         ids: list[int] = []
         for block_id in block_ids:
@@ -506,8 +539,11 @@ class BlockPool(PoolChecks):
             if block_id == self.null_block.block_id:
                 raise NullBlockError("the null block is never cached, cannot evict it")
             ids.append(block_id)
+        observer = self._observer
         for block_id in ids:
             block = self.blocks[block_id]
+            if observer is not None:  # every id listed, cached or not, as vLLM reports them
+                observer.on_block_evicted(block)
             if block.block_hash is not None:
                 self.free_queue.on_evict((block,))
                 self._evict(block)
@@ -530,6 +566,8 @@ class BlockPool(PoolChecks):
             block.group_id = -1
             block.prefix_node = None
         self.num_resets += 1
+        if self._observer is not None:
+            self._observer.reset()
         if self.events is not None:
             self.events.cleared()
         return True

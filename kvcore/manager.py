@@ -246,12 +246,16 @@ class KVCacheManager(ManagerChecks):
         num_encoder_tokens: SupportsIndex = 0,
         full_sequence_must_fit: bool = False,
         reserved_blocks: SupportsIndex = 0,
+        watermark_blocks: SupportsIndex = 0,
     ) -> KVCacheBlocks | None:
         """Slots for ``num_new_tokens`` (+ lookahead) tokens after the computed ones (see the
         module docstring's layout).  Returns the newly allocated blocks per group, or ``None``
         (nothing changed) when the pool cannot supply them while leaving ``reserved_blocks``
         free blocks for requests already in flight (vLLM's gate for async KV loads; the
-        ``full_sequence_must_fit`` check does not count them, as in vLLM)."""
+        ``full_sequence_must_fit`` check does not count them, as in vLLM) and
+        ``watermark_blocks`` more (vLLM's admission watermark, which a scheduler passes for a
+        waiting or preempted request while others are scheduled; it counts in the
+        ``full_sequence_must_fit`` check too, and also when the call needs no new block)."""
         tracked = self._requests.get(request.request_id)
         num_computed = request.num_computed_tokens
         hits: Sequence[Sequence[KVCacheBlock]] = self._empty
@@ -261,7 +265,8 @@ class KVCacheManager(ManagerChecks):
         if not (self.fast_path and type(num_new_tokens) is int and num_new_tokens > 0
                 and num_new_computed_tokens is _ZERO and num_lookahead_tokens is _ZERO
                 and num_external_computed_tokens is _ZERO and num_encoder_tokens is _ZERO
-                and reserved_blocks is _ZERO and not full_sequence_must_fit
+                and reserved_blocks is _ZERO and watermark_blocks is _ZERO
+                and not full_sequence_must_fit
                 and (new_computed_blocks is None or new_computed_blocks is self._empty)
                 and (not num_computed if tracked is None else
                      tracked[0] is request and num_computed <= tracked[1])):
@@ -273,9 +278,11 @@ class KVCacheManager(ManagerChecks):
                                           new_computed_blocks, num_external_computed_tokens)
             if reserved_blocks is not _ZERO:
                 reserved_blocks = check_count("reserved_blocks", reserved_blocks)
+            if watermark_blocks is not _ZERO:
+                watermark_blocks = check_count("watermark_blocks", watermark_blocks)
         else:  # the counts the fast path found zero, as ints (for mypy and the compiled build)
             num_new_computed_tokens = num_lookahead_tokens = num_external_computed_tokens = 0
-            num_encoder_tokens = reserved_blocks = 0
+            num_encoder_tokens = reserved_blocks = watermark_blocks = 0
 
         num_local_computed = num_computed + num_new_computed_tokens
         total_computed = num_local_computed + num_external_computed_tokens
@@ -288,7 +295,7 @@ class KVCacheManager(ManagerChecks):
                 request.request_id, full, hits, num_encoder_tokens, total_computed,
                 self._admission_caps, full,
                 max(request.num_prompt_tokens, request.num_tokens - 1))
-            if need > self.pool.num_free_blocks:
+            if need + watermark_blocks > self.pool.num_free_blocks:
                 return None
         cache_upto = None  # cache up to the request's real tokens (never draft slots)
         if self.enable_caching and not delay_cache_blocks:
@@ -308,7 +315,8 @@ class KVCacheManager(ManagerChecks):
                 coord.shared_prefix_boundaries[request.request_id] = boundary
         new_blocks = coord.allocate(request, tracked is not None, num_slots, hits,
                                     num_local_computed, num_external_computed_tokens,
-                                    num_encoder_tokens, cache_upto, reserved_blocks,
+                                    num_encoder_tokens, cache_upto,
+                                    reserved_blocks + watermark_blocks,
                                     total_computed + num_new_tokens)
         if new_blocks is None:
             if tracked is None and self._sparse_retention:

@@ -163,6 +163,9 @@ CASES = [
          RequestStateError, "holds no blocks", f"{M}.allocate_slots"),
     Case("manager", "a negative reserve", lambda w: w.m.allocate_slots(
         w.waiting, 2, 8, w.hit, reserved_blocks=-2), InvalidArgumentError, "reserved_blocks"),
+    Case("manager", "a fractional watermark", lambda w: w.m.allocate_slots(
+        w.waiting, 2, 8, w.hit, watermark_blocks=0.5),  # type: ignore[arg-type]  # deliberately bad
+         InvalidArgumentError, "watermark_blocks"),
     Case("manager", "report a hit without its groups", lambda w: w.w.report_prefix_hit(
         w.waiting, w.hit), InvalidArgumentError, "one block list per group (2)",
          f"{M}.report_prefix_hit"),
@@ -271,6 +274,9 @@ CASES = [
     Case("pool", "free a free block", lambda w: w.m.pool.free_blocks(
         [w.m.pool.blocks[1], w.m.pool.free_queue.first()]), DoubleFreeError, "freed",
          f"{P}.free_blocks"),
+    Case("pool", "an observer without callbacks", lambda w: w.m.pool.set_observer(
+        object()), InvalidArgumentError,  # type: ignore[arg-type]  # deliberately bad
+         "needs a callable on_block_allocated()", f"{P}.set_observer"),
     Case("pool", "pin a foreign block", lambda w: w.m.pool.pin(
         [w.m.pool.blocks[1], w.other.pool.blocks[1]]), BlockStateError,
          "not a block of this pool", f"{P}.pin"),

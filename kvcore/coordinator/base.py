@@ -128,7 +128,8 @@ class KVCacheCoordinator:
         left its attention window (up to its computed tokens not in flight).  Then every group
         grows to ``num_slots`` tokens (encoder groups: ``num_encoder_tokens``) and, unless
         ``num_tokens_to_cache`` is ``None``, caches its blocks that are full within that many
-        tokens.  ``reserved_blocks`` free blocks must stay free afterwards.  Types that count
+        tokens.  ``reserved_blocks`` free blocks must stay free afterwards (also for a call
+        that takes no block, as vLLM checks it).  Types that count
         their own growth (``counts_own_growth``) are sized by ``num_main_tokens`` (the main
         model's tokens, default ``num_slots``) and asked for their count on every call.
         Returns the new blocks per group.
@@ -182,7 +183,7 @@ class KVCacheCoordinator:
                 processed = total_computed - request.num_in_flight_tokens
                 if processed < 0:
                     processed = 0
-                if need and need > self.pool.num_free_blocks - reserved_blocks:
+                if (need or reserved_blocks) and need > self.pool.num_free_blocks - reserved_blocks:
                     # Blocks that left the window count as free: they are released first.
                     available = self.pool.num_free_blocks - reserved_blocks
                     freeable = 0
@@ -192,7 +193,7 @@ class KVCacheCoordinator:
                         return None
                 for m in self._releasing:  # phase 1: release what left the window
                     m.remove_skipped_blocks(rid, processed)
-            elif need and need > self.pool.num_free_blocks - reserved_blocks:
+            elif (need or reserved_blocks) and need > self.pool.num_free_blocks - reserved_blocks:
                 return None
         else:
             # A new request starting from nothing: one fresh table per group.

@@ -93,7 +93,7 @@ class EventRecorder:
         for i in stored:
             s = (first + i) * block_size
             e = s + block_size
-            extra.append(untag_extra_keys(block_extra_keys(request, s, e + lookahead)))
+            extra.append(self._extra_keys(request, s, e + lookahead))
             if ahead is not None:
                 ahead.append(tuple(tokens[e:e + lookahead]))
         kind, window = self._stamp(group_id)
@@ -118,6 +118,12 @@ class EventRecorder:
     def cleared(self) -> None:
         """The whole prefix cache was dropped."""
         self._pending.append(self._cleared_event())
+
+    def _extra_keys(self, request: KVRequest, start: int, end: int) -> tuple[object, ...] | None:
+        """The published extra keys of the block whose hash covers tokens ``[start, end)``
+        (untagged, as vLLM publishes them); a subclass may add keys its requests carry beyond
+        kvcore's (vLLM's prompt-embedding digests)."""
+        return untag_extra_keys(block_extra_keys(request, start, end))
 
     # -- the event objects (a subclass may make another wire type's) -------------------------------
     def _stored_event(self, hashes: list[BlockHash], parent: BlockHash | None,

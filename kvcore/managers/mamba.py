@@ -340,8 +340,8 @@ class MambaAlignManager(MambaManager):
                     and self._retained(position // self.block_size - 1, 0))
                 or position == self.shared_prefix_boundaries.get(rid, 0))
         if not kept:
-            if block.block_hash is not None:
-                self.pool.evict_blocks([block.block_id])
+            # Also when it caches nothing: the pool's observer hears of it, as vLLM reports it.
+            self.pool.evict_blocks([block.block_id])
             return
         if block.block_hash is not None:
             return

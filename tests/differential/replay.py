@@ -17,7 +17,13 @@ bounded replay, and ``ring``, a circular buffer), the pool size, ``caching``, ``
 ``lookahead`` (vLLM 0.33's ``num_hash_lookahead_tokens``: each hash covers that many tokens
 after its block; a vLLM peer must be 0.33),
 ``vllm`` (the peer's version, ``"0.32"`` or ``"0.33"``: kvcore follows its semantics where they
-differ; default 0.33's) and
+differ; default 0.33's), ``watermark`` (vLLM's admission watermark, a fraction of the blocks:
+kept free when a waiting or preempted request is admitted while another one runs; the replay
+sets vLLM's request states and ``has_scheduled_reqs`` as vLLM's scheduler does), ``metrics``
+(a residency-metrics collector with sample rate 1 records every call the pool makes on it:
+vLLM's ``KVCacheMetricsCollector``, kvcore's pool observer), ``embeds`` (vLLM requests carry
+prompt embeddings instead of prompt tokens — each position's embedding its trace token — so
+hashes and KV events' extra keys carry their digests; vLLM and the adapter only) and
 ``pending``: kvcore divergences not fixed yet, which the replay masks (see traces.py).  Ops act
 on requests by id, the way a scheduler does:
 
@@ -51,7 +57,9 @@ on requests by id, the way a scheduler does:
                                      previous step become hittable)
     stats     {}                     make_prefix_cache_stats()
 
-After every op the observation records the op's result (hit tokens and hit block ids, the
+After every op the observation records the metrics calls (with ``metrics``: ``[call, block
+id]``, and the drained eviction events' reuse-gap counts; vLLM 0.32 also reports a hit on the null
+block, which its collector ignores, so null blocks are left out), the op's result (hit tokens and hit block ids, the
 shared-prefix boundary of a lookup when it is not 0 (vLLM's scheduler keeps it on the request,
 and sparse retention keeps the window before it cached), the new
 block ids or None, the request's block table), the whole free queue in eviction order and the KV
@@ -74,6 +82,69 @@ from typing import Any
 
 STATS_FIELDS = ("requests", "queries", "hits", "preempted_requests", "preempted_queries",
                 "preempted_hits", "reset")
+
+
+ADMITTED_STATES = ("waiting", "preempted")
+"""The request states vLLM keeps the watermark free for (while another request runs)."""
+
+
+class MetricsCalls:
+    """A residency-metrics collector's calls, as ``[name, block id]`` (null blocks left out)."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[Any]] = []
+
+    def record(self, name: str, block: Any) -> None:
+        if not block.is_null:
+            self.calls.append([name, block.block_id])
+
+    def on_block_allocated(self, block: Any) -> None:
+        self.record("allocated", block)
+
+    def on_block_accessed(self, block: Any) -> None:
+        self.record("accessed", block)
+
+    def on_block_evicted(self, block: Any) -> None:
+        self.record("evicted", block)
+
+    def reset(self) -> None:
+        self.calls.append(["reset", -1])
+
+    def take(self) -> list[Any]:
+        calls, self.calls = self.calls, []
+        return calls
+
+
+def _vllm_collector() -> Any:
+    """vLLM's own collector (sample rate 1: every block), recording its calls too."""
+    from vllm.v1.core.kv_cache_metrics import KVCacheMetricsCollector
+
+    class Recording(KVCacheMetricsCollector):
+        def __init__(self) -> None:
+            super().__init__(sample_rate=1.0)
+            self.seen = MetricsCalls()
+
+        def on_block_allocated(self, block: Any) -> None:
+            self.seen.on_block_allocated(block)
+            super().on_block_allocated(block)
+
+        def on_block_accessed(self, block: Any) -> None:
+            self.seen.on_block_accessed(block)
+            super().on_block_accessed(block)
+
+        def on_block_evicted(self, block: Any) -> None:
+            self.seen.on_block_evicted(block)
+            super().on_block_evicted(block)
+
+        def reset(self) -> None:
+            self.seen.reset()
+            super().reset()
+
+        def take(self) -> list[Any]:
+            gaps = [len(e.reuse_gaps_seconds) for e in self.drain_events()]
+            return [*self.seen.take(), ["evictions", gaps]] if gaps else self.seen.take()
+
+    return Recording()
 
 
 def _ids(groups: Any) -> list[list[int]] | None:
@@ -122,7 +193,10 @@ class _Impl:
         self.pending = set(cfg.get("pending", ()))
         self._labels: dict[Any, tuple[str, int]] = {}  # hash -> (label, prefix length)
         self._prefixes: dict[tuple[int, ...], str] = {}
+        self.watermark_blocks = int(cfg.get("watermark", 0.0) * cfg["num_blocks"])
         self._num_labelled: dict[str, int] = {}
+        self._prompts: dict[str, tuple[int, ...]] = {}  # with embeds: the tokens they stand for
+        self.metrics: Any = None  # a MetricsCalls-like recorder, with "metrics"
 
     def _external_hash(self, h: Any) -> Any:
         return h
@@ -136,7 +210,8 @@ class _Impl:
         ahead = self.cfg.get("lookahead", 0)  # a lookahead hash covers the tokens after it
         for i in range(start, len(hashes)):
             n = (i + 1) * bs
-            label = self._prefixes.setdefault(tuple(tokens[:n + ahead]), f"{rid}@{n}")
+            key = tuple(tokens[:n + ahead]) + self._prompts.get(rid, ())[:n + ahead]
+            label = self._prefixes.setdefault(key, f"{rid}@{n}")
             self._labels.setdefault(self._external_hash(hashes[i]), (label, n))
         self._num_labelled[rid] = len(hashes)
 
@@ -231,6 +306,9 @@ class KvcoreImpl(_Impl):
                                 enable_events=True, log_stats=True,
                                 max_num_batched_tokens=cfg.get("budget"), **extra)
         self.hash_block_size = config.hash_block_size
+        if cfg.get("metrics"):
+            self.metrics = MetricsCalls()
+            self.m.pool.set_observer(self.metrics)
 
     def make_request(self, rid: str, prompt: list[int]) -> Any:
         return self.m.make_request(rid, prompt)
@@ -240,10 +318,13 @@ class KvcoreImpl(_Impl):
         return blocks, hit, self.m.shared_prefix_boundary(req)
 
     def allocate(self, req: Any, n: int, hit: int = 0, blocks: Any = None, look: int = 0,
-                 ext: int = 0, delay: bool = False, enc: int = 0, fit: bool = False) -> Any:
+                 ext: int = 0, delay: bool = False, enc: int = 0, fit: bool = False,
+                 status: str = "running", sched: bool = True) -> Any:
+        wm = self.watermark_blocks if sched and status in ADMITTED_STATES else 0
         out = self.m.allocate_slots(req, n, hit, blocks, num_lookahead_tokens=look,
                                     num_external_computed_tokens=ext, delay_cache_blocks=delay,
-                                    num_encoder_tokens=enc, full_sequence_must_fit=fit)
+                                    num_encoder_tokens=enc, full_sequence_must_fit=fit,
+                                    watermark_blocks=wm)
         if out is None and req.request_id in self.m.requests():
             self.m.remove_skipped_blocks(req.request_id, req.num_computed_tokens)
         return out
@@ -338,8 +419,19 @@ class VllmImpl(_Impl):
         # vLLM 0.33's lookahead hashes (its arguments exist only there).
         ahead = {"num_hash_lookahead_tokens": cfg["lookahead"]} if cfg.get("lookahead") else {}
         self.hasher = get_request_block_hasher(hash_bs, fn, *ahead.values())
+        from vllm.v1.request import RequestStatus
+
+        self._status = {"waiting": RequestStatus.WAITING, "preempted": RequestStatus.PREEMPTED,
+                        "running": RequestStatus.RUNNING,
+                        "loading": RequestStatus.WAITING_FOR_REMOTE_KVS}
         self.hash_block_size = hash_bs
         self._convert = maybe_convert_block_hash
+        options: dict[str, Any] = dict(ahead)
+        if cfg.get("watermark"):
+            options["watermark"] = cfg["watermark"]
+        if cfg.get("metrics"):
+            self.metrics = _vllm_collector()
+            options["metrics_collector"] = self.metrics
         self.m = KVCacheManager(KVCacheConfig(num_blocks=cfg["num_blocks"], kv_cache_tensors=[],
                                               kv_cache_groups=groups,
                                               prefix_cache_retention_interval=cfg.get(
@@ -348,7 +440,7 @@ class VllmImpl(_Impl):
                                 hash_block_size=hash_bs, enable_caching=cfg.get("caching", True),
                                 max_in_flight_tokens=cfg.get("budget"),
                                 use_eagle=bool(cfg.get("eagle")), log_stats=True,
-                                enable_kv_cache_events=True, **ahead)
+                                enable_kv_cache_events=True, **options)
         self._params = SamplingParams(max_tokens=1 << 20)
         self._request_cls = Request
 
@@ -356,6 +448,13 @@ class VllmImpl(_Impl):
         return self._convert(h)
 
     def make_request(self, rid: str, prompt: list[int]) -> Any:
+        if self.cfg.get("embeds"):  # position i's embedding stands for token i (4 dims)
+            import torch
+
+            self._prompts[rid] = tuple(prompt)
+            embeds = torch.tensor(prompt, dtype=torch.float32)[:, None].repeat(1, 4)
+            return self._request_cls(rid, None, self._params, None, prompt_embeds=embeds,
+                                     block_hasher=self.hasher)
         return self._request_cls(rid, prompt, self._params, None, block_hasher=self.hasher)
 
     def get_computed_blocks(self, req: Any) -> tuple[Any, int, int]:
@@ -364,15 +463,19 @@ class VllmImpl(_Impl):
         return blocks.blocks, hit, boundary
 
     def allocate(self, req: Any, n: int, hit: int = 0, blocks: Any = None, look: int = 0,
-                 ext: int = 0, delay: bool = False, enc: int = 0, fit: bool = False) -> Any:
+                 ext: int = 0, delay: bool = False, enc: int = 0, fit: bool = False,
+                 status: str = "running", sched: bool = True) -> Any:
         from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+
+        req.status = self._status[status]
 
         wrapped = None if blocks is None else KVCacheBlocks(tuple(blocks))
         if wrapped is not None and not any(blocks):
             wrapped = self.m.empty_kv_cache_blocks
         out = self.m.allocate_slots(req, n, hit, wrapped, num_lookahead_tokens=look,
                                     num_external_computed_tokens=ext, delay_cache_blocks=delay,
-                                    num_encoder_tokens=enc, full_sequence_must_fit=fit)
+                                    num_encoder_tokens=enc, full_sequence_must_fit=fit,
+                                    has_scheduled_reqs=sched)
         return None if out is None else out.blocks
 
     def admitted(self, req: Any, hit: int) -> None:
@@ -420,11 +523,17 @@ class AdapterImpl(VllmImpl):
         vllm = self.m
         sched_bs, hash_bs = vllm_block_sizes(cfg)
         ahead = {"num_hash_lookahead_tokens": cfg["lookahead"]} if cfg.get("lookahead") else {}
+        options: dict[str, Any] = dict(ahead)
+        if cfg.get("watermark"):
+            options["watermark"] = cfg["watermark"]
+        if cfg.get("metrics"):
+            self.metrics = _vllm_collector()
+            options["metrics_collector"] = self.metrics
         self.m = KVCacheManagerAdapter(
             vllm.kv_cache_config, cfg["max_model_len"], scheduler_block_size=sched_bs,
             hash_block_size=hash_bs, enable_caching=cfg.get("caching", True),
             max_in_flight_tokens=cfg.get("budget"), use_eagle=bool(cfg.get("eagle")),
-            log_stats=True, enable_kv_cache_events=True, **ahead)
+            log_stats=True, enable_kv_cache_events=True, **options)
 
     def free_queue(self) -> list[int]:
         return [b.block_id for b in self.m.kv.pool.free_queue]
@@ -436,6 +545,8 @@ class Replayer:
     def __init__(self, impl: Any) -> None:
         self.impl = impl
         self.requests: dict[str, Any] = {}
+        # vLLM's request states: waiting, running, preempted, loading (an async KV load).
+        self.status: dict[str, str] = {}
         # Mamba "align": prefill chunks end on block boundaries, as vLLM's scheduler splits them.
         self.align_block = next((g["block_size"] for g in impl.cfg["groups"]
                                  if g.get("mode") == "align"), 0)
@@ -460,6 +571,12 @@ class Replayer:
             end = last
         return end - start
 
+    def _admission(self, rid: str) -> dict[str, Any]:
+        """The request's state and whether another request runs (vLLM's ``has_scheduled_reqs``,
+        ``bool(self.running)`` when its scheduler admits one)."""
+        sched = any(s == "running" for r, s in self.status.items() if r != rid)
+        return {"status": self.status.get(rid, "waiting"), "sched": sched}
+
     def apply(self, op: dict[str, Any]) -> dict[str, Any]:
         impl = self.impl
         kind = op["op"]
@@ -467,6 +584,7 @@ class Replayer:
         rid: str = op.get("rid", "")
         if kind == "add":
             req = self.requests[rid] = impl.make_request(rid, op["prompt"])
+            self.status[rid] = "waiting"
             impl.label_hashes(rid, req)
         elif kind == "admit":
             req = self.requests[rid]
@@ -491,7 +609,8 @@ class Replayer:
             start = adopted + ext - replay
             n = 0 if delay else self.chunk(req, start, min(op["chunk"], req.num_tokens - start))
             out = impl.allocate(req, max(n - replay, 0), adopted, blocks, ext=ext, delay=delay,
-                                enc=op.get("enc", 0), fit=bool(op.get("fit")))
+                                enc=op.get("enc", 0), fit=bool(op.get("fit")),
+                                **self._admission(rid))
             o["new"] = _ids(out)
             if ext:
                 o["ext"] = ext
@@ -499,11 +618,14 @@ class Replayer:
                 o["replay"] = replay
             if out is not None:
                 req.num_computed_tokens = start + n
+                self.status[rid] = "loading" if delay else "running"
                 impl.admitted(req, adopted)
                 o["table"] = impl.block_ids(rid)
         elif kind == "cache":
             req = self.requests[rid]
             impl.cache_blocks(req, req.num_computed_tokens)
+            if self.status.get(rid) == "loading":  # back to the waiting queue, as vLLM does
+                self.status[rid] = "waiting"
             if self.replay:  # the loaded tokens' last window is replayed
                 req.num_computed_tokens -= min(self.replay, req.num_computed_tokens)
             elif req.num_computed_tokens == req.num_tokens:
@@ -517,14 +639,16 @@ class Replayer:
                 req.append_output_token_ids(op["token"])
                 impl.label_hashes(rid, req)
                 n = 1
-            out = impl.allocate(req, n, look=op.get("look", 0))
+            out = impl.allocate(req, n, look=op.get("look", 0), **self._admission(rid))
             o["new"] = _ids(out)
             if out is not None:
                 req.num_computed_tokens += n
+                self.status[rid] = "running"
             o["table"] = impl.block_ids(rid)
         elif kind in ("free", "preempt"):
             req = self.requests[rid]
             impl.free(req)
+            self.status[rid] = "preempted" if kind == "preempt" else "finished"
             if kind == "preempt":
                 req.num_computed_tokens = 0
                 req.num_preemptions += 1
@@ -541,6 +665,10 @@ class Replayer:
             zeroed = impl.zeroed()
             if zeroed:
                 o["zeroed"] = zeroed
+        if impl.metrics is not None:
+            calls = impl.metrics.take()
+            if calls:
+                o["metrics"] = calls
         o["free_queue"] = impl.free_queue()
         events = impl.events()
         if events:

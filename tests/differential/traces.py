@@ -186,14 +186,17 @@ class _MambaDuplicates:
 
 def generate_trace(seed: int, num_ops: int = 60, pending: list[str] | None = None,
                    lookahead_hashes: bool = False, vllm: str | None = None,
-                   kinds: list[str] | None = None) -> dict[str, Any]:
+                   kinds: list[str] | None = None,
+                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """A random trace of one of ``kinds`` (default ``KINDS``); ``vllm`` (``"0.32"``/``"0.33"``)
     is the peer version whose semantics kvcore follows where versions differ, set before kvcore
-    steers the generation so that every op stays valid under them."""
+    steers the generation so that every op stays valid under them; ``extra``: config entries
+    set likewise (``watermark``, ...)."""
     rng = random.Random(seed)
     config = random_config(rng, pending, lookahead_hashes, kinds)
     if vllm is not None:
         config["vllm"] = vllm
+    config.update(extra or {})
     families = [[rng.randrange(5) for _ in range(rng.randint(4, 40))] for _ in range(3)]
     replayer = Replayer(_steering_impl(config))
     requests = replayer.requests

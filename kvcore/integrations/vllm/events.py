@@ -4,8 +4,10 @@ Inside vLLM the adapter's pool records through :class:`VllmEventRecorder`: the s
 kvcore's :class:`~kvcore.events.EventRecorder` records (what, when, with which fields), built
 directly as ``vllm.distributed.kv_events`` objects with hashes already in the form vLLM
 publishes (64-bit ints or bytes, ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``), so vLLM's publisher
-sends them as they are and nothing is converted per ``take_events``.  Not part of the compiled
-build (it subclasses an interpreted class).
+sends them as they are and nothing is converted per ``take_events``.  A request with prompt
+embeddings publishes, after kvcore's extra keys, the digest of each block's embeddings that
+vLLM hashed with the block (vLLM's own function computes it, cached on vLLM's request).  Not
+part of the compiled build (it subclasses an interpreted class).
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from vllm.v1.core.kv_cache_utils import _gen_prompt_embeds_extra_hash_keys
 
 from kvcore.blocks import BlockHash
 from kvcore.events import EventRecorder
+from kvcore.kv_request import KVRequest
 from kvcore.specs import KVCacheConfig
 
 
@@ -37,6 +41,19 @@ class VllmEventRecorder(EventRecorder):
                  convert: Callable[[bytes], Any] | None) -> None:
         super().__init__(tuple(g.spec.event_stamp() for g in config.groups), lookahead=lookahead)
         self._convert = convert
+
+    def _extra_keys(self, request: KVRequest, start: int, end: int) -> tuple[object, ...] | None:
+        """kvcore's keys, then for a vLLM request with prompt embeddings the digest of
+        ``prompt_embeds[start:end]`` (vLLM's ``("prompt_embeds", digest)`` key, untagged), as
+        vLLM's pool publishes them (its window: with lookahead hashes ``end`` covers the
+        lookahead tokens)."""
+        keys = super()._extra_keys(request, start, end)
+        vllm_request = getattr(request, "vllm", None)
+        if vllm_request is None or vllm_request.prompt_embeds is None:
+            return keys
+        embeds = tuple(key[1] for key in _gen_prompt_embeds_extra_hash_keys(
+            vllm_request, start, end))
+        return embeds if keys is None else (*keys, *embeds)
 
     def _stored_event(self, hashes: list[BlockHash], parent: BlockHash | None,
                       token_ids: Sequence[int], block_size: int, lora_id: int | None,

@@ -9,6 +9,12 @@ version picks the semantics where 0.32 and 0.33 differ (:mod:`~kvcore.integratio
 
 Where vLLM's manager surface and kvcore's differ, the adapter speaks vLLM:
 
+* the admission ``watermark`` (``watermark_blocks`` of the pool) is kept free when a waiting
+  or preempted request is admitted while others are scheduled (``has_scheduled_reqs``), as
+  vLLM's manager does: kvcore's ``allocate_slots(watermark_blocks=...)``;
+* a ``metrics_collector`` (vLLM's ``KVCacheMetricsCollector``, ``kv_cache_metrics``) observes
+  kvcore's pool (:mod:`kvcore.pool.observer`): it is called on allocation, hit, eviction and
+  reset with vLLM's arguments at vLLM's moments;
 * ``free`` of a request that holds no blocks (aborted before its first allocation) does
   nothing, as in vLLM (kvcore's own manager refuses it: a double free there is a bug);
 * before a running request grows, blocks that left its window are released on vLLM's
@@ -32,8 +38,10 @@ import vllm.envs as envs
 from vllm.distributed.kv_events import KVCacheEvent as VllmKVCacheEvent
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks as VllmKVCacheBlocks
 from vllm.v1.metrics.stats import PrefixCacheStats as VllmPrefixCacheStats
+from vllm.v1.request import RequestStatus
 
 from kvcore.blocks import KVCacheBlock
+from kvcore.errors import InvalidArgumentError
 from kvcore.hashing import EngineHashes
 from kvcore.integrations.vllm.config import eagle_groups, kvcore_config, refuse, zeroing_groups
 from kvcore.integrations.vllm.events import VllmEventRecorder, int_hash
@@ -43,6 +51,9 @@ from kvcore.integrations.vllm.version import VllmVersion, installed
 from kvcore.integrations.vllm.views import BlockPoolView, coordinator_view
 from kvcore.manager import KVCacheManager
 from kvcore.managers import MambaAlignManager
+
+# The request states vLLM's manager keeps the watermark free for.
+_WATERMARKED = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
 class KVCacheManagerAdapter:
@@ -72,12 +83,10 @@ class KVCacheManagerAdapter:
         if num_prefill_lookahead > 1:
             raise refuse(f"multi-module MTP prefill lookahead ({num_prefill_lookahead} tokens)",
                          "use at most one speculative token per step with prefix caching")
-        if metrics_collector is not None:
-            raise refuse("KV-cache residency metrics (kv_cache_metrics)",
-                         "turn observability_config.kv_cache_metrics off")
-        if watermark:
-            raise refuse(f"the admission watermark (watermark={watermark})",
-                         "leave scheduler_config.watermark at 0")
+        if (isinstance(watermark, bool) or not isinstance(watermark, (int, float))
+                or not watermark >= 0.0):
+            raise InvalidArgumentError(
+                f"watermark must be a fraction of the blocks >= 0, got {watermark!r}")
         if enable_mamba_shared_prefix_checkpoint:
             raise refuse("Mamba shared-prefix checkpoints",
                          "turn enable_mamba_shared_prefix_checkpoint off")
@@ -102,7 +111,8 @@ class KVCacheManagerAdapter:
         self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
         self.log_stats = log_stats
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
-        self.watermark_blocks = 0
+        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        self.metrics_collector = metrics_collector
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids: tuple[int, ...] = ()
         # Published hashes: 64-bit ints (vLLM's default) or the bytes.  Read once, as vLLM's
@@ -120,6 +130,8 @@ class KVCacheManagerAdapter:
             mamba_recache_prompt_boundary=version.mamba_recache_prompt_boundary,
             eviction_policy=settings.eviction_policy,
             events=VllmEventRecorder(config, num_hash_lookahead_tokens, convert))
+        if metrics_collector is not None:  # vLLM's residency metrics observe kvcore's pool
+            self.kv.pool.set_observer(metrics_collector)
         self.block_pool = BlockPoolView(self.kv, hash_block_size, num_hash_lookahead_tokens)
         self.coordinator = coordinator_view(self.kv, kv_cache_config, self.block_pool,
                                             eagle_ids, drop_ids)
@@ -220,8 +232,9 @@ class KVCacheManagerAdapter:
                        full_sequence_must_fit: bool = False, reserved_blocks: int = 0,
                        has_scheduled_reqs: bool = True,
                        skip_zeroing_group_ids: tuple[int, ...] = ()) -> VllmKVCacheBlocks | None:
-        """vLLM's ``allocate_slots``; ``has_scheduled_reqs`` only gates vLLM's watermark
-        (refused at start); ``skip_zeroing_group_ids``: groups whose blocks for externally
+        """vLLM's ``allocate_slots``: a waiting or preempted request admitted while others
+        are scheduled (``has_scheduled_reqs``) leaves ``watermark_blocks`` free besides
+        ``reserved_blocks``; ``skip_zeroing_group_ids``: groups whose blocks for externally
         computed tokens are not recorded for zeroing (the load writes them)."""
         rid = request.request_id
         tracked = self._views.get(rid)
@@ -236,10 +249,17 @@ class KVCacheManagerAdapter:
         if (new_computed_blocks is not None
                 and new_computed_blocks is not self.empty_kv_cache_blocks):
             hits = new_computed_blocks.blocks
-        new = self.kv.allocate_slots(
-            view, num_new_tokens, num_new_computed_tokens, hits,
-            num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks,
-            num_encoder_tokens, full_sequence_must_fit, reserved_blocks)
+        watermark = self.watermark_blocks
+        if watermark and has_scheduled_reqs and request.status in _WATERMARKED:
+            new = self.kv.allocate_slots(
+                view, num_new_tokens, num_new_computed_tokens, hits,
+                num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks,
+                num_encoder_tokens, full_sequence_must_fit, reserved_blocks, watermark)
+        else:  # (no watermark argument: kvcore's fast path takes the call)
+            new = self.kv.allocate_slots(
+                view, num_new_tokens, num_new_computed_tokens, hits,
+                num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks,
+                num_encoder_tokens, full_sequence_must_fit, reserved_blocks)
         if new is None:
             return None
         if self._zeroing:

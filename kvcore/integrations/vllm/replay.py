@@ -86,6 +86,9 @@ class ReplayRun:
     schedule: list[tuple[Any, ...]] = field(default_factory=list, repr=False)
     event_batches: list[bytes] = field(default_factory=list, repr=False)
     stats: list[tuple[Any, ...]] = field(default_factory=list, repr=False)
+    # With kv_cache_metrics, per step: the collector's tracked blocks (id, accesses) and the
+    # reuse-gap counts of the eviction records the step's stats carried.
+    metrics: list[tuple[Any, ...]] = field(default_factory=list, repr=False)
 
     @property
     def hit_rate(self) -> float:
@@ -194,6 +197,12 @@ class ReplaySetup:
     # the scheduler cannot foresee: with overlapped steps a finished request was already
     # scheduled once more (what deferred frees exist for).
     stop_by_token: bool = False
+    # vLLM's SchedulerConfig.watermark (admissions keep that fraction of the blocks free).
+    watermark: float = 0.0
+    # vLLM's ObservabilityConfig.kv_cache_metrics, every block sampled (recorded per step).
+    kv_cache_metrics: bool = False
+    # Requests carry prompt embeddings (each position's embedding its token) instead of tokens.
+    prompt_embeds: bool = False
     # A hybrid model's groups instead of one full-attention group: a Mamba2-style state group
     # in vLLM's "align" mode (with its prefill checkpoint block) and a full-attention group,
     # both at ``block_size``, as vLLM configures Granite 4 / Nemotron-H under prefix caching.
@@ -225,6 +234,7 @@ def make_scheduler(setup: ReplaySetup, engine: Engine, scheduler_cls: type | Non
         KVEventsConfig,
         KVTransferConfig,
         ModelConfig,
+        ObservabilityConfig,
         SchedulerConfig,
         VllmConfig,
     )
@@ -232,11 +242,13 @@ def make_scheduler(setup: ReplaySetup, engine: Engine, scheduler_cls: type | Non
     from vllm.v1.structured_output import StructuredOutputManager
 
     model_config = ModelConfig(model=_model_dir(), skip_tokenizer_init=True, dtype="float16",
-                               max_model_len=setup.max_model_len, seed=0)
+                               max_model_len=setup.max_model_len, seed=0,
+                               enable_prompt_embeds=setup.prompt_embeds)
     scheduler_config = SchedulerConfig(
         max_num_seqs=setup.max_num_seqs, max_num_batched_tokens=setup.max_num_batched_tokens,
         max_model_len=setup.max_model_len, is_encoder_decoder=False,
-        enable_chunked_prefill=True, async_scheduling=setup.async_scheduling)
+        enable_chunked_prefill=True, async_scheduling=setup.async_scheduling,
+        watermark=setup.watermark)
     cache_config = CacheConfig(
         block_size=setup.block_size, enable_prefix_caching=setup.enable_caching,
         prefix_cache_retention_interval=setup.prefix_cache_retention_interval,
@@ -249,7 +261,9 @@ def make_scheduler(setup: ReplaySetup, engine: Engine, scheduler_cls: type | Non
     vllm_config = VllmConfig(
         model_config=model_config, scheduler_config=scheduler_config, cache_config=cache_config,
         kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"),
-        kv_transfer_config=transfer, additional_config=additional)
+        kv_transfer_config=transfer, additional_config=additional,
+        observability_config=ObservabilityConfig(kv_cache_metrics=setup.kv_cache_metrics,
+                                                 kv_cache_metrics_sample=1.0))
     cache_config.num_gpu_blocks = setup.num_blocks
     groups = (setup.kv_cache_groups() if setup.kv_cache_groups is not None else
               _hybrid_groups(setup.block_size) if setup.hybrid else
@@ -325,9 +339,16 @@ def _run(requests: Sequence[TraceRequest], setup: ReplaySetup, engine: Engine,
                 _token(tr.request_id, tr.num_prompt_tokens + n - 1)])
         else:
             params = SamplingParams(max_tokens=n, ignore_eos=True)
-        sched.add_request(Request(tr.request_id, tr.prompt_token_ids(), params, None,
+        tokens: list[int] | None = tr.prompt_token_ids()
+        embeds = None
+        if setup.prompt_embeds:  # position i's embedding stands for token i (4 dims)
+            import torch
+
+            embeds = torch.tensor(tokens, dtype=torch.float32)[:, None].repeat(1, 4)
+            tokens = None
+        sched.add_request(Request(tr.request_id, tokens, params, None,
                                   arrival_time=tr.arrival_ms / 1000, block_hasher=hasher,
-                                  session_id=tr.session_id))
+                                  session_id=tr.session_id, prompt_embeds=embeds))
     gc.freeze()
     out = ReplayRun(engine.name, 0, 0, 0, 0, 0)
     depth = 2 if setup.async_scheduling else 1
@@ -351,6 +372,13 @@ def _run(requests: Sequence[TraceRequest], setup: ReplaySetup, engine: Engine,
                     out.stats.append((stats.requests, stats.queries, stats.hits,
                                       stats.preempted_requests, stats.preempted_queries,
                                       stats.preempted_hits, stats.reset))
+            collector = sched.kv_metrics_collector
+            if record and collector is not None and eco.scheduler_stats is not None:
+                out.metrics.append((
+                    tuple(sorted((b, len(m.access_history))
+                                 for b, m in collector.block_metrics.items())),
+                    tuple(len(e.reuse_gaps_seconds)
+                          for e in eco.scheduler_stats.kv_cache_eviction_events)))
 
     # A scheduler that stops making progress must not hang the replay.
     max_steps = 4 * sum(r.num_prompt_tokens + r.output_len for r in requests) + 1000
@@ -404,9 +432,10 @@ def _step_record(so: Any) -> tuple[Any, ...]:
 
 
 def differences(a: ReplayRun, b: ReplayRun) -> list[str]:
-    """Where two recorded runs differ (schedule, prefix-cache stats, KV-event bytes)."""
+    """Where two recorded runs differ (schedule, prefix-cache stats, KV-event bytes, residency
+    metrics)."""
     diffs = []
-    for what in ("schedule", "stats", "event_batches"):
+    for what in ("schedule", "stats", "event_batches", "metrics"):
         x, y = getattr(a, what), getattr(b, what)
         if x != y:
             step = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))

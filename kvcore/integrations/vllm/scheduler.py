@@ -36,15 +36,6 @@ _CONSTRUCTION_LOCK = threading.Lock()
 _block_hashes = attrgetter("block_hashes")
 
 
-def _check_vllm_config(vllm_config: Any) -> None:
-    """Refuse what only the whole vLLM config shows (the manager refuses the rest)."""
-    events = vllm_config.kv_events_config
-    if (getattr(vllm_config.model_config, "enable_prompt_embeds", False)
-            and events is not None and events.enable_kv_cache_events):
-        raise refuse("prompt-embedding digests in KV events' extra keys",
-                     "disable prompt embeddings or KV events")
-
-
 def _connectors(connector: Any) -> Iterator[Any]:
     yield connector
     for child in getattr(connector, "_connectors", ()) or ():  # MultiConnector's
@@ -119,7 +110,6 @@ class KvcoreSchedulerMixin:
             vllm_init(vllm_config, kv_cache_config, *args, **kwargs)
             return
         installed_vllm()  # a vLLM version kvcore was not checked against is refused here
-        _check_vllm_config(vllm_config)
         factory = functools.partial(KVCacheManagerAdapter, settings=settings)
         with _CONSTRUCTION_LOCK:
             # The one name vLLM's __init__ constructs its manager by, restored right after.

@@ -319,8 +319,15 @@ class BlockPoolView:
         skipped (vLLM 0.32 counts the null block's reference, 0.33 skips it too).
 
         Raises :class:`~kvcore.errors.BlockStateError`, changing nothing, for a block of
-        another pool and for a free block that caches nothing."""
-        self._kv.withhold(_unwrap(blocks))
+        another pool and for a free block that caches nothing.  Each (non-null) block is an
+        access for the pool's observer (vLLM's residency metrics count the copy's touch)."""
+        batch = _unwrap(blocks)
+        self._kv.withhold(batch)
+        observer = self._pool.observer
+        if observer is not None:
+            for block in batch:
+                if not block.is_null:
+                    observer.on_block_accessed(block)
 
     def free_blocks(self, ordered_blocks: Iterable[BlockView | KVCacheBlock]) -> None:
         """Return references ``touch`` took or ``pop_blocks_for_free`` withheld, first evicted

@@ -177,11 +177,9 @@ def _mamba(mode: str = "align", **kw: int) -> MambaSpec:
                          KVCacheGroupSpec(["b"], swa(32))]), {"use_eagle": True},
      "EAGLE block drop"),
     (lambda: kv_config(), {"dcp_world_size": 2}, "context parallelism"),
-    (lambda: kv_config(), {"watermark": 0.05}, "watermark"),
-    (lambda: kv_config(), {"metrics_collector": object()}, "kv_cache_metrics"),
     (lambda: kv_config(), {"num_prefill_lookahead": 3}, "multi-module MTP"),
 ], ids=["mamba-spec-blocks", "mamba-eagle", "cross-attention", "partial-hash-hits",
-        "partial-eagle", "dcp", "watermark", "kv-metrics", "mtp"])
+        "partial-eagle", "dcp", "mtp"])
 def test_refused_configurations_name_the_feature(config, kwargs, names) -> None:  # type: ignore[no-untyped-def]
     args = dict(kv_cache_config=config(), max_model_len=4096, scheduler_block_size=16,
                 hash_block_size=16, enable_caching=True)

@@ -2,7 +2,8 @@
 no model: with kvcore's LRU manager the same schedule and the same connector metadata (which
 GPU blocks are stored to which CPU blocks, and loaded back, step by step) as with vLLM's own
 manager, eager and lazy offloading, the worker's completions fabricated as vLLM's tests do;
-kvcore's invariants checked after every step."""
+kvcore's invariants checked after every step; vLLM's residency metrics on (every block
+sampled), whose per-block access counts, the connector's touches included, are vLLM's too."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ def _tensors() -> list[Any]:
 def _setup(lazy: bool) -> ReplaySetup:
     return ReplaySetup(block_size=16, num_blocks=NUM_BLOCKS, max_model_len=1024,
                        max_num_seqs=4, max_num_batched_tokens=128, kv_cache_tensors=_tensors,
+                       kv_cache_metrics=True,  # the connector's touches are accesses too
                        kv_transfer_config={
                            "kv_connector": "SimpleCPUOffloadConnector", "kv_role": "kv_both",
                            "kv_connector_extra_config": {"cpu_bytes_to_use": 96 * PAGE,
@@ -74,8 +76,11 @@ def _run(engine: Engine, lazy: bool) -> list[Any]:
         mro.kv_connector_output = KVConnectorOutput(
             finished_recving=loaded,
             kv_connector_worker_meta=SimpleCPUOffloadWorkerMetadata(stored))
+        residency = tuple(sorted((b, len(m.access_history))
+                                 for b, m in sched.kv_metrics_collector.block_metrics.items()))
         record.append((_step_record(so), meta.load_gpu_blocks, meta.load_cpu_blocks,
-                       meta.store_gpu_blocks, meta.store_cpu_blocks, meta.need_flush))
+                       meta.store_gpu_blocks, meta.store_cpu_blocks, meta.need_flush,
+                       residency))
         sched.update_from_output(so, mro)
         if engine.settings is not None:  # every reference accounted for, withheld included
             sched.kv_cache_manager.check_invariants()

@@ -76,6 +76,25 @@ def test_a_sliding_window_only_model_gives_vllms_exact_schedule() -> None:
     assert theirs.steps > 20
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("workload", ["shared-prefix", "multi-turn"])
+def test_watermark_metrics_and_prompt_embeds_give_vllms_exact_schedule(
+        workload: str, async_scheduling: bool) -> None:
+    """vLLM's admission watermark (10% of the pool), its KV-cache residency metrics (every
+    block sampled: the tracked blocks with their access counts and the eviction records, step by
+    step) and requests with prompt embeddings (their digests in the events' extra keys)."""
+    setup = _setup(watermark=0.1, kv_cache_metrics=True, prompt_embeds=True,
+                   async_scheduling=async_scheduling)
+    theirs, _ = _same(WORKLOADS[workload](), setup)
+    assert theirs.metrics and any(gaps for _, gaps in theirs.metrics)
+    assert b"prompt" not in b"".join(theirs.event_batches)  # untagged, as vLLM publishes them
+    if workload == "shared-prefix":
+        assert theirs.hits > 0 and theirs.preemptions > 0
+    # The watermark changes vLLM's schedule, and kvcore's with it.
+    plain = run(WORKLOADS[workload](), replace(setup, watermark=0.0), VLLM, record=True)
+    assert plain.schedule != theirs.schedule
+
+
 @pytest.mark.parametrize("policy", ["recommended", "slru", "s3fifo", "arc"])
 def test_other_policies_finish_everything_with_invariants_checked_every_step(policy: str) -> None:
     engine = Engine(f"kvcore:{policy}", parse_settings(
