@@ -121,6 +121,10 @@ class MambaAlignManager(MambaManager):
         self.last_state_block_idx: dict[str, int] = {}
         self.num_retired_blocks: dict[str, int] = {}
         self.checkpoints: dict[str, tuple[int, int]] = {}
+        # The checkpoint the latest recorded count reserves (request id, reservation or None),
+        # committed to ``checkpoints`` by the allocation that follows it: a failed allocation
+        # leaves ``checkpoints`` as it was.
+        self._staged: tuple[str, tuple[int, int] | None] | None = None
         # (request id, group id, block, boundary tokens) of each state cached since the last
         # take_boundary_state_offloads().
         self.pending_offloads: list[tuple[str, int, KVCacheBlock, int]] = []
@@ -149,8 +153,10 @@ class MambaAlignManager(MambaManager):
                            prefill_end: int, record: bool) -> int:
         """Free blocks the request needs for ``num_tokens`` (main-model) tokens: at most one
         state block, plus the checkpoint block when this chunk ends the prompt, plus evictable
-        hit blocks.  ``record`` (a real allocation, not an admission estimate) remembers the
-        checkpoint for ``allocate_new_blocks`` and ``cache_blocks``."""
+        hit blocks.  ``record`` (a real allocation, not an admission estimate) stages the
+        checkpoint for ``allocate_new_blocks`` to commit (then ``cache_blocks`` keys it); vLLM
+        records it in the count itself, so a failed allocation leaves a reservation there that
+        no later call reads before it is replaced."""
         if new_computed_blocks and new_computed_blocks[-1].block_hash in self.cached_this_step:
             return self.pool.num_blocks + 1  # that state is still being computed: not this step
         if self.retention_interval != 0:
@@ -163,10 +169,8 @@ class MambaAlignManager(MambaManager):
                                       prefill_end):
             position = 0
         if record:
-            if position:
-                self.checkpoints[request_id] = (position, -(-num_tokens // bs) - 2)
-            else:
-                self.checkpoints.pop(request_id, None)
+            self._staged = (request_id,
+                            (position, -(-num_tokens // bs) - 2) if position else None)
         if num_new > 0:
             cap = 2 if position else 1
             if num_new > cap:
@@ -210,6 +214,13 @@ class MambaAlignManager(MambaManager):
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
         """Grow the table to ``cdiv(num_tokens, block_size)`` positions: nulls, then (with a
         checkpoint reserved) the checkpoint block, then the new running state block."""
+        staged = self._staged
+        if staged is not None and staged[0] == request_id:
+            self._staged = None
+            if staged[1] is None:
+                self.checkpoints.pop(request_id, None)
+            else:
+                self.checkpoints[request_id] = staged[1]
         blocks = self.req_to_blocks.get(request_id)
         if blocks is None:
             blocks = self.req_to_blocks[request_id] = []
