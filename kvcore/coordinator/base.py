@@ -150,6 +150,14 @@ class KVCacheCoordinator:
                                                total_computed, None, main, prefill_end, True)
             if need > self.pool.num_free_blocks - reserved_blocks:
                 return None
+            if own and num_external_computed_tokens:
+                # Blocks a type's count leaves out but its allocation takes (vLLM's count
+                # decides; these must exist too, or vLLM's allocation fails midway).
+                short = 0
+                for m in own:
+                    short += m.shortfall
+                if short and need + short > self.pool.num_free_blocks:
+                    return None
             # Phase 1: every group takes its hit before any group allocates.
             for i, m in enumerate(managers):
                 m.add_computed_blocks(rid, hits[i], total_computed)

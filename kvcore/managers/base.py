@@ -199,6 +199,10 @@ class SingleTypeKVCacheManager:
                 evictable += 1
         return num_new + evictable
 
+    shortfall: int = 0
+    """(``counts_own_growth`` types) blocks the latest recorded count left out that the
+    allocation takes anyway; vLLM's decision uses the count, kvcore also needs these free."""
+
     def count_state_blocks(self, request_id: str, num_tokens: int,
                            new_computed_blocks: Sequence[KVCacheBlock], total_computed_tokens: int,
                            prefill_end: int, record: bool) -> int:

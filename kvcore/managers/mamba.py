@@ -125,6 +125,9 @@ class MambaAlignManager(MambaManager):
         # committed to ``checkpoints`` by the allocation that follows it: a failed allocation
         # leaves ``checkpoints`` as it was.
         self._staged: tuple[str, tuple[int, int] | None] | None = None
+        # Blocks the latest recorded count leaves out that the allocation takes anyway (see
+        # count_state_blocks): the coordinator checks them against the free blocks.
+        self.shortfall = 0
         # (request id, group id, block, boundary tokens) of each state cached since the last
         # take_boundary_state_offloads().
         self.pending_offloads: list[tuple[str, int, KVCacheBlock, int]] = []
@@ -176,12 +179,15 @@ class MambaAlignManager(MambaManager):
             if num_new > cap:
                 num_new = cap
         hit_tokens = len(new_computed_blocks) * bs
+        if record:
+            self.shortfall = 0
         if record and not blocks and total_computed_tokens > hit_tokens:
             # Tokens computed elsewhere (a KV connector) first get every position up to them
             # (allocate_external_computed_blocks), then the state block: vLLM counts only the
-            # latter and fails inside the allocation when the pool runs short; kvcore counts
-            # both (the same decision wherever vLLM's allocation succeeds).  An admission
-            # estimate (not ``record``) keeps vLLM's count, as its decision is vLLM's.
+            # latter (its count, returned here, decides with its watermark and reservations),
+            # and fails inside the allocation when the pool is short of the rest; kvcore
+            # records that rest (``shortfall``) for the coordinator to check against the free
+            # blocks, so it refuses exactly where vLLM's allocation would fail.
             held = -(-total_computed_tokens // bs)
             required = -(-num_tokens // bs)
             grown = 0
@@ -190,7 +196,7 @@ class MambaAlignManager(MambaManager):
             # (Positions before the last computed token are null: only the last gets a block.)
             exact = held - max((total_computed_tokens - 1) // bs, len(new_computed_blocks)) + grown
             if exact > num_new:
-                num_new = exact
+                self.shortfall = exact - max(num_new, 0)
         evictable = 0
         for block in new_computed_blocks:
             if block.ref_cnt == 0 and not block.is_null:
