@@ -373,7 +373,25 @@ class KVCacheManager(ManagerChecks):
             withheld[bid] = withheld.get(bid, 0) + 1
         return blocks
 
-    def withhold(self, blocks: Iterable[KVCacheBlock]) -> None:
+    def _own_blocks(self, what: str, blocks: Iterable[object]) -> list[KVCacheBlock]:
+        """The non-null blocks of ``blocks``, each one of this pool's, or
+        :class:`~kvcore.errors.BlockStateError` naming the first that is not (anything, not
+        only blocks: ``object``, as the compiled build would raise its own ``TypeError`` for a
+        list typed by its elements)."""
+        mine = self.pool.blocks
+        out: list[KVCacheBlock] = []
+        for block in blocks:
+            if isinstance(block, KVCacheBlock):
+                if block.is_null:
+                    continue
+                bid = block.block_id
+                if 0 <= bid < len(mine) and mine[bid] is block:
+                    out.append(block)
+                    continue
+            raise BlockStateError(f"{what}: {block!r} is not a block of this pool")
+        return out
+
+    def withhold(self, blocks: Iterable[object]) -> None:
         """Take one reference on each block for a holder outside the manager — a KV connector
         copying it to or from another tier, as vLLM's ``SimpleCPUOffloadConnector`` does with
         vLLM's ``block_pool.touch`` — withheld like :meth:`pop_blocks_for_free`'s until
@@ -386,34 +404,27 @@ class KVCacheManager(ManagerChecks):
         another pool and for a free block that caches nothing (no holder and no prefix: it
         holds no KV a caller could want, and taking it would only hide it from allocation).
         """
-        batch = [b for b in blocks if not (isinstance(b, KVCacheBlock) and b.is_null)]
-        mine = self.pool.blocks
+        batch = self._own_blocks("withhold", blocks)
         for block in batch:
-            bid = getattr(block, "block_id", None)
-            if not isinstance(bid, int) or not 0 <= bid < len(mine) or mine[bid] is not block:
-                raise BlockStateError(f"withhold: {block!r} is not a block of this pool")
             if block.ref_cnt == 0 and block.block_hash is None:
-                raise BlockStateError(f"withhold: block {bid} is free and caches nothing "
-                                      "(in use by nobody)")
+                raise BlockStateError(f"withhold: block {block.block_id} is free and caches "
+                                      "nothing (in use by nobody)")
         self.pool.pin(batch)
         withheld = self._withheld
         for block in batch:
             bid = block.block_id
             withheld[bid] = withheld.get(bid, 0) + 1
 
-    def free_withheld(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+    def free_withheld(self, ordered_blocks: Iterable[object]) -> None:
         """Return blocks :meth:`pop_blocks_for_free` handed out, in eviction priority order
         (first = evicted first: pass a request's blocks reversed, so its prefix is evicted
         last).  Null blocks are skipped.  A block returned more often than it was withheld, or
         one of another pool, raises :class:`~kvcore.errors.BlockStateError` and changes
         nothing."""
-        blocks = [b for b in ordered_blocks if not (isinstance(b, KVCacheBlock) and b.is_null)]
-        mine = self.pool.blocks
+        blocks = self._own_blocks("free_withheld", ordered_blocks)
         counts: dict[int, int] = {}
         for block in blocks:
-            bid = getattr(block, "block_id", None)
-            if not isinstance(bid, int) or not 0 <= bid < len(mine) or mine[bid] is not block:
-                raise BlockStateError(f"free_withheld: {block!r} is not a block of this pool")
+            bid = block.block_id
             counts[bid] = n = counts.get(bid, 0) + 1
             if n > self._withheld.get(bid, 0):
                 raise BlockStateError(

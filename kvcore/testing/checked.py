@@ -212,7 +212,7 @@ class CheckedKVCacheManager(_Layer):
         finally:
             self._after_call(lambda: _describe("pop_blocks_for_free", (request,), {}))
 
-    def free_withheld(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+    def free_withheld(self, ordered_blocks: Iterable[object]) -> None:
         blocks = list(ordered_blocks)
         try:
             super().free_withheld(blocks)

@@ -90,10 +90,13 @@ class BlockView:
         return f"BlockView({self.block!r})"
 
 
-def _unwrap(blocks: Iterable[Any]) -> list[Any]:
+def _unwrap(blocks: Iterable[object]) -> list[object]:
     """kvcore's blocks for a caller's blocks or :class:`BlockView` objects (anything else
     passes through, for kvcore's manager to refuse by name)."""
-    return [b.block if type(b) is BlockView else b for b in blocks]
+    out: list[object] = []
+    for b in blocks:
+        out.append(b.block if isinstance(b, BlockView) else b)
+    return out
 
 
 class BlockViews(Sequence[BlockView]):
@@ -322,11 +325,11 @@ class BlockPoolView:
         another pool and for a free block that caches nothing.  Each (non-null) block is an
         access for the pool's observer (vLLM's residency metrics count the copy's touch)."""
         batch = _unwrap(blocks)
-        self._kv.withhold(batch)
+        self._kv.withhold(batch)  # raises, changing nothing, unless all are the pool's blocks
         observer = self._pool.observer
         if observer is not None:
             for block in batch:
-                if not block.is_null:
+                if isinstance(block, KVCacheBlock) and not block.is_null:
                     observer.on_block_accessed(block)
 
     def free_blocks(self, ordered_blocks: Iterable[BlockView | KVCacheBlock]) -> None:
