@@ -163,14 +163,16 @@ def test_kv_aware_routes_to_the_replica_kvcores_index_names(
             events = cache(managers[r], f"p{i}-{r}", prompt[:blocks * BLOCK_SIZE + 1])
             pubs[r].publish(events)
             channels[r].publish(events)
-    # A marker prompt cached on replica 2 last: once requests for it go there, the router has
-    # read every stream up to that point (each is read in order; the others came earlier).
-    marker = [30_001 + i for i in range(BLOCK_SIZE * 3 + 1)]
-    pubs[2].publish(cache(managers[2], "marker", marker))
+    # A marker prompt cached last on each replica: once requests for it go there, the router
+    # has read that replica's stream up to it (a stream is read in order; the streams are
+    # read independently, so every one needs its own marker).
     deadline = time.monotonic() + 30
-    while complete(url, marker, workers) != 2:
-        assert time.monotonic() < deadline, "the router never routed the marker to replica 2"
-        time.sleep(0.1)
+    for r in range(3):
+        marker = [30_001 + 1000 * r + i for i in range(BLOCK_SIZE * 3 + 1)]
+        pubs[r].publish(cache(managers[r], f"marker{r}", marker))
+        while complete(url, marker, workers) != r:
+            assert time.monotonic() < deadline, f"the router never routed marker {r} there"
+            time.sleep(0.1)
     checked = 0
     for i in rng.sample(range(len(prompts)), len(prompts)):
         prompt = prompts[i]
