@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, SupportsIndex
 
 from kvcore.blocks import BlockHash, KVCacheBlock, NullBlock
 from kvcore.errors import (
-    BlockStateError,
     DoubleFreeError,
     InvalidArgumentError,
     InvalidGroupError,
@@ -236,12 +235,7 @@ class BlockPool(PoolChecks):
         or a free block that is not in the free queue, raises :class:`BlockStateError` before
         anything changes.
         """
-        batch = blocks if type(blocks) is list else list(blocks)
-        self._check_owned(batch, "touch")
-        for block in batch:
-            if block.ref_cnt == 0 and not block.is_null and block.prev_free is None:
-                raise BlockStateError(f"touch: block {block.block_id} has ref_cnt 0 but is "
-                                      "not in the free queue")
+        batch = self._check_takeable(blocks, "touch")
         self._touch(batch)
 
     def _touch(self, blocks: Sequence[KVCacheBlock]) -> None:
@@ -278,12 +272,7 @@ class BlockPool(PoolChecks):
         Null blocks are skipped.  A block of another pool, or a free block that is not on the
         free side, raises :class:`BlockStateError` before anything changes.
         """
-        batch = blocks if type(blocks) is list else list(blocks)
-        self._check_owned(batch, "pin")
-        for block in batch:
-            if block.ref_cnt == 0 and not block.is_null and block.prev_free is None:
-                raise BlockStateError(f"pin: block {block.block_id} has ref_cnt 0 but is not "
-                                      "in the free queue")
+        batch = self._check_takeable(blocks, "pin")
         reserved = self._reserved
         for block in batch:
             if block.is_null:

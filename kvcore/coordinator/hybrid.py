@@ -61,8 +61,6 @@ class HybridCoordinator(KVCacheCoordinator):
         hit_blocks: list[list[KVCacheBlock] | None] = [None] * n
         hit_lengths = [0] * n
         hit_length = max_length
-        hbs = self.hash_block_size
-        hashed_tokens = len(block_hashes) * hbs
         # EAGLE: each spec group drops its last block once per candidate length; it looks one
         # block past the candidate (except types that never drop) so the drop lands on it.
         eagle_done: set[int] = set()
@@ -75,12 +73,7 @@ class HybridCoordinator(KVCacheCoordinator):
                     curr = min(curr, hit_lengths[first])  # downward closed: just trim later
                     continue
                 drop = self.use_eagle and idx not in eagle_done
-                limit = curr
-                if drop and sg.manager_cls.drops_eagle_block:
-                    limit = min(curr + sg.spec.block_size, hashed_tokens)
-                blocks, length = sg.manager_cls.find_longest_cache_hit(HitQuery(
-                    hashes_at(block_hashes, hbs, sg.spec.block_size), limit, sg.group_ids,
-                    self.pool, sg.spec, self.alignment_tokens, verifier, drop))
+                blocks, length = self._search(sg, block_hashes, curr, verifier, drop)
                 if drop:
                     eagle_done.add(idx)
                 elif length < curr:
@@ -106,6 +99,18 @@ class HybridCoordinator(KVCacheCoordinator):
         self.last_shared_prefix_boundary = longest if longest > hit_length else 0
         return tuple(b if b is not None else [] for b in hit_blocks), hit_length
 
+    def _search(self, sg: _SpecGroup, block_hashes: Sequence[BlockHash], max_length: int,
+                verifier: HitVerifier | None, drop: bool) -> tuple[list[list[KVCacheBlock]], int]:
+        """One spec group's own longest hit of at most ``max_length`` tokens; with ``drop``
+        (EAGLE) it looks one block further (types that drop) so the drop lands on the bound."""
+        limit = max_length
+        if drop and sg.manager_cls.drops_eagle_block:
+            limit = min(max_length + sg.spec.block_size,
+                        len(block_hashes) * self.hash_block_size)
+        return sg.manager_cls.find_longest_cache_hit(HitQuery(
+            hashes_at(block_hashes, self.hash_block_size, sg.spec.block_size), limit,
+            sg.group_ids, self.pool, sg.spec, self.alignment_tokens, verifier, drop))
+
     def find_longest_cache_hit_per_group(self, block_hashes: Sequence[BlockHash],
                                          max_length: int) -> tuple[GroupBlocks, tuple[int, ...]]:
         """Each group's own longest hit, without the agreement ``find_longest_cache_hit``
@@ -116,16 +121,8 @@ class HybridCoordinator(KVCacheCoordinator):
         n = len(self.managers)
         hit_blocks: list[list[KVCacheBlock]] = [[] for _ in range(n)]
         hit_lengths = [0] * n
-        hbs = self.hash_block_size
-        hashed_tokens = len(block_hashes) * hbs
         for sg in self._spec_groups:
-            drop = self.use_eagle
-            limit = max_length
-            if drop and sg.manager_cls.drops_eagle_block:
-                limit = min(max_length + sg.spec.block_size, hashed_tokens)
-            blocks, length = sg.manager_cls.find_longest_cache_hit(HitQuery(
-                hashes_at(block_hashes, hbs, sg.spec.block_size), limit, sg.group_ids,
-                self.pool, sg.spec, self.alignment_tokens, None, drop))
+            blocks, length = self._search(sg, block_hashes, max_length, None, self.use_eagle)
             for gid, group_blocks in zip(sg.group_ids, blocks):
                 hit_blocks[gid] = group_blocks
                 hit_lengths[gid] = length

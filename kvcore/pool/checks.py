@@ -68,6 +68,18 @@ class PoolChecks:
             if not 0 <= bid < n or mine[bid] is not block:
                 raise BlockStateError(f"{op}: {block!r} is not a block of this pool")
 
+    def _check_takeable(self, blocks: Iterable[KVCacheBlock], op: str) -> list[KVCacheBlock]:
+        """``blocks`` as a list, after checking each is one of this pool's and, if free, on the
+        free side (what ``touch`` and ``pin`` take a reference on); raises
+        :class:`BlockStateError` otherwise."""
+        batch = blocks if type(blocks) is list else list(blocks)
+        self._check_owned(batch, op)
+        for block in batch:
+            if block.ref_cnt == 0 and not block.is_null and block.prev_free is None:
+                raise BlockStateError(f"{op}: block {block.block_id} has ref_cnt 0 but is not "
+                                      "in the free queue")
+        return batch
+
     def _blocks_to_cache(self, blocks: Sequence[KVCacheBlock], hashes: Sequence[BlockHash],
                          num_cached_blocks: int, num_full_blocks: int, group_id: int,
                          block_mask: Sequence[bool] | None,

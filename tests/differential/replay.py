@@ -426,12 +426,7 @@ class VllmImpl(_Impl):
                         "loading": RequestStatus.WAITING_FOR_REMOTE_KVS}
         self.hash_block_size = hash_bs
         self._convert = maybe_convert_block_hash
-        options: dict[str, Any] = dict(ahead)
-        if cfg.get("watermark"):
-            options["watermark"] = cfg["watermark"]
-        if cfg.get("metrics"):
-            self.metrics = _vllm_collector()
-            options["metrics_collector"] = self.metrics
+        options = self._options(ahead)
         self.m = KVCacheManager(KVCacheConfig(num_blocks=cfg["num_blocks"], kv_cache_tensors=[],
                                               kv_cache_groups=groups,
                                               prefix_cache_retention_interval=cfg.get(
@@ -443,6 +438,17 @@ class VllmImpl(_Impl):
                                 enable_kv_cache_events=True, **options)
         self._params = SamplingParams(max_tokens=1 << 20)
         self._request_cls = Request
+
+    def _options(self, ahead: dict[str, Any]) -> dict[str, Any]:
+        """The trace's manager options beyond the config (vLLM's keyword names): lookahead
+        hashes, the watermark, and a fresh metrics collector (kept as ``self.metrics``)."""
+        options: dict[str, Any] = dict(ahead)
+        if self.cfg.get("watermark"):
+            options["watermark"] = self.cfg["watermark"]
+        if self.cfg.get("metrics"):
+            self.metrics = _vllm_collector()
+            options["metrics_collector"] = self.metrics
+        return options
 
     def _external_hash(self, h: Any) -> Any:
         return self._convert(h)
@@ -523,12 +529,7 @@ class AdapterImpl(VllmImpl):
         vllm = self.m
         sched_bs, hash_bs = vllm_block_sizes(cfg)
         ahead = {"num_hash_lookahead_tokens": cfg["lookahead"]} if cfg.get("lookahead") else {}
-        options: dict[str, Any] = dict(ahead)
-        if cfg.get("watermark"):
-            options["watermark"] = cfg["watermark"]
-        if cfg.get("metrics"):
-            self.metrics = _vllm_collector()
-            options["metrics_collector"] = self.metrics
+        options = self._options(ahead)
         self.m = KVCacheManagerAdapter(
             vllm.kv_cache_config, cfg["max_model_len"], scheduler_block_size=sched_bs,
             hash_block_size=hash_bs, enable_caching=cfg.get("caching", True),

@@ -22,6 +22,8 @@ import threading
 import time
 from typing import Any
 
+from tests.integrations.vllm.engine_probe import count_preemptions
+
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
 
 
@@ -102,14 +104,7 @@ def main() -> None:
     recorder = Recorder()
     if job["events"] == "record":
         sched.kv_event_publisher = recorder
-    preempted: list[str] = []
-    original = sched._preempt_request
-
-    def preempt(request: Any, *args: Any, **kwargs: Any) -> Any:
-        preempted.append(request.request_id)
-        return original(request, *args, **kwargs)
-
-    sched._preempt_request = preempt
+    preempted = count_preemptions(sched)
     greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     outputs, cached = [], []
     for batch in prompts():

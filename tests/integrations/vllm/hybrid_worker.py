@@ -26,6 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.integrations.vllm.engine_probe import count_preemptions
+
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
 
 BLOCK_SIZE = 128
@@ -93,14 +95,7 @@ def run(model: str, dtype: str, mode: str) -> dict[str, Any]:
               scheduler_reserve_full_isl=False, seed=0,
               gpu_memory_utilization=0.2, enforce_eager=True, **kw)
     sched = llm.llm_engine.engine_core.engine_core.scheduler
-    preempted: list[str] = []
-    original = sched._preempt_request
-
-    def preempt(request: Any, *args: Any, **kwargs: Any) -> Any:
-        preempted.append(request.request_id)
-        return original(request, *args, **kwargs)
-
-    sched._preempt_request = preempt
+    preempted = count_preemptions(sched)
     greedy = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     batch, single = prompts()
     results = list(llm.generate([{"prompt_token_ids": p} for p in batch], greedy,

@@ -8,28 +8,21 @@ is preempted.  The three engines run in one worker process, started once for the
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.integrations.vllm.engine_probe import run_worker
+
 WORKER = Path(__file__).with_name("hybrid_worker.py")
-ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("hybrid")
-    out = tmp / "results.json"
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, str(WORKER), "granite", str(tmp / "model"), str(out)],
-                          env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
-    assert proc.returncode == 0, f"hybrid engines failed:\n{proc.stderr[-6000:]}"
-    results: dict[str, dict[str, Any]] = json.loads(out.read_text())
+    results: dict[str, dict[str, Any]] = run_worker(
+        WORKER, ["granite", str(tmp / "model")], tmp / "results.json", timeout=900)
     return results
 
 

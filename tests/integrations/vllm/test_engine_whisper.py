@@ -7,28 +7,21 @@ encoder-decoder models.  Both engines run in one worker process, started once fo
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.integrations.vllm.engine_probe import run_worker
+
 WORKER = Path(__file__).with_name("whisper_worker.py")
-ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("whisper")
-    out = tmp / "results.json"
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, str(WORKER), str(tmp / "model"), str(out)], env=env,
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, f"whisper engines failed:\n{proc.stderr[-6000:]}"
-    results: dict[str, dict[str, Any]] = json.loads(out.read_text())
+    results: dict[str, dict[str, Any]] = run_worker(
+        WORKER, [str(tmp / "model")], tmp / "results.json", timeout=600)
     return results
 
 

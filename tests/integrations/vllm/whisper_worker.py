@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.integrations.vllm.engine_probe import count_preemptions
+
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
 
 SPECIALS = ["<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|transcribe|>",
@@ -94,14 +96,7 @@ def run(model: str, kvcore: bool) -> dict[str, Any]:
               dtype="float32", seed=0, gpu_memory_utilization=0.2,
               limit_mm_per_prompt={"audio": 1}, enforce_eager=True, **kw)
     sched = llm.llm_engine.engine_core.engine_core.scheduler
-    preempted: list[str] = []
-    original = sched._preempt_request
-
-    def preempt(request: Any, *args: Any, **kwargs: Any) -> Any:
-        preempted.append(request.request_id)
-        return original(request, *args, **kwargs)
-
-    sched._preempt_request = preempt
+    preempted = count_preemptions(sched)
     greedy = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
     results = llm.generate(requests(WhisperTokenizer.from_pretrained(model)), greedy,
                            use_tqdm=False)
