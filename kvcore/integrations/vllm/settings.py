@@ -17,6 +17,16 @@ Keys (all optional):
 ``verify_hits``
     Confirm every prefix hit against the request's own tokens (no wrong-KV hit even under a hash
     collision); cached blocks then keep their token ids.
+``schedule_policy``
+    Admission order of vLLM's waiting queue (:mod:`kvcore.integrations.vllm.queue`):
+    ``"fcfs"`` (vLLM's, the default: vLLM's own queue is kept), ``"lpm"`` (longest cached prefix
+    first), ``"dfs-weight"`` (grouped by shared prefix) or ``"recommended"`` (``lpm``).  Not with
+    vLLM's ``--scheduling-policy priority`` (refused at start).
+``max_waiting_steps``
+    Starvation guard of the non-FCFS orders: a request that has waited more than this many
+    scheduler steps goes ahead of every fresh request that has not (default 256, >= 1).
+``lpm_lookups_per_step``
+    ``lpm``: at most this many prefix lookups per step refresh the hit estimates (default 32).
 ``check_invariants_every``
     Check every pool and manager invariant at the start of every N-th scheduler step (``0`` =
     never); a broken one raises :class:`~kvcore.errors.InvariantError` naming the rule.
@@ -32,15 +42,16 @@ from dataclasses import dataclass, fields
 
 from kvcore.errors import InvalidArgumentError
 from kvcore.eviction import RECOMMENDED, RECOMMENDED_NAME, parse_policy
+from kvcore.schedule_policy import resolve as resolve_schedule_policy
 
 CONFIG_KEY = "kvcore"
 """The key of kvcore's settings in vLLM's ``additional_config``."""
 
 
-def _count(name: str, value: object) -> int:
-    if type(value) is not int or value < 0:
-        raise InvalidArgumentError(f"additional_config['kvcore'][{name!r}] must be an int >= 0, "
-                                   f"got {value!r}")
+def _count(name: str, value: object, least: int = 0) -> int:
+    if type(value) is not int or value < least:
+        raise InvalidArgumentError(f"additional_config['kvcore'][{name!r}] must be an int >= "
+                                   f"{least}, got {value!r}")
     return value
 
 
@@ -52,6 +63,9 @@ class KvcoreSettings:
     queue_hints: int = 0
     verify_hits: bool = False
     check_invariants_every: int = 0
+    schedule_policy: str = "fcfs"
+    max_waiting_steps: int = 256
+    lpm_lookups_per_step: int = 32
 
 
 _KEYS = tuple(f.name for f in fields(KvcoreSettings))
@@ -85,12 +99,26 @@ def parse_settings(raw: object) -> KvcoreSettings:
     if not isinstance(verify, bool):
         raise InvalidArgumentError(f"additional_config['kvcore']['verify_hits'] must be a bool, "
                                    f"got {verify!r}")
+    try:
+        schedule = resolve_schedule_policy(raw.get("schedule_policy", "fcfs"))
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"additional_config['kvcore']['schedule_policy']: "
+                                   f"{exc}") from None
+    try:
+        schedule = resolve_schedule_policy(raw.get("schedule_policy", "fcfs"))
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"additional_config['kvcore']['schedule_policy']: "
+                                   f"{exc}") from None
     return KvcoreSettings(
         eviction_policy=str(policy).strip(),
         queue_hints=_count("queue_hints", 0 if hints is None else hints),
         verify_hits=verify,
         check_invariants_every=_count("check_invariants_every",
-                                      raw.get("check_invariants_every", 0)))
+                                      raw.get("check_invariants_every", 0)),
+        schedule_policy=schedule,
+        max_waiting_steps=_count("max_waiting_steps", raw.get("max_waiting_steps", 256), 1),
+        lpm_lookups_per_step=_count("lpm_lookups_per_step", raw.get("lpm_lookups_per_step", 32),
+                                    1))
 
 
 def settings_from_additional_config(additional_config: object) -> KvcoreSettings | None:
