@@ -17,6 +17,11 @@ Only fresh requests are reordered.  Requests that already hold KV or a step's to
 ones, connector loads, a token in flight) keep their place at the head, in the scheduler's
 order, as under FCFS.
 
+:class:`WaitingOrder` knows requests only through ``request_id``, ``block_hashes`` and two
+functions its owner gives it (a request's cached-prefix estimate, and whether it is pinned to
+the head), so the same order serves kvcore's scheduler and vLLM's waiting queue
+(:mod:`kvcore.integrations.vllm.queue`).
+
 Starvation guard (every non-FCFS policy): a request that has waited more than
 ``max_waiting_steps`` scheduler steps (counted from the first step that saw it waiting) goes
 ahead of every fresh request that has not, in arrival order.  So once past the bound it waits
@@ -25,14 +30,10 @@ only for the pinned head, older starved requests, and room in the batch and the 
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Hashable, MutableSequence, Sequence
+from typing import Generic, Protocol, TypeVar
 
-from kvcore.blocks import BlockHash
 from kvcore.errors import InvalidArgumentError
-from kvcore.manager import KVCacheManager
-from kvcore.request import Request, RequestStatus
 
 FCFS = "fcfs"
 LPM = "lpm"
@@ -68,34 +69,48 @@ class OrderConfig(Protocol):
     def lpm_lookups_per_step(self) -> int: ...
 
 
-def _pinned(req: Request) -> bool:
-    """Holds KV or a token in flight: keeps its place at the head of the queue."""
-    return (req.status is not RequestStatus.WAITING or req.num_computed_tokens > 0
-            or req.num_output_placeholders > 0)
+class Orderable(Protocol):
+    """What an order reads of a waiting request (kvcore's ``Request``, vLLM's ``Request``)."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def block_hashes(self) -> Sequence[Hashable]: ...
 
 
-class WaitingOrder:
-    """Reorders a waiting queue in place each step (``fcfs``: leaves it alone)."""
+R = TypeVar("R", bound=Orderable)
 
-    def __init__(self, kv: KVCacheManager, config: OrderConfig) -> None:
+
+class WaitingOrder(Generic[R]):
+    """Reorders a waiting queue in place each step (``fcfs``: leaves it alone).
+
+    ``hit_tokens(request)``: the tokens of its prefix cached now (a lookup without side effects
+    on the cache; ``lpm`` calls it at most ``lpm_lookups_per_step`` times a step).
+    ``pinned(request)``: it holds KV or a token in flight, and keeps its place at the head.
+    """
+
+    def __init__(self, config: OrderConfig, hit_tokens: Callable[[R], int],
+                 pinned: Callable[[R], bool]) -> None:
         self.policy = resolve(config.schedule_policy)
-        self.kv = kv
         self.max_waiting_steps = config.max_waiting_steps
         self.lookups_per_step = config.lpm_lookups_per_step
+        self._hit_tokens = hit_tokens
+        self._pinned = pinned
         self._since: dict[str, tuple[int, int]] = {}  # id -> (first step seen waiting, seq)
         self._seq = 0
         self._hits: dict[str, tuple[int, int]] = {}  # lpm: id -> (hit tokens, step looked up)
         self.num_lookups = 0  # lpm prefix lookups made (bounded per step)
-        self._dfs_cache: tuple[tuple[str, ...], list[Request]] = ((), [])  # last input, order
+        self._dfs_cache: tuple[tuple[str, ...], list[R]] = ((), [])  # last input, its order
 
-    def reorder(self, waiting: deque[Request], step: int) -> None:
+    def reorder(self, waiting: MutableSequence[R], step: int) -> None:
         """Put ``waiting`` in this policy's admission order for scheduler step ``step``."""
         if self.policy == FCFS:
             return
-        pinned: list[Request] = []
-        fresh: list[Request] = []
+        is_pinned = self._pinned
+        pinned: list[R] = []
+        fresh: list[R] = []
         for req in waiting:
-            (pinned if _pinned(req) else fresh).append(req)
+            (pinned if is_pinned(req) else fresh).append(req)
         since = {}
         for req in fresh:
             rid = req.request_id
@@ -119,21 +134,20 @@ class WaitingOrder:
         waiting.extend(ordered)
 
     # -- policies -----------------------------------------------------------------------------
-    def _lpm(self, reqs: list[Request], step: int) -> list[Request]:
+    def _lpm(self, reqs: list[R], step: int) -> list[R]:
         hits = {r.request_id: self._hits.get(r.request_id) for r in reqs}
 
-        def looked_up(req: Request) -> int:  # never (-1) first, then the stalest
+        def looked_up(req: R) -> int:  # never (-1) first, then the stalest
             h = hits[req.request_id]
             return -1 if h is None else h[1]
         for req in sorted(reqs, key=looked_up)[:self.lookups_per_step]:
-            _, num_hit = self.kv.get_computed_blocks(req)
+            hits[req.request_id] = (self._hit_tokens(req), step)
             self.num_lookups += 1
-            hits[req.request_id] = (num_hit, step)
         self._hits = {rid: h for rid, h in hits.items() if h is not None}
         # Stable sort: equal estimates stay in arrival order.
         return sorted(reqs, key=lambda r: -self._hits.get(r.request_id, (0, 0))[0])
 
-    def _dfs(self, reqs: list[Request]) -> list[Request]:
+    def _dfs(self, reqs: list[R]) -> list[R]:
         key = tuple(r.request_id for r in reqs)
         if key != self._dfs_cache[0]:  # the same requests keep their order (hashes are fixed)
             self._dfs_cache = (key, dfs_weight_order(
@@ -145,14 +159,13 @@ class _Node:
     __slots__ = ("children", "ends", "first", "weight")
 
     def __init__(self, first: int) -> None:
-        self.children: dict[BlockHash, _Node] = {}
+        self.children: dict[Hashable, _Node] = {}
         self.ends: list[int] = []  # requests whose path ends here (indices, arrival order)
         self.weight = 0  # requests in this subtree
         self.first = first  # the earliest request index in it
 
 
-def dfs_weight_order(reqs: Sequence[Request], paths: Sequence[Sequence[BlockHash]]
-                     ) -> list[Request]:
+def dfs_weight_order(reqs: Sequence[R], paths: Sequence[Sequence[Hashable]]) -> list[R]:
     """``reqs`` (in arrival order) grouped by shared prefix: the depth-first walk of the prefix
     tree of ``paths`` (chained block hashes: each names its whole prefix), heavier subtrees
     first, ties to the earlier arrival."""
@@ -167,7 +180,7 @@ def dfs_weight_order(reqs: Sequence[Request], paths: Sequence[Sequence[BlockHash
             child.weight += 1
             node = child
         node.ends.append(i)
-    out: list[Request] = []
+    out: list[R] = []
     stack = [root]
     while stack:
         node = stack.pop()

@@ -66,6 +66,12 @@ from kvcore.scheduling import (
 )
 
 
+def holds_place(req: Request) -> bool:
+    """Holds KV or a token in flight: keeps its place at the head of the waiting queue."""
+    return (req.status is not RequestStatus.WAITING or req.num_computed_tokens > 0
+            or req.num_output_placeholders > 0)
+
+
 class Scheduler(ConnectorSteps):
     """Continuous batching with chunked prefill and recompute preemption (see module doc)."""
 
@@ -95,7 +101,8 @@ class Scheduler(ConnectorSteps):
                 "replay): run this model inside vLLM's scheduler "
                 "(kvcore.integrations.vllm), or with enable_caching=False")
         self.waiting: deque[Request] = deque()
-        self._order = WaitingOrder(kv_cache_manager, self.config)  # admission order
+        self._order: WaitingOrder[Request] = WaitingOrder(  # admission order
+            self.config, lambda req: kv_cache_manager.get_computed_blocks(req)[1], holds_place)
         self.running: list[Request] = []
         self.loading: dict[str, Request] = {}  # WAITING_FOR_REMOTE_KVS
         self._load_target: dict[str, int] = {}  # their computed tokens once the load is done

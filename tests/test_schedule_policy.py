@@ -14,7 +14,7 @@ from kvcore import InvalidArgumentError, Request
 from kvcore.cli import main as cli_main
 from kvcore.request import RequestStatus
 from kvcore.schedule_policy import RECOMMENDED, WaitingOrder, dfs_weight_order
-from kvcore.scheduler import Scheduler, SchedulerConfig
+from kvcore.scheduler import Scheduler, SchedulerConfig, holds_place
 from kvcore.sim.replay import ReplayConfig, replay
 from kvcore.sim.study import gap_closed, parse_config
 from kvcore.sim.workloads import multi_turn
@@ -104,7 +104,8 @@ def test_pinned_head_keeps_its_place() -> None:
     pre = s.kv.make_request("pre", list(range(700, 710)), max_tokens=1)
     pre.status = RequestStatus.PREEMPTED
     waiting.appendleft(pre)
-    order = WaitingOrder(s.kv, s.config)
+    order: WaitingOrder[Request] = WaitingOrder(
+        s.config, lambda r: s.kv.get_computed_blocks(r)[1], holds_place)
     order.reorder(waiting, 0)
     assert [r.request_id for r in waiting] == ["pre", "full", "half", "none"]
 

@@ -206,6 +206,14 @@ class KVCacheManagerAdapter:
         # kvcore's own hit object rides along: allocate_slots hands it back unchanged.
         return self._blocks(hit), num_hit_tokens, self.kv.shared_prefix_boundary(view)
 
+    def cached_prefix_tokens(self, request: Any) -> int:
+        """The tokens of ``request``'s prefix cached now, as ``get_computed_blocks`` would hit
+        them: no stats, no events, no reference taken (the ``lpm`` admission order's
+        estimate)."""
+        if not self.enable_caching or request.skip_reading_prefix_cache:
+            return 0
+        return self.kv.get_computed_blocks(self._view(request))[1]
+
     def get_computed_blocks_for_connector(
             self, request: Any, max_cache_hit_length: int | None = None
     ) -> tuple[VllmKVCacheBlocks, int, int, bool]:

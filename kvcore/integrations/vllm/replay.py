@@ -207,6 +207,8 @@ class ReplaySetup:
     # in vLLM's "align" mode (with its prefill checkpoint block) and a full-attention group,
     # both at ``block_size``, as vLLM configures Granite 4 / Nemotron-H under prefix caching.
     hybrid: bool = False
+    # vLLM's SchedulerConfig.policy: "fcfs" or "priority".
+    scheduling_policy: str = "fcfs"
 
 
 def _hybrid_groups(block_size: int) -> list[Any]:
@@ -248,7 +250,7 @@ def make_scheduler(setup: ReplaySetup, engine: Engine, scheduler_cls: type | Non
         max_num_seqs=setup.max_num_seqs, max_num_batched_tokens=setup.max_num_batched_tokens,
         max_model_len=setup.max_model_len, is_encoder_decoder=False,
         enable_chunked_prefill=True, async_scheduling=setup.async_scheduling,
-        watermark=setup.watermark)
+        watermark=setup.watermark, policy=setup.scheduling_policy)
     cache_config = CacheConfig(
         block_size=setup.block_size, enable_prefix_caching=setup.enable_caching,
         prefix_cache_retention_interval=setup.prefix_cache_retention_interval,

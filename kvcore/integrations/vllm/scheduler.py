@@ -27,8 +27,10 @@ from vllm.v1.core.sched import scheduler as vllm_scheduler_module
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler as VllmAsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
 
+from kvcore.errors import UnsupportedFeatureError
 from kvcore.integrations.vllm.config import refuse
 from kvcore.integrations.vllm.manager import KVCacheManagerAdapter
+from kvcore.integrations.vllm.queue import CacheAwareQueue, make_queue
 from kvcore.integrations.vllm.settings import KvcoreSettings, settings_from_additional_config
 from kvcore.integrations.vllm.version import installed as installed_vllm
 
@@ -93,7 +95,9 @@ class KvcoreSchedulerMixin:
 
     kvcore_required: ClassVar[bool] = True
     kvcore_settings: KvcoreSettings | None
+    kvcore_queue: CacheAwareQueue | None
     kv_cache_manager: Any
+    policy: Any
     waiting: Any
     kv_holding_waiting: Any
 
@@ -103,6 +107,7 @@ class KvcoreSchedulerMixin:
         if settings is None and self.kvcore_required:
             settings = KvcoreSettings()
         self.kvcore_settings = settings
+        self.kvcore_queue = None
         self._kvcore_declared: list[Any] = []
         self._kvcore_declared_hashes = 0
         vllm_init = cast(Any, super()).__init__  # the vLLM scheduler class mixed in after
@@ -120,10 +125,21 @@ class KvcoreSchedulerMixin:
             finally:
                 vllm_scheduler_module.KVCacheManager = vllm_class
         _check_connector(getattr(self, "connector", None))
+        queue = make_queue(self.kv_cache_manager, settings)
+        if queue is not None:
+            if self.policy.value != "fcfs":
+                raise UnsupportedFeatureError(
+                    f"kvcore's schedule_policy {settings.schedule_policy!r} reorders vLLM's "
+                    f"FCFS waiting queue; vLLM's scheduling policy is {self.policy.value!r}: "
+                    "use one or the other")
+            self.waiting = self.kvcore_queue = queue  # empty yet: nothing was added
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        """vLLM's ``schedule``, after declaring the head of the waiting queues to kvcore's pool
+        """vLLM's ``schedule``, after putting the waiting queue in kvcore's admission order
+        (``schedule_policy``) and declaring the head of the waiting queues to kvcore's pool
         (``queue_hints``) when it changed."""
+        if self.kvcore_queue is not None:
+            self.kvcore_queue.reorder()
         settings = self.kvcore_settings
         if settings is not None and settings.queue_hints:
             head = list(islice(chain(self.kv_holding_waiting, self.waiting), settings.queue_hints))
