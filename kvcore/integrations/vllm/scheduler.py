@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import chain, islice
 from operator import attrgetter
 from typing import Any, ClassVar, cast
@@ -110,7 +110,7 @@ class KvcoreSchedulerMixin:
             vllm_init(vllm_config, kv_cache_config, *args, **kwargs)
             return
         installed_vllm()  # a vLLM version kvcore was not checked against is refused here
-        factory = functools.partial(KVCacheManagerAdapter, settings=settings)
+        factory = self.kvcore_manager_factory(settings)
         with _CONSTRUCTION_LOCK:
             # The one name vLLM's __init__ constructs its manager by, restored right after.
             vllm_class = vllm_scheduler_module.KVCacheManager
@@ -120,6 +120,12 @@ class KvcoreSchedulerMixin:
             finally:
                 vllm_scheduler_module.KVCacheManager = vllm_class
         _check_connector(getattr(self, "connector", None))
+
+    def kvcore_manager_factory(self, settings: KvcoreSettings) -> Callable[..., Any]:
+        """What vLLM's ``__init__`` constructs in place of its ``KVCacheManager`` (called with
+        vLLM's arguments): the adapter with ``settings``.  The vLLM replay's offline bounds
+        override it (:mod:`~kvcore.integrations.vllm.replay_oracle`)."""
+        return functools.partial(KVCacheManagerAdapter, settings=settings)
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         """vLLM's ``schedule``, after declaring the head of the waiting queues to kvcore's pool
