@@ -40,6 +40,7 @@ from kvcore.errors import InvalidArgumentError
 from kvcore.events import KVCacheEvent
 from kvcore.manager import KVCacheManager
 from kvcore.scheduler import RequestRejectedError, Scheduler
+from kvcore.sim.clock import StepCost, quantile
 from kvcore.sim.oracle import REPLAY_ORACLES
 from kvcore.sim.replay import (
     ReplayConfig,
@@ -48,7 +49,6 @@ from kvcore.sim.replay import (
     make_manager,
     make_request,
     make_scheduler,
-    quantile,
 )
 from kvcore.sim.traces import TraceRequest
 
@@ -151,10 +151,10 @@ class _Replica:
         if self.sink is not None and events:
             self.sink(self.rid, events, self.clock / 1000)
 
-    def step(self, cfg: ReplayConfig, arrival: dict[str, float], ttft: list[float]) -> int:
+    def step(self, clock: StepCost, arrival: dict[str, float], ttft: list[float]) -> int:
         """Run one step; returns the number of requests that finished."""
         out, done = self.step_once()
-        cost = cfg.step_base_ms + cfg.step_ms_per_token * out.num_batched_tokens
+        cost = clock.step_ms(out.num_batched_tokens)
         self.clock += cost
         self.result.busy_ms += cost
         for s in out.scheduled:
@@ -210,6 +210,7 @@ def _run(requests: Sequence[TraceRequest], cfg: ReplayConfig, cluster: ClusterCo
          on_finished: Callable[[int], object] | None,
          should_stop: Callable[[], bool] | None) -> ClusterResult:
     hash_block_size = reps[0].manager.hash_block_size
+    clock = cfg.step_cost()
     pending = deque(sorted(requests, key=lambda r: r.arrival_ms))
     arrival: dict[str, float] = {}
     ttft: list[float] = []
@@ -222,7 +223,7 @@ def _run(requests: Sequence[TraceRequest], cfg: ReplayConfig, cluster: ClusterCo
             break
         busy = [r for r in reps if r.sched.has_unfinished_requests()]
         next_step = min(busy, key=lambda r: (r.clock, r.rid)) if busy else None
-        t_arrival = pending[0].arrival_ms * cfg.time_scale if pending else math.inf
+        t_arrival = clock.arrival(pending[0].arrival_ms) if pending else math.inf
         if next_step is None and not pending:
             break
         if next_step is None or t_arrival <= next_step.clock:
@@ -242,7 +243,7 @@ def _run(requests: Sequence[TraceRequest], cfg: ReplayConfig, cluster: ClusterCo
             rep.result.requests += 1
             rep.result.prompt_tokens += tr.num_prompt_tokens
             continue
-        n = next_step.step(cfg, arrival, ttft)
+        n = next_step.step(clock, arrival, ttft)
         finished += n
         if n and on_finished is not None:
             on_finished(n)

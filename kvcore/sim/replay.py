@@ -13,7 +13,6 @@ first token (arrival to the end of the step that samples its first token), queue
 
 from __future__ import annotations
 
-import math
 import numbers
 import statistics
 import sys
@@ -35,6 +34,15 @@ from kvcore.request import Request
 from kvcore.schedule_policy import resolve as resolve_schedule_policy
 from kvcore.scheduler import RequestRejectedError, Scheduler, SchedulerConfig, SchedulerOutput
 from kvcore.settings import CacheSettings
+from kvcore.sim.clock import (
+    STEP_BASE_MS,
+    STEP_MS_PER_TOKEN,
+    TIME_SCALE,
+    StepCost,
+    check_arrivals,
+    latency_summary,
+    quantile,
+)
 from kvcore.sim.oracle import REPLAY_ORACLES, ReplayBelady
 from kvcore.sim.traces import TraceRequest
 from kvcore.specs import FullAttentionSpec, KVCacheConfig, KVCacheGroup
@@ -64,10 +72,15 @@ class ReplayConfig:
     host_blocks: int = 0  # a host-memory tier of this many blocks behind the device cache
     host_eviction_policy: str = "lru"  # its eviction policy (kvcore.eviction names)
     host_admit_after: int = 1  # store a block in it on its N-th offer
-    step_base_ms: float = 5.0
-    step_ms_per_token: float = 0.02
-    time_scale: float = 1.0
+    # The simulated clock (kvcore.sim.clock, shared with the replay inside vLLM's scheduler):
+    step_base_ms: float = STEP_BASE_MS
+    step_ms_per_token: float = STEP_MS_PER_TOKEN
+    time_scale: float = TIME_SCALE
     progress: bool = False
+
+    def step_cost(self) -> StepCost:
+        """The clock's cost model (validated: a NaN or negative field raises here)."""
+        return StepCost(self.step_base_ms, self.step_ms_per_token, self.time_scale)
 
     def cache_settings(self, enable_events: bool = False) -> CacheSettings:
         """The replay's :class:`CacheSettings` (validated: a bad policy raises here); the offline
@@ -209,26 +222,12 @@ class SimulatedStep:
         return out, done
 
 
-def _finite_nonneg(x: object) -> bool:
-    if not isinstance(x, numbers.Real) or isinstance(x, bool):
-        return False
-    try:
-        return math.isfinite(x) and float(x) >= 0
-    except OverflowError:  # an int too large for a float
-        return False
-
-
 def check_inputs(requests: Sequence[TraceRequest], cfg: ReplayConfig) -> None:
     """Refuse what would make the simulated clock stall (a NaN, infinite or negative arrival
     time or time parameter: the replay would loop forever) and negative lengths."""
-    for name in ("time_scale", "step_base_ms", "step_ms_per_token"):
-        if not _finite_nonneg(getattr(cfg, name)):
-            raise InvalidArgumentError(
-                f"ReplayConfig.{name} must be a finite number >= 0, got {getattr(cfg, name)!r}")
+    cfg.step_cost()
+    check_arrivals(requests)
     for r in requests:
-        if not _finite_nonneg(r.arrival_ms):
-            raise InvalidArgumentError(f"request {r.request_id}: arrival_ms must be a finite "
-                                       f"number >= 0, got {r.arrival_ms!r}")
         for name in ("num_prompt_tokens", "output_len"):
             value = getattr(r, name)
             if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
@@ -250,6 +249,7 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None, *,
     if not requests:
         raise InvalidArgumentError("the trace has no requests")
     check_inputs(requests, cfg)
+    cost = cfg.step_cost()
     if cfg.eviction_policy in REPLAY_ORACLES and resolve_schedule_policy(
             cfg.schedule_policy) != "fcfs":
         raise InvalidArgumentError(f"{cfg.eviction_policy} is a bound for arrival order: replay "
@@ -264,7 +264,7 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None, *,
     sched = make_scheduler(manager, cfg)
     step = SimulatedStep(sched, event_sink)
 
-    arrival = {r.request_id: r.arrival_ms * cfg.time_scale for r in order}
+    arrival = {r.request_id: cost.arrival(r.arrival_ms) for r in order}
     admitted: dict[str, float] = {}  # request id -> simulated time of its first admission
     first_token: dict[str, float] = {}
     output_tokens = 0
@@ -292,7 +292,7 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None, *,
         if should_stop is not None and should_stop():
             interrupted = True
             break
-        while pending and pending[0].arrival_ms * cfg.time_scale <= clock:
+        while pending and cost.arrival(pending[0].arrival_ms) <= clock:
             arrived.append(pending.popleft())
         while arrived and sched.num_waiting < window:
             tr = arrived.popleft()
@@ -313,12 +313,12 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None, *,
                     bar.update(1)
         if not sched.has_unfinished_requests():
             if pending:
-                clock = max(clock, pending[0].arrival_ms * cfg.time_scale)
+                clock = max(clock, cost.arrival(pending[0].arrival_ms))
             continue
         t0 = time.perf_counter()
         out, done = step(advance)
         cpu.append(time.perf_counter() - t0)
-        clock += cfg.step_base_ms + cfg.step_ms_per_token * out.num_batched_tokens
+        clock += cost.step_ms(out.num_batched_tokens)
         for s in out.scheduled:
             if s.samples:
                 output_tokens += 1
@@ -333,8 +333,6 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None, *,
     hits = stats.hits if stats else 0
     queries = stats.queries if stats else 0
     cpu_sorted = sorted(cpu)
-    ttft = sorted(t - arrival[rid] for rid, t in first_token.items())
-    queued = sorted(t - arrival[rid] for rid, t in admitted.items())
     return ReplayResult(
         num_requests=len(requests), num_finished=finished, num_rejected=rejected,
         steps=sched.stats.steps, prompt_tokens=prompt_tokens, hit_tokens=hits,
@@ -346,16 +344,8 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None, *,
         cpu_us_per_step_median=statistics.median(cpu) * 1e6 if cpu else 0.0,
         cpu_us_per_step_p99=quantile(cpu_sorted, 0.99) * 1e6,
         wall_s=time.perf_counter() - wall0, usage=usage, interrupted=interrupted,
-        ttft_ms_p50=quantile(ttft, 0.5), ttft_ms_p99=quantile(ttft, 0.99),
-        queue_ms_p50=quantile(queued, 0.5), queue_ms_p99=quantile(queued, 0.99),
-        queue_ms_mean=statistics.fmean(queued) if queued else 0.0,
+        **latency_summary(arrival, first_token, admitted),
         output_tokens_per_s=output_tokens / clock * 1000 if clock else 0.0)
-
-
-def quantile(ordered: Sequence[float], q: float) -> float:
-    """The ``q`` quantile of sorted values (nearest rank below; 0 for none): the replay's and
-    the cluster replay's p50 / p99."""
-    return ordered[int(q * (len(ordered) - 1))] if ordered else 0.0
 
 
 def make_request(manager: KVCacheManager, tr: TraceRequest) -> Request:

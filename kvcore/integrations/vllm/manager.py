@@ -42,6 +42,7 @@ from vllm.v1.request import RequestStatus
 
 from kvcore.blocks import KVCacheBlock
 from kvcore.errors import InvalidArgumentError
+from kvcore.eviction import PolicyFactory
 from kvcore.hashing import EngineHashes
 from kvcore.integrations.vllm.config import eagle_groups, kvcore_config, refuse, zeroing_groups
 from kvcore.integrations.vllm.events import VllmEventRecorder, int_hash
@@ -62,7 +63,9 @@ class KVCacheManagerAdapter:
     Constructed by vLLM's ``Scheduler.__init__`` with its own keyword arguments (the integration
     binds ``settings``); raises :class:`~kvcore.errors.UnsupportedFeatureError` for a vLLM
     version other than 0.32 and 0.33 and for any configuration kvcore would manage differently
-    from vLLM.  ``vllm_version`` overrides the installed version (tests).
+    from vLLM.  ``vllm_version`` overrides the installed version (tests); ``eviction_policy``, a
+    policy factory, replaces the settings' policy (the vLLM replay's offline bounds, which
+    vLLM's configuration refuses: :mod:`~kvcore.integrations.vllm.replay_oracle`).
     """
 
     def __init__(self, kv_cache_config: Any, max_model_len: int, scheduler_block_size: int,
@@ -74,7 +77,8 @@ class KVCacheManagerAdapter:
                  pcp_world_size: int = 1, metrics_collector: Any = None, watermark: float = 0.0,
                  enable_mamba_shared_prefix_checkpoint: bool = False, *,
                  settings: KvcoreSettings | None = None,
-                 vllm_version: VllmVersion | None = None) -> None:
+                 vllm_version: VllmVersion | None = None,
+                 eviction_policy: PolicyFactory | None = None) -> None:
         version = vllm_version if vllm_version is not None else installed()
         settings = settings if settings is not None else KvcoreSettings()
         if dcp_world_size > 1 or pcp_world_size > 1:
@@ -128,7 +132,8 @@ class KVCacheManagerAdapter:
             num_hash_lookahead_tokens=num_hash_lookahead_tokens,
             eagle_junction_tail=version.eagle_junction_tail,
             mamba_recache_prompt_boundary=version.mamba_recache_prompt_boundary,
-            eviction_policy=settings.eviction_policy,
+            eviction_policy=(settings.eviction_policy if eviction_policy is None
+                             else eviction_policy),
             events=VllmEventRecorder(config, num_hash_lookahead_tokens, convert))
         if metrics_collector is not None:  # vLLM's residency metrics observe kvcore's pool
             self.kv.pool.set_observer(metrics_collector)

@@ -4,7 +4,7 @@
 
     python -m kvcore.integrations.vllm.replay shared-prefix --num-blocks 512
     python -m kvcore.integrations.vllm.replay TRACE.jsonl --block-size 512 --num-blocks 4096 \\
-        --engines vllm,kvcore,kvcore:recommended --repeats 3 --json
+        --engines vllm,kvcore,kvcore:recommended@lpm,kvcore:belady --repeats 3 --json
 
 As vLLM's own scheduler tests do, the engine's model runner is replaced by fabricated outputs:
 every step's ``SchedulerOutput`` is answered with one sampled token per request whose prefill is
@@ -12,13 +12,30 @@ done (a deterministic function of request and position), and requests stop at th
 output length.  Everything else is vLLM's ``Scheduler`` (``--async``: ``AsyncScheduler``, the
 outputs of step N reported after step N+1 was scheduled, as vLLM's engine core overlaps them).
 
+Requests reach the scheduler on a simulated clock, kvcore's own replay's cost model
+(:mod:`~kvcore.integrations.vllm.replay_clock`): at their trace arrival times ``--time-scale``,
+each step taking ``--step-base-ms`` plus ``--step-ms-per-token`` per scheduled token; the clock
+jumps to the next arrival when nothing runs.  ``--time-scale 0`` queues every request before the
+first step (the replay's behaviour before it had a clock, which earlier benchmarks measured).
+
+Engines (:mod:`~kvcore.integrations.vllm.replay_engine`): ``vllm``, ``kvcore`` (LRU),
+``kvcore:POLICY``, a schedule policy for vLLM's waiting queue as a suffix (``kvcore@lpm``,
+``kvcore:recommended@dfs-weight``; ``--max-waiting-steps`` sets every kvcore engine's starvation
+bound), and the offline bounds ``kvcore:belady`` and ``kvcore:reuse_oracle``, which only this
+replay builds (:mod:`~kvcore.integrations.vllm.replay_oracle`; vLLM's configuration refuses them).
+
 Each engine reports the prefix-cache hit rate (vLLM's ``PrefixCacheStats``), preemptions, and
 the scheduler's CPU time per step (``schedule`` + ``update_from_output``; median over steps,
 then median, min and max over repeats), and, measured in separate runs that time every call
 into ``scheduler.kv_cache_manager``, the KV manager's share of it.  Repeats of all engines are
-interleaved in one process.  Every kvcore engine that runs LRU is checked against vLLM's: the
-same schedule (tokens per request, preemptions and new block ids, step by step), the same
-prefix-cache stats and byte-identical KV-event batches (timestamps zeroed).
+interleaved in one process.  From the clock: time to first token (arrival to the end of the step
+that samples the first token) and queueing delay (arrival to the first scheduling), p50 / p99
+(and the queueing mean), and the longest wait in scheduler steps (``max_wait_steps``; with a
+non-FCFS schedule policy the replay also checks the starvation guard's order and raises if it is
+broken).  Every kvcore engine that runs LRU with vLLM's FCFS queue is checked against vLLM's:
+the same schedule (tokens per request, preemptions and new block ids, step by step), the same
+prefix-cache stats and byte-identical KV-event batches (timestamps zeroed); with the clock both
+see the same arrivals, since the clock follows the schedule.
 """
 
 from __future__ import annotations
@@ -29,7 +46,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 import zlib
 from collections import deque
@@ -39,34 +55,19 @@ from typing import Any
 
 import msgspec
 
-from kvcore.integrations.vllm.settings import KvcoreSettings, parse_settings
+from kvcore.integrations.vllm.replay_clock import ArrivalClock, check_starvation
+from kvcore.integrations.vllm.replay_engine import Engine
+from kvcore.integrations.vllm.replay_oracle import OracleFeed
+from kvcore.integrations.vllm.replay_report import print_table, spread
+from kvcore.integrations.vllm.replay_setup import VOCAB, ReplaySetup, make_scheduler
+from kvcore.sim.clock import (
+    STEP_BASE_MS,
+    STEP_MS_PER_TOKEN,
+    TIME_SCALE,
+    StepCost,
+    check_arrivals,
+)
 from kvcore.sim.traces import TraceRequest
-
-VOCAB = 32_000
-
-
-@dataclass(frozen=True)
-class Engine:
-    """``vllm`` (vLLM's own manager) or ``kvcore`` with ``settings``; named as on the command
-    line: ``vllm``, ``kvcore`` (LRU), ``kvcore:recommended``, ``kvcore:slru:protected_share=0.7``."""
-
-    name: str
-    settings: KvcoreSettings | None
-
-    @staticmethod
-    def parse(text: str) -> Engine:
-        name = text.strip()
-        if name == "vllm":
-            return Engine(name, None)
-        kind, _, policy = name.partition(":")
-        if kind != "kvcore":
-            raise ValueError(f"unknown engine {text!r}: vllm, kvcore or kvcore:POLICY")
-        return Engine(name, parse_settings({"eviction_policy": policy or "lru"}))
-
-    @property
-    def lru(self) -> bool:
-        return self.settings is None or (self.settings.eviction_policy == "lru" and not (
-            self.settings.queue_hints))
 
 
 @dataclass
@@ -89,6 +90,10 @@ class ReplayRun:
     # With kv_cache_metrics, per step: the collector's tracked blocks (id, accesses) and the
     # reuse-gap counts of the eviction records the step's stats carried.
     metrics: list[tuple[Any, ...]] = field(default_factory=list, repr=False)
+    # The simulated clock's figures (ArrivalClock.summary: TTFT, queueing, max_wait_steps).
+    latency: dict[str, float] = field(default_factory=dict)
+    # Per request: scheduler steps from the first that saw it waiting to its first scheduling.
+    wait_steps: dict[str, int] = field(default_factory=dict, repr=False)
 
     @property
     def hit_rate(self) -> float:
@@ -159,146 +164,6 @@ class _ManagerTimer:
         return self.total - self.calls * self.per_call
 
 
-def _model_dir() -> str:
-    """A model directory with only a tiny config.json (the scheduler never loads weights)."""
-    from transformers import LlamaConfig
-
-    path = os.path.join(tempfile.gettempdir(), "kvcore-vllm-replay-model")
-    if not os.path.exists(os.path.join(path, "config.json")):
-        LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
-                    num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                    head_dim=32, max_position_embeddings=1 << 20).save_pretrained(path)
-    return path
-
-
-@dataclass(frozen=True)
-class ReplaySetup:
-    """The scheduler configuration shared by every engine of a run."""
-
-    block_size: int = 16
-    num_blocks: int = 1024
-    max_model_len: int = 8192
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    enable_caching: bool = True
-    async_scheduling: bool = False
-    kv_cache_groups: Callable[[], list[Any]] | None = None  # default: one full-attention group
-    # vLLM's CacheConfig.prefix_cache_retention_interval (sliding-window groups: kvcore needs
-    # None, every block cached; vLLM's default 0 keeps only replay-boundary tails).
-    prefix_cache_retention_interval: int | None = 0
-    kv_transfer_config: dict[str, Any] | None = None  # a KV connector (vLLM's KVTransferConfig)
-    # vLLM's KVCacheTensors (default none): a connector that sizes a tier from them needs them.
-    kv_cache_tensors: Callable[[], list[Any]] | None = None
-    # vLLM's deferred block frees, as a P/D decode instance (KV consumer) or CPU offloading has
-    # them with overlapped steps; vLLM's CPU build turns async scheduling off with a connector,
-    # so they are forced on here, as vLLM's own tests do.
-    defer_block_free: bool = False
-    # Requests end on a stop token at their trace length instead of reaching max_tokens, which
-    # the scheduler cannot foresee: with overlapped steps a finished request was already
-    # scheduled once more (what deferred frees exist for).
-    stop_by_token: bool = False
-    # vLLM's SchedulerConfig.watermark (admissions keep that fraction of the blocks free).
-    watermark: float = 0.0
-    # vLLM's ObservabilityConfig.kv_cache_metrics, every block sampled (recorded per step).
-    kv_cache_metrics: bool = False
-    # Requests carry prompt embeddings (each position's embedding its token) instead of tokens.
-    prompt_embeds: bool = False
-    # A hybrid model's groups instead of one full-attention group: a Mamba2-style state group
-    # in vLLM's "align" mode (with its prefill checkpoint block) and a full-attention group,
-    # both at ``block_size``, as vLLM configures Granite 4 / Nemotron-H under prefix caching.
-    hybrid: bool = False
-    # vLLM's SchedulerConfig.policy: "fcfs" or "priority".
-    scheduling_policy: str = "fcfs"
-
-
-def _hybrid_groups(block_size: int) -> list[Any]:
-    """A Mamba2 layer's state group ("align", one prefill checkpoint block) and a full-attention
-    group, as vLLM builds them for a hybrid model (page sizes are irrelevant without a model)."""
-    import torch
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, MambaSpec
-
-    return [KVCacheGroupSpec(["layer.0"], MambaSpec(
-                block_size=block_size, shapes=((4, 64), (8, 32, 16)),
-                dtypes=(torch.float32, torch.float32), mamba_cache_mode="align",
-                num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1)),
-            KVCacheGroupSpec(["layer.1"], FullAttentionSpec(
-                block_size=block_size, num_kv_heads=1, head_size=32, dtype=torch.float32))]
-
-
-def make_scheduler(setup: ReplaySetup, engine: Engine, scheduler_cls: type | None = None,
-                   additional_config: dict[str, Any] | None = None) -> Any:
-    """vLLM's Scheduler (or AsyncScheduler) for ``setup``, with vLLM's manager or kvcore's
-    (``scheduler_cls``: this class instead, e.g. the general plugin's; ``additional_config``:
-    vLLM's, instead of the engine's settings)."""
-    import torch
-    from vllm.config import (
-        CacheConfig,
-        KVEventsConfig,
-        KVTransferConfig,
-        ModelConfig,
-        ObservabilityConfig,
-        SchedulerConfig,
-        VllmConfig,
-    )
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.structured_output import StructuredOutputManager
-
-    model_config = ModelConfig(model=_model_dir(), skip_tokenizer_init=True, dtype="float16",
-                               max_model_len=setup.max_model_len, seed=0,
-                               enable_prompt_embeds=setup.prompt_embeds)
-    scheduler_config = SchedulerConfig(
-        max_num_seqs=setup.max_num_seqs, max_num_batched_tokens=setup.max_num_batched_tokens,
-        max_model_len=setup.max_model_len, is_encoder_decoder=False,
-        enable_chunked_prefill=True, async_scheduling=setup.async_scheduling,
-        watermark=setup.watermark, policy=setup.scheduling_policy)
-    cache_config = CacheConfig(
-        block_size=setup.block_size, enable_prefix_caching=setup.enable_caching,
-        prefix_cache_retention_interval=setup.prefix_cache_retention_interval,
-        **({"mamba_cache_mode": "align", "mamba_block_size": setup.block_size}
-           if setup.hybrid else {}))
-    additional = ({} if engine.settings is None else {"kvcore": asdict(engine.settings)}
-                  ) if additional_config is None else additional_config
-    transfer = (None if setup.kv_transfer_config is None
-                else KVTransferConfig(**setup.kv_transfer_config))
-    vllm_config = VllmConfig(
-        model_config=model_config, scheduler_config=scheduler_config, cache_config=cache_config,
-        kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"),
-        kv_transfer_config=transfer, additional_config=additional,
-        observability_config=ObservabilityConfig(kv_cache_metrics=setup.kv_cache_metrics,
-                                                 kv_cache_metrics_sample=1.0))
-    cache_config.num_gpu_blocks = setup.num_blocks
-    groups = (setup.kv_cache_groups() if setup.kv_cache_groups is not None else
-              _hybrid_groups(setup.block_size) if setup.hybrid else
-              [KVCacheGroupSpec(["layer.0"], FullAttentionSpec(
-                  block_size=setup.block_size, num_kv_heads=1, head_size=32,
-                  dtype=torch.float16))])
-    kv_cache_config = KVCacheConfig(
-        num_blocks=setup.num_blocks, kv_cache_groups=groups,
-        kv_cache_tensors=setup.kv_cache_tensors() if setup.kv_cache_tensors is not None else [],
-        prefix_cache_retention_interval=cache_config.prefix_cache_retention_interval)
-    from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
-    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-    from vllm.v1.core.sched.scheduler import Scheduler
-
-    from kvcore.integrations.vllm import scheduler as kvcore_scheduler
-
-    if scheduler_cls is not None:
-        cls: type = scheduler_cls
-    elif engine.settings is None:
-        cls = AsyncScheduler if setup.async_scheduling else Scheduler
-    else:
-        cls = (kvcore_scheduler.AsyncScheduler if setup.async_scheduling
-               else kvcore_scheduler.Scheduler)
-
-    block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
-    sched = cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
-                structured_output_manager=StructuredOutputManager(vllm_config),
-                block_size=block_size, hash_block_size=hash_block_size, log_stats=True)
-    if setup.defer_block_free:
-        sched.defer_block_free = True
-    return sched
-
-
 def _token(rid: str, position: int) -> int:
     x = (zlib.crc32(rid.encode()) * 6364136223846793005 + position * 1442695040888963407)
     return ((x & (2**64 - 1)) >> 33) % VOCAB
@@ -306,9 +171,13 @@ def _token(rid: str, position: int) -> int:
 
 def run(requests: Sequence[TraceRequest], setup: ReplaySetup, engine: Engine, *,
         time_manager: bool = False, record: bool = False) -> ReplayRun:
-    """Drive one scheduler through ``requests`` (all queued at once, in arrival order).  As
-    vLLM's engine core does once it has started, everything made before the first step is
-    moved out of the garbage collector's sight for the run."""
+    """Drive one scheduler through ``requests`` (in arrival order, each added when the
+    simulated clock reaches its arrival: :mod:`~kvcore.integrations.vllm.replay_clock`).  As
+    vLLM's engine core does once it has started, everything made before the first step (every
+    request included: made and hashed up front) is moved out of the garbage collector's sight
+    for the run.  With a schedule policy other than FCFS, a broken starvation guard raises
+    :class:`RuntimeError` (:func:`~kvcore.integrations.vllm.replay_clock.check_starvation`)."""
+    check_arrivals(requests)
     gc.collect()
     try:
         return _run(requests, setup, engine, time_manager, record)
@@ -316,24 +185,18 @@ def run(requests: Sequence[TraceRequest], setup: ReplaySetup, engine: Engine, *,
         gc.unfreeze()
 
 
-def _run(requests: Sequence[TraceRequest], setup: ReplaySetup, engine: Engine,
-         time_manager: bool, record: bool) -> ReplayRun:
+def _make_requests(requests: Sequence[TraceRequest], setup: ReplaySetup,
+                   block_size: int) -> list[tuple[float, Any]]:
+    """vLLM's requests for the trace's, hashed, in arrival order, with their arrival times."""
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
-    from vllm.v1.request import Request, RequestStatus
+    from vllm.v1.request import Request
 
-    sched = make_scheduler(setup, engine)
-    recorder = _EventRecorder()
-    sched.kv_event_publisher = recorder
-    timer = None
-    if time_manager:
-        timer = _ManagerTimer(sched.kv_cache_manager)
-        sched.kv_cache_manager = timer
     hash_fn = get_hash_fn_by_name("sha256")
     init_none_hash(hash_fn)
-    hasher = get_request_block_hasher(sched.hash_block_size, hash_fn)
+    hasher = get_request_block_hasher(block_size, hash_fn)
+    made = []
     for tr in sorted(requests, key=lambda r: r.arrival_ms):
         n = max(tr.output_len, 1)
         if setup.stop_by_token:  # the last token stops it; the scheduler cannot foresee that
@@ -348,9 +211,27 @@ def _run(requests: Sequence[TraceRequest], setup: ReplaySetup, engine: Engine,
 
             embeds = torch.tensor(tokens, dtype=torch.float32)[:, None].repeat(1, 4)
             tokens = None
-        sched.add_request(Request(tr.request_id, tokens, params, None,
-                                  arrival_time=tr.arrival_ms / 1000, block_hasher=hasher,
-                                  session_id=tr.session_id, prompt_embeds=embeds))
+        made.append((tr.arrival_ms, Request(
+            tr.request_id, tokens, params, None, arrival_time=tr.arrival_ms / 1000,
+            block_hasher=hasher, session_id=tr.session_id, prompt_embeds=embeds)))
+    return made
+
+
+def _run(requests: Sequence[TraceRequest], setup: ReplaySetup, engine: Engine,
+         time_manager: bool, record: bool) -> ReplayRun:
+    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+    from vllm.v1.request import RequestStatus
+
+    sched = make_scheduler(setup, engine)
+    recorder = _EventRecorder()
+    sched.kv_event_publisher = recorder
+    made = _make_requests(requests, setup, sched.hash_block_size)
+    arrivals = ArrivalClock(made, setup.step_cost)
+    oracle = OracleFeed(sched, [req for _, req in made]) if engine.oracle is not None else None
+    timer = None
+    if time_manager:
+        timer = _ManagerTimer(sched.kv_cache_manager)
+        sched.kv_cache_manager = timer
     gc.freeze()
     out = ReplayRun(engine.name, 0, 0, 0, 0, 0)
     depth = 2 if setup.async_scheduling else 1
@@ -384,7 +265,11 @@ def _run(requests: Sequence[TraceRequest], setup: ReplaySetup, engine: Engine,
 
     # A scheduler that stops making progress must not hang the replay.
     max_steps = 4 * sum(r.num_prompt_tokens + r.output_len for r in requests) + 1000
-    while sched.has_unfinished_requests() or in_flight:
+    while arrivals.pending or sched.has_unfinished_requests() or in_flight:
+        arrivals.add_arrived(sched, out.steps)
+        if not sched.has_unfinished_requests() and not in_flight:
+            arrivals.jump()
+            continue
         if out.steps > max_steps:
             raise RuntimeError(f"{engine.name}: no end after {out.steps} steps "
                                f"({out.finished} of {len(requests)} requests finished)")
@@ -400,6 +285,9 @@ def _run(requests: Sequence[TraceRequest], setup: ReplaySetup, engine: Engine,
                 req = sched.requests[rid]
                 sampled.append([] if req.num_computed_tokens < req.num_tokens
                                else [_token(rid, req.num_computed_tokens)])
+            first = arrivals.step(so, (r for r, t in zip(ids, sampled) if t), out.steps)
+            if oracle is not None:
+                oracle.scheduled(first)
             mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                     sampled_token_ids=sampled)
             if sched.connector is not None:  # KV loads finish within the step that started them
@@ -421,6 +309,11 @@ def _run(requests: Sequence[TraceRequest], setup: ReplaySetup, engine: Engine,
         if timer is not None:
             out.manager_cpu_us.append((timer.net - manager_before) * 1e6)
     out.event_batches = recorder.batches if record else []
+    out.latency = arrivals.summary()
+    out.wait_steps = arrivals.wait_steps()
+    if engine.reorders and engine.settings is not None:
+        check_starvation(engine.name, arrivals.order, out.wait_steps, arrivals.scheduled_step,
+                         engine.settings.max_waiting_steps)
     return out
 
 
@@ -460,7 +353,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("trace", help="a Mooncake-format trace file or a built-in workload "
                     "(shared-prefix, multi-turn, few-shot, random, agent)")
     ap.add_argument("--engines", default="vllm,kvcore,kvcore:recommended",
-                    help="comma-separated: vllm, kvcore (LRU), kvcore:POLICY "
+                    help="comma-separated: vllm (vLLM's manager), kvcore (LRU), kvcore:POLICY "
+                    "(recommended, slru, slru:protected_share=0.7, s3fifo, arc), a schedule "
+                    "policy for vLLM's waiting queue as a suffix (kvcore@lpm, "
+                    "kvcore:recommended@dfs-weight; fcfs, lpm, dfs-weight, recommended), or the "
+                    "offline bounds kvcore:belady and kvcore:reuse_oracle (arrival order only) "
                     "(default: %(default)s)")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--num-blocks", type=int, default=1024)
@@ -475,15 +372,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--hybrid", action="store_true",
                     help="a hybrid model's groups: a Mamba2 state group in vLLM's 'align' mode "
                     "and a full-attention group (default: one full-attention group)")
+    ap.add_argument("--max-waiting-steps", type=int, metavar="STEPS",
+                    help="every kvcore engine's starvation bound for a non-FCFS schedule "
+                    "policy (default: the settings' 256)")
+    ap.add_argument("--time-scale", type=float, default=TIME_SCALE,
+                    help="simulated clock: requests arrive at their trace time times this "
+                    "(< 1 loads the scheduler more; 0: every request queued at once, as before "
+                    "the clock) (default: %(default)s)")
+    ap.add_argument("--step-base-ms", type=float, default=STEP_BASE_MS,
+                    help="simulated cost of a scheduler step (default: %(default)s ms)")
+    ap.add_argument("--step-ms-per-token", type=float, default=STEP_MS_PER_TOKEN,
+                    help="simulated cost of each token a step schedules "
+                    "(default: %(default)s ms)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     args = ap.parse_args(argv)
     from vllm.envs import enable_envs_cache
 
     enable_envs_cache()  # as vLLM's engine core does once it has started
     try:
-        engines = [Engine.parse(e) for e in args.engines.split(",") if e.strip()]
+        engines = [Engine.parse(e, args.max_waiting_steps)
+                   for e in args.engines.split(",") if e.strip()]
+        cost = StepCost(args.step_base_ms, args.step_ms_per_token, args.time_scale)
     except ValueError as exc:
         ap.error(str(exc))
+    if args.hybrid and any(e.oracle for e in engines):
+        ap.error("the offline bounds replay one KV-cache group (not --hybrid)")
     requests = _load(args.trace, args.block_size)
     if args.max_requests:
         requests = requests[:args.max_requests]
@@ -492,7 +405,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         max_model_len=-(-(longest + 1) // args.block_size) * args.block_size,
                         max_num_seqs=args.max_num_seqs,
                         max_num_batched_tokens=max(args.max_num_batched_tokens, args.max_num_seqs),
-                        async_scheduling=args.async_scheduling, hybrid=args.hybrid)
+                        async_scheduling=args.async_scheduling, hybrid=args.hybrid,
+                        step_cost=cost)
     recorded = {e.name: run(requests, setup, e, record=True) for e in engines}
     step_us: dict[str, list[float]] = {e.name: [] for e in engines}
     manager_us: dict[str, list[float]] = {e.name: [] for e in engines}
@@ -511,40 +425,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append({
             "engine": e.name, "requests": len(requests), "finished": r.finished,
             "steps": r.steps, "preemptions": r.preemptions, "hit_rate": r.hit_rate,
-            "step_us": _spread(step_us[e.name]) if args.repeats else None,
-            "manager_us": _spread(manager_us[e.name]) if args.repeats else None,
-            "identical_to_vllm": same})
+            "step_us": spread(step_us[e.name]) if args.repeats else None,
+            "manager_us": spread(manager_us[e.name]) if args.repeats else None,
+            "identical_to_vllm": same, **r.latency})
     if args.json:
         print(json.dumps({"setup": asdict(setup) | {"kv_cache_groups": None},
                           "trace": args.trace, "results": rows}, indent=2))
     else:
-        _print_table(rows, reference is not None)
+        print_table(rows, reference is not None)
     return 0 if all(row["identical_to_vllm"] is not False for row in rows) else 1
-
-
-def _spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
-def _cell(spread: dict[str, float] | None) -> str:
-    if spread is None:
-        return "—"
-    return f"{spread['median']:.1f} ({spread['min']:.1f}–{spread['max']:.1f})"
-
-
-def _print_table(rows: list[dict[str, Any]], with_ratio: bool) -> None:
-    base = next((r for r in rows if r["engine"] == "vllm"), None)
-    print(f"{'engine':<24} {'hit rate':>8} {'steps':>6} {'preempt':>7} "
-          f"{'sched µs/step (min–max)':>26} {'KV mgr µs/step (min–max)':>27} "
-          f"{'mgr ratio':>9} {'same as vLLM':>12}")
-    for r in rows:
-        m = r["manager_us"]
-        ratio = ""
-        if base is not None and with_ratio and m is not None:
-            ratio = f"{m['median'] / base['manager_us']['median']:.2f}×"
-        same = {None: "", True: "yes", False: "NO"}[r["identical_to_vllm"]]
-        print(f"{r['engine']:<24} {r['hit_rate']:>8.2%} {r['steps']:>6} {r['preemptions']:>7} "
-              f"{_cell(r['step_us']):>26} {_cell(m):>27} {ratio:>9} {same:>12}")
 
 
 if __name__ == "__main__":

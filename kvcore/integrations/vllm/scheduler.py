@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import chain, islice
 from operator import attrgetter
 from typing import Any, ClassVar, cast
@@ -115,7 +115,7 @@ class KvcoreSchedulerMixin:
             vllm_init(vllm_config, kv_cache_config, *args, **kwargs)
             return
         installed_vllm()  # a vLLM version kvcore was not checked against is refused here
-        factory = functools.partial(KVCacheManagerAdapter, settings=settings)
+        factory = self.kvcore_manager_factory(settings)
         with _CONSTRUCTION_LOCK:
             # The one name vLLM's __init__ constructs its manager by, restored right after.
             vllm_class = vllm_scheduler_module.KVCacheManager
@@ -133,6 +133,12 @@ class KvcoreSchedulerMixin:
                     f"FCFS waiting queue; vLLM's scheduling policy is {self.policy.value!r}: "
                     "use one or the other")
             self.waiting = self.kvcore_queue = queue  # empty yet: nothing was added
+
+    def kvcore_manager_factory(self, settings: KvcoreSettings) -> Callable[..., Any]:
+        """What vLLM's ``__init__`` constructs in place of its ``KVCacheManager`` (called with
+        vLLM's arguments): the adapter with ``settings``.  The vLLM replay's offline bounds
+        override it (:mod:`~kvcore.integrations.vllm.replay_oracle`)."""
+        return functools.partial(KVCacheManagerAdapter, settings=settings)
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         """vLLM's ``schedule``, after putting the waiting queue in kvcore's admission order

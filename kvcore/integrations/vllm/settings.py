@@ -104,11 +104,6 @@ def parse_settings(raw: object) -> KvcoreSettings:
     except InvalidArgumentError as exc:
         raise InvalidArgumentError(f"additional_config['kvcore']['schedule_policy']: "
                                    f"{exc}") from None
-    try:
-        schedule = resolve_schedule_policy(raw.get("schedule_policy", "fcfs"))
-    except InvalidArgumentError as exc:
-        raise InvalidArgumentError(f"additional_config['kvcore']['schedule_policy']: "
-                                   f"{exc}") from None
     return KvcoreSettings(
         eviction_policy=str(policy).strip(),
         queue_hints=_count("queue_hints", 0 if hints is None else hints),
