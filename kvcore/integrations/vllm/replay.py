@@ -60,6 +60,7 @@ from kvcore.integrations.vllm.replay_engine import Engine
 from kvcore.integrations.vllm.replay_oracle import OracleFeed
 from kvcore.integrations.vllm.replay_report import print_table, spread
 from kvcore.integrations.vllm.replay_setup import VOCAB, ReplaySetup, make_scheduler
+from kvcore.integrations.vllm.settings import MAX_WAITING_STEPS
 from kvcore.sim.clock import (
     STEP_BASE_MS,
     STEP_MS_PER_TOKEN,
@@ -374,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "and a full-attention group (default: one full-attention group)")
     ap.add_argument("--max-waiting-steps", type=int, metavar="STEPS",
                     help="every kvcore engine's starvation bound for a non-FCFS schedule "
-                    "policy (default: the settings' 256)")
+                    f"policy (default: {MAX_WAITING_STEPS})")
     ap.add_argument("--time-scale", type=float, default=TIME_SCALE,
                     help="simulated clock: requests arrive at their trace time times this "
                     "(< 1 loads the scheduler more; 0: every request queued at once, as before "
@@ -407,7 +408,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         max_num_batched_tokens=max(args.max_num_batched_tokens, args.max_num_seqs),
                         async_scheduling=args.async_scheduling, hybrid=args.hybrid,
                         step_cost=cost)
-    recorded = {e.name: run(requests, setup, e, record=True) for e in engines}
+    # Schedules and event bytes are kept only where they are compared (vLLM's and kvcore's LRU
+    # engines): on a long trace they take gigabytes per engine.
+    compare = any(e.settings is not None and e.lru for e in engines)
+    recorded = {e.name: run(requests, setup, e, record=compare and e.lru) for e in engines}
     step_us: dict[str, list[float]] = {e.name: [] for e in engines}
     manager_us: dict[str, list[float]] = {e.name: [] for e in engines}
     for _ in range(args.repeats):  # interleaved: every engine once per round

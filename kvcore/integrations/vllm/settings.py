@@ -24,7 +24,8 @@ Keys (all optional):
     vLLM's ``--scheduling-policy priority`` (refused at start).
 ``max_waiting_steps``
     Starvation guard of the non-FCFS orders: a request that has waited more than this many
-    scheduler steps goes ahead of every fresh request that has not (default 256, >= 1).
+    scheduler steps goes ahead of every fresh request that has not (default
+    :data:`MAX_WAITING_STEPS`, >= 1).
 ``lpm_lookups_per_step``
     ``lpm``: at most this many prefix lookups per step refresh the hit estimates (default 32).
 ``check_invariants_every``
@@ -43,6 +44,13 @@ from dataclasses import dataclass, fields
 from kvcore.errors import InvalidArgumentError
 from kvcore.eviction import RECOMMENDED, RECOMMENDED_NAME, parse_policy
 from kvcore.schedule_policy import resolve as resolve_schedule_policy
+
+MAX_WAITING_STEPS = 1024
+"""The default starvation bound inside vLLM, four times kvcore's own scheduler's: vLLM's waiting
+queue holds every arrived request (kvcore's replay hands its scheduler a window of them), so a
+request's steps count from its arrival, and on the shipped Mooncake trace at 1,024 blocks of 512
+the bound of 256 put most requests past it, turning ``lpm`` back into FCFS (12.6% against 23.8%
+with 1,024; BENCHMARKS.md 2026-11-27)."""
 
 CONFIG_KEY = "kvcore"
 """The key of kvcore's settings in vLLM's ``additional_config``."""
@@ -64,7 +72,7 @@ class KvcoreSettings:
     verify_hits: bool = False
     check_invariants_every: int = 0
     schedule_policy: str = "fcfs"
-    max_waiting_steps: int = 256
+    max_waiting_steps: int = MAX_WAITING_STEPS
     lpm_lookups_per_step: int = 32
 
 
@@ -111,7 +119,8 @@ def parse_settings(raw: object) -> KvcoreSettings:
         check_invariants_every=_count("check_invariants_every",
                                       raw.get("check_invariants_every", 0)),
         schedule_policy=schedule,
-        max_waiting_steps=_count("max_waiting_steps", raw.get("max_waiting_steps", 256), 1),
+        max_waiting_steps=_count("max_waiting_steps",
+                                 raw.get("max_waiting_steps", MAX_WAITING_STEPS), 1),
         lpm_lookups_per_step=_count("lpm_lookups_per_step", raw.get("lpm_lookups_per_step", 32),
                                     1))
 
