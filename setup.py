@@ -18,7 +18,8 @@ HERE = Path(__file__).resolve().parent
 # The hot path: free queue, eviction policies and pool, hashing, the single-type managers, the coordinators, the
 # manager, and the request and hit-verification types they read on every call.
 COMPILED_MODULES = [
-    "kvcore/blocks.py",
+    "kvcore/types.py",
+    "kvcore/validation.py",
     # every pool policy; the registry (read at construction only) and the simulator-only
     # policies stay interpreted
     *sorted(str(p.relative_to(HERE)) for p in (HERE / "kvcore" / "eviction").glob("*.py")
@@ -26,12 +27,8 @@ COMPILED_MODULES = [
     "kvcore/block_pool.py",
     *sorted(str(p.relative_to(HERE)) for p in (HERE / "kvcore" / "pool").glob("*.py")),
     "kvcore/hashing.py",
-    "kvcore/kv_request.py",
     "kvcore/request.py",
     "kvcore/verify.py",
-    "kvcore/stats.py",
-    "kvcore/cache_blocks.py",
-    "kvcore/manager_checks.py",
     "kvcore/manager.py",
     *sorted(str(p.relative_to(HERE)) for p in (HERE / "kvcore" / "managers").glob("*.py")),
     *sorted(str(p.relative_to(HERE)) for p in (HERE / "kvcore" / "coordinator").glob("*.py")),

@@ -4,8 +4,8 @@ Layers, top to bottom: ``KVCacheManager`` → coordinator → single-type manage
 The names below are the public API; everything else is internal.
 """
 
+from kvcore import _moved
 from kvcore.block_pool import BlockPool
-from kvcore.blocks import BlockHash, KVCacheBlock, NullBlock
 from kvcore.errors import (
     BlockStateError,
     DoubleFreeError,
@@ -29,11 +29,10 @@ from kvcore.events import (
     encode_event_batch,
 )
 from kvcore.eviction import FreeBlockQueue, register_policy
-from kvcore.hashing import HASH_ALGORITHMS, BlockHasher, RequestBlockHasher, random_seed
+from kvcore.hashing import HASH_ALGORITHMS, BlockHasher, random_seed
 from kvcore.invariants import check_invariants, check_manager_invariants
-from kvcore.kv_request import KVRequest, MultiModalItem
-from kvcore.manager import KVCacheBlocks, KVCacheManager
-from kvcore.request import Request
+from kvcore.manager import KVCacheManager, PrefixCacheStats
+from kvcore.request import Request, RequestBlockHasher
 from kvcore.settings import CacheSettings
 from kvcore.specs import (
     ChunkedLocalAttentionSpec,
@@ -48,7 +47,14 @@ from kvcore.specs import (
     kv_cache_config_from_hf,
     num_blocks_for_memory,
 )
-from kvcore.stats import PrefixCacheStats
+from kvcore.types import (
+    BlockHash,
+    KVCacheBlock,
+    KVCacheBlocks,
+    KVRequest,
+    MultiModalItem,
+    NullBlock,
+)
 
 
 def _is_compiled() -> bool:
@@ -63,6 +69,8 @@ def _is_compiled() -> bool:
 
 __compiled__: bool = _is_compiled()
 """True in the mypyc-compiled build, False in the pure-Python package (the reference)."""
+
+_moved.install()  # old import paths keep working one release, with a DeprecationWarning
 
 __all__ = [
     "HASH_ALGORITHMS",

@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, SupportsIndex
 
-from kvcore.blocks import BlockHash, KVCacheBlock, NullBlock
 from kvcore.errors import (
+    BlockStateError,
     DoubleFreeError,
     InvalidArgumentError,
     InvalidGroupError,
@@ -33,20 +33,20 @@ from kvcore.events import EventRecorder, KVCacheEvent
 from kvcore.eviction.base import EvictionPolicy
 from kvcore.eviction.lru import FreeBlockQueue
 from kvcore.eviction.registry import make_policy
-from kvcore.pool.checks import PoolChecks, check_count, check_hashes
 from kvcore.pool.hints import HINT_RESERVE_SHARE, HintReserve
 from kvcore.pool.maps import PrefixMaps
 from kvcore.pool.observer import PoolObserver, check_observer
 from kvcore.settings import CacheSettings
+from kvcore.types import BlockHash, KVCacheBlock, NullBlock
+from kvcore.validation import check_count, check_hashes
 
 if TYPE_CHECKING:
-    from kvcore.blocks import PrefixNode
-    from kvcore.kv_request import KVRequest
+    from kvcore.types import KVRequest, PrefixNode
 
 __all__ = ["HINT_RESERVE_SHARE", "BlockPool"]
 
 
-class BlockPool(PoolChecks):
+class BlockPool:
     """Owns ``num_blocks`` blocks (ids ``0..num_blocks-1``; 0 is the null block).
 
     Args:
@@ -564,3 +564,97 @@ class BlockPool(PoolChecks):
     def take_events(self) -> list[KVCacheEvent]:
         """Return the events recorded since the last call, and forget them."""
         return self.events.take() if self.events is not None else []
+
+    # -- input checks: each raises kvcore's typed error naming the bad value before anything
+    # changes; the managers' calls with blocks they hold skip them.
+
+    def _check_owned(self, blocks: Sequence[object], op: str) -> None:
+        """Raise :class:`BlockStateError` if any block is not one of this pool's."""
+        mine = self.blocks
+        n = len(mine)
+        for block in blocks:
+            if type(block) is not KVCacheBlock and not isinstance(block, KVCacheBlock):
+                raise BlockStateError(f"{op}: {block!r} is not a KV-cache block")
+            bid = block.block_id
+            if not 0 <= bid < n or mine[bid] is not block:
+                raise BlockStateError(f"{op}: {block!r} is not a block of this pool")
+
+    def _check_takeable(self, blocks: Iterable[KVCacheBlock], op: str) -> list[KVCacheBlock]:
+        """``blocks`` as a list, after checking each is one of this pool's and, if free, on the
+        free side (what ``touch`` and ``pin`` take a reference on); raises
+        :class:`BlockStateError` otherwise."""
+        batch = blocks if type(blocks) is list else list(blocks)
+        self._check_owned(batch, op)
+        for block in batch:
+            if block.ref_cnt == 0 and not block.is_null and block.prev_free is None:
+                raise BlockStateError(f"{op}: block {block.block_id} has ref_cnt 0 but is not "
+                                      "in the free queue")
+        return batch
+
+    def _blocks_to_cache(self, blocks: Sequence[KVCacheBlock], hashes: Sequence[BlockHash],
+                         num_cached_blocks: int, num_full_blocks: int, group_id: int,
+                         block_mask: Sequence[bool] | None,
+                         prefix_nodes: Sequence[PrefixNode] | None) -> Sequence[KVCacheBlock]:
+        """Validate a ``cache_full_blocks`` call and return the blocks it covers (empty when there
+        are none); raises, before anything changes, if any argument or block is unfit."""
+        if not 0 <= group_id < self.num_groups:
+            raise InvalidGroupError(f"group id {group_id} out of range [0, {self.num_groups})")
+        if (type(num_cached_blocks) is not int or type(num_full_blocks) is not int
+                or num_cached_blocks < 0 or num_full_blocks < 0):  # checks off the common path
+            check_count("num_cached_blocks", num_cached_blocks)
+            check_count("num_full_blocks", num_full_blocks)
+        if num_full_blocks > len(blocks) or num_full_blocks > len(hashes):
+            raise InvalidArgumentError(
+                f"num_full_blocks={num_full_blocks} exceeds the request's {len(blocks)} blocks "
+                f"or {len(hashes)} block hashes")
+        if num_cached_blocks >= num_full_blocks:
+            return ()
+        new_blocks = blocks[num_cached_blocks:num_full_blocks]
+        if block_mask is not None and len(block_mask) != len(new_blocks):
+            raise InvalidArgumentError(
+                f"block_mask has {len(block_mask)} entries for {len(new_blocks)} new blocks")
+        if self.verify_hits and (prefix_nodes is None or len(prefix_nodes) < num_full_blocks):
+            raise InvalidArgumentError(
+                "a pool that verifies hits needs the prefix node of every block it caches")
+        mine = self.blocks
+        try:
+            for i, block in enumerate(new_blocks):
+                if block.is_null or (block_mask is not None and not block_mask[i]):
+                    continue
+                if mine[block.block_id] is not block:
+                    self._check_owned([block], "cache_full_blocks")  # raises, naming it
+                if block.ref_cnt <= 0:
+                    raise BlockStateError(
+                        f"block {block.block_id} is free; only blocks in use can be cached")
+                if (block.block_hash is not None
+                        and block.block_id not in self._maps.partial_primary):
+                    if block.group_id != group_id:
+                        raise InvalidGroupError(
+                            f"block {block.block_id} is cached in group {block.group_id}, "
+                            f"cannot cache it in group {group_id}")
+                    if block.block_hash != hashes[num_cached_blocks + i]:
+                        raise BlockStateError(
+                            f"block {block.block_id} is already cached under another hash")
+        except (AttributeError, IndexError, TypeError):  # not a block, or an id out of range
+            self._check_owned(new_blocks, "cache_full_blocks")  # raises, naming it
+            raise
+        return new_blocks
+
+    def _check_partial(self, request: KVRequest, block: KVCacheBlock, num_tokens: int,
+                       hash_block_size: int, group_id: int) -> int:
+        """Raise unless ``cache_partial_block`` may register this entry; returns the index (1-based)
+        of its hash among the request's."""
+        if not 0 <= group_id < self.num_groups:
+            raise InvalidGroupError(f"group id {group_id} out of range [0, {self.num_groups})")
+        self._check_owned([block], "cache_partial_block")
+        check_count("hash_block_size", hash_block_size)
+        idx = check_count("num_tokens", num_tokens) // max(hash_block_size, 1)
+        if not hash_block_size or num_tokens % hash_block_size or not 0 < idx <= len(
+                request.block_hashes):
+            raise InvalidArgumentError(
+                f"num_tokens={num_tokens} must be a positive multiple of hash_block_size="
+                f"{hash_block_size} within the request's {len(request.block_hashes)} hashes")
+        if block.ref_cnt <= 0:
+            raise BlockStateError(f"block {block.block_id} is free; only blocks in use can be "
+                                  "cached")
+        return idx

@@ -277,7 +277,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             results = _replay_cluster(reqs, cfg, args, progress, stop)
         result = results[0]
     elif args.publish is not None:
-        from kvcore.publisher import ZmqEventPublisher
+        from kvcore.events.publisher import ZmqEventPublisher
 
         with ZmqEventPublisher(args.publish, args.publish_replay) as publisher, stop:
             print(f"kvcore: publishing KV events: {publisher.describe()}", file=sys.stderr)

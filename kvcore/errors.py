@@ -90,10 +90,3 @@ class InvariantError(KVCoreError, AssertionError):
         self.detail = message
         where = f" (block {block_id})" if block_id is not None else ""
         super().__init__(f"[{rule}]{where} {message}")
-
-
-def check_flag(name: str, value: object) -> bool:
-    """``value`` if it is a bool, else :class:`InvalidArgumentError` naming ``name``."""
-    if not isinstance(value, bool):
-        raise InvalidArgumentError(f"{name} must be a bool, got {value!r}")
-    return value

@@ -29,18 +29,14 @@ import struct
 import sys
 from array import array
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, cast, overload
+from typing import Any, cast, overload
 
 import cbor2
 import xxhash
 
 from kvcore._mypyc import mypyc_attr
-from kvcore.blocks import BlockHash
 from kvcore.errors import InvalidArgumentError, UnknownHashAlgorithmError
-from kvcore.kv_request import KVRequest
-
-if TYPE_CHECKING:
-    from kvcore.request import RequestLike
+from kvcore.types import BlockHash, KVRequest
 
 HASH_ALGORITHMS: tuple[str, ...] = ("xxh3_128", "sha256", "sha256_cbor")
 _ALIASES = {"xxhash": "xxh3_128", "xxh3": "xxh3_128"}
@@ -260,58 +256,6 @@ class EngineHashes(BlockHasher):
         raise InvalidArgumentError("EngineHashes hashes nothing: the engine hashes its requests")
 
 
-class RequestBlockHasher:
-    """Computes the hashes of a request's newly completed full blocks.
-
-    ``hasher(request)`` returns the hashes of full blocks past ``len(request.block_hashes)``;
-    partial blocks are never hashed, nor, with ``lookahead`` L > 0, a block before the L tokens
-    after it exist (see the module docstring).  A :class:`kvcore.request.Request` built with a
-    block hasher calls it at construction and whenever output tokens are appended.
-    """
-
-    __slots__ = ("block_size", "engine_hashes", "hasher", "lookahead")
-
-    def __init__(self, block_size: int, hasher: BlockHasher | None = None,
-                 lookahead: object = 0) -> None:
-        # (lookahead: object, checked here: the compiled build would turn an ``int`` parameter's
-        # check into its own TypeError, and let a bool through as an int.)
-        if not isinstance(block_size, int) or block_size <= 0:
-            raise InvalidArgumentError(f"block_size must be a positive int, got {block_size!r}")
-        if type(lookahead) is not int or lookahead < 0:
-            raise InvalidArgumentError(f"lookahead must be an int >= 0, got {lookahead!r}")
-        self.block_size = block_size
-        self.hasher = hasher if hasher is not None else BlockHasher()
-        self.lookahead: int = lookahead
-        # The engine hashes the requests (EngineHashes): nothing to compute here, ever.
-        self.engine_hashes = isinstance(self.hasher, EngineHashes)
-
-    def __call__(self, request: RequestLike) -> list[BlockHash]:
-        bs = self.block_size
-        hashes = request.block_hashes
-        tokens = request.all_token_ids
-        start = len(hashes) * bs
-        lookahead = self.lookahead
-        n = (len(tokens) - lookahead - start) // bs
-        if n <= 0 or self.engine_hashes:
-            return []
-        parent = hashes[-1] if hashes else None
-        end = start + n * bs
-        if lookahead:
-            extra: list[ExtraKeys | None] | None = [
-                hash_extra_keys(request, s, s + bs, lookahead) for s in range(start, end, bs)]
-            return self.hasher.hash_blocks(parent, tokens[start:end], bs, extra)
-        plain = (request.lora_name is None and not request.mm_items
-                 and request.cache_salt is None)
-        if n == 1:  # decoding completes one block at a time
-            return [self.hasher.hash_block(parent, tokens[start:end],
-                                           None if plain else block_extra_keys(request, start, end))]
-        extra = None if plain else [block_extra_keys(request, s, s + bs)
-                                    for s in range(start, end, bs)]
-        # From the start, the list itself (its partial last block is left out) rather than a copy.
-        return self.hasher.hash_blocks(parent, tokens if start == 0 else tokens[start:end], bs,
-                                       extra)
-
-
 class BlockHashView:
     """A request's hashes seen at a coarser block size.
 
@@ -372,3 +316,15 @@ def hashes_at(hashes: Sequence[BlockHash], hash_block_size: int,
         return hashes
     # (A cast: the view is a Sequence by registration, which mypy does not see.)
     return cast("Sequence[BlockHash]", BlockHashView(hashes, block_size // hash_block_size))
+
+
+def __getattr__(name: str) -> object:
+    """``RequestBlockHasher`` moved to :mod:`kvcore.request` (kept here one release, deprecated)."""
+    if name == "RequestBlockHasher":
+        import importlib
+        import warnings
+
+        warnings.warn("kvcore.hashing.RequestBlockHasher is deprecated: import it from "
+                      "kvcore.request", DeprecationWarning, stacklevel=2)
+        return importlib.import_module("kvcore.request").RequestBlockHasher
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

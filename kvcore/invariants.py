@@ -31,12 +31,11 @@ from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 from kvcore.block_pool import BlockPool
-from kvcore.blocks import KVCacheBlock
 from kvcore.coordinator import KVCacheCoordinator
 from kvcore.errors import InvariantError
 from kvcore.eviction.base import FreeList
 from kvcore.hashing import hashes_at
-from kvcore.kv_request import KVRequest
+from kvcore.types import KVCacheBlock, KVRequest
 from kvcore.verify import HitVerifier
 
 

@@ -3,7 +3,7 @@
 ``KVRequest`` is what ``KVCacheManager`` and ``BlockPool`` read from a request; a scheduler can
 use its own type if it provides these attributes.  :class:`Request` is the default
 implementation: it keeps prompt and output tokens in one list and, when built with a
-:class:`~kvcore.hashing.RequestBlockHasher`, keeps ``block_hashes`` up to date as tokens arrive.
+:class:`RequestBlockHasher`, keeps ``block_hashes`` up to date as tokens arrive.
 """
 
 from __future__ import annotations
@@ -12,16 +12,12 @@ import enum
 from array import array
 from collections.abc import Iterable, Sequence
 from itertools import pairwise
-from typing import TYPE_CHECKING, SupportsIndex
+from typing import SupportsIndex
 
 from kvcore._mypyc import mypyc_attr
-from kvcore.blocks import BlockHash
 from kvcore.errors import InvalidArgumentError
-from kvcore.kv_request import KVRequest as KVRequest  # re-exported: the protocol Request implements
-from kvcore.kv_request import MultiModalItem as MultiModalItem
-
-if TYPE_CHECKING:
-    from kvcore.hashing import RequestBlockHasher
+from kvcore.hashing import BlockHasher, EngineHashes, ExtraKeys, block_extra_keys, hash_extra_keys
+from kvcore.types import BlockHash, KVRequest, MultiModalItem
 
 
 class RequestStatus(enum.Enum):
@@ -211,3 +207,55 @@ RequestLike = Request | KVRequest
 so that the compiled build reads a ``Request``'s attributes natively (one type check) instead of
 looking each one up by name.  (``Request`` implements the protocol structurally, so mypyc cannot
 reach it through the protocol: see the class comment.)"""
+
+
+class RequestBlockHasher:
+    """Computes the hashes of a request's newly completed full blocks.
+
+    ``hasher(request)`` returns the hashes of full blocks past ``len(request.block_hashes)``;
+    partial blocks are never hashed, nor, with ``lookahead`` L > 0, a block before the L tokens
+    after it exist (see the module docstring).  A :class:`kvcore.request.Request` built with a
+    block hasher calls it at construction and whenever output tokens are appended.
+    """
+
+    __slots__ = ("block_size", "engine_hashes", "hasher", "lookahead")
+
+    def __init__(self, block_size: int, hasher: BlockHasher | None = None,
+                 lookahead: object = 0) -> None:
+        # (lookahead: object, checked here: the compiled build would turn an ``int`` parameter's
+        # check into its own TypeError, and let a bool through as an int.)
+        if not isinstance(block_size, int) or block_size <= 0:
+            raise InvalidArgumentError(f"block_size must be a positive int, got {block_size!r}")
+        if type(lookahead) is not int or lookahead < 0:
+            raise InvalidArgumentError(f"lookahead must be an int >= 0, got {lookahead!r}")
+        self.block_size = block_size
+        self.hasher = hasher if hasher is not None else BlockHasher()
+        self.lookahead: int = lookahead
+        # The engine hashes the requests (EngineHashes): nothing to compute here, ever.
+        self.engine_hashes = isinstance(self.hasher, EngineHashes)
+
+    def __call__(self, request: RequestLike) -> list[BlockHash]:
+        bs = self.block_size
+        hashes = request.block_hashes
+        tokens = request.all_token_ids
+        start = len(hashes) * bs
+        lookahead = self.lookahead
+        n = (len(tokens) - lookahead - start) // bs
+        if n <= 0 or self.engine_hashes:
+            return []
+        parent = hashes[-1] if hashes else None
+        end = start + n * bs
+        if lookahead:
+            extra: list[ExtraKeys | None] | None = [
+                hash_extra_keys(request, s, s + bs, lookahead) for s in range(start, end, bs)]
+            return self.hasher.hash_blocks(parent, tokens[start:end], bs, extra)
+        plain = (request.lora_name is None and not request.mm_items
+                 and request.cache_salt is None)
+        if n == 1:  # decoding completes one block at a time
+            return [self.hasher.hash_block(parent, tokens[start:end],
+                                           None if plain else block_extra_keys(request, start, end))]
+        extra = None if plain else [block_extra_keys(request, s, s + bs)
+                                    for s in range(start, end, bs)]
+        # From the start, the list itself (its partial last block is left out) rather than a copy.
+        return self.hasher.hash_blocks(parent, tokens if start == 0 else tokens[start:end], bs,
+                                       extra)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvcore.errors import InvalidArgumentError, KVCoreError, check_flag
+from kvcore.errors import InvalidArgumentError, KVCoreError
 from kvcore.manager import KVCacheManager
 from kvcore.request import Request
 from kvcore.schedule_policy import resolve as resolve_schedule_policy
+from kvcore.validation import check_flag
 
 
 class KVConnectorMetadata:

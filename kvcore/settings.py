@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvcore.errors import InvalidArgumentError, check_flag
+from kvcore.errors import InvalidArgumentError
 from kvcore.eviction.registry import (
     RECOMMENDED,
     RECOMMENDED_NAME,
@@ -28,6 +28,7 @@ from kvcore.eviction.registry import (
     PolicyFactory,
 )
 from kvcore.hashing import BlockHasher
+from kvcore.validation import check_flag
 
 _FLAGS = ("enable_caching", "enable_events", "verify_hits", "use_eagle", "eagle_junction_tail",
           "mamba_recache_prompt_boundary", "log_stats", "fast_path")
@@ -64,7 +65,7 @@ class CacheSettings:
             block boundary before its end as cached this step (not hittable until the next)
             whenever a chunk ends there, even when it was cached or hit earlier (vLLM 0.32;
             ``False``, the default: only a state cached now, as vLLM 0.33).
-        log_stats: collect :class:`~kvcore.stats.PrefixCacheStats`.
+        log_stats: collect :class:`~kvcore.manager.PrefixCacheStats`.
         fast_path: let ``allocate_slots`` calls that only add new tokens skip the validation they
             cannot fail; ``False`` validates every call in full (both reach the same code).
         hash_algo, hash_seed: block-hash algorithm and seed (see :mod:`kvcore.hashing`).

@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, cast, overload
 
-from kvcore.blocks import PrefixNode
 from kvcore.hashing import hash_extra_keys
+from kvcore.types import PrefixNode
 
 if TYPE_CHECKING:
     from kvcore.request import RequestLike

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from kvcore.errors import InvalidArgumentError
+from kvcore.events.publisher import check_endpoint
 from kvcore.eviction import parse_policy
-from kvcore.publisher import check_endpoint
 
 BACKENDS = ("torch", "triton", "flash_attn")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)

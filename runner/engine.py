@@ -66,8 +66,8 @@ from typing import Any, cast
 import torch
 
 from kvcore.errors import InvalidArgumentError
+from kvcore.events.publisher import ZmqEventPublisher
 from kvcore.manager import KVCacheManager
-from kvcore.publisher import ZmqEventPublisher
 from kvcore.request import Request, RequestStatus
 from kvcore.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from kvcore.settings import CacheSettings

@@ -11,7 +11,7 @@ import torch
 
 from kvcore import BlockHasher, BlockPool, KVCacheBlock, MultiModalItem, Request, RequestBlockHasher
 from kvcore.hashing import Seed
-from kvcore.manager import KVCacheBlocks, KVCacheManager
+from kvcore.manager import KVCacheManager
 from kvcore.managers import ManagerClasses
 from kvcore.specs import (
     FullAttentionSpec,
@@ -21,6 +21,7 @@ from kvcore.specs import (
     SlidingWindowSpec,
 )
 from kvcore.testing.snapshot import manager_snapshot, pool_snapshot, scheduler_snapshot
+from kvcore.types import KVCacheBlocks
 
 if TYPE_CHECKING:  # annotations are not evaluated at run time, so Python 3.10 needs no import
     from typing_extensions import Unpack

@@ -29,10 +29,10 @@ from kvcore import (
 )
 from kvcore.cli import main as cli_main
 from kvcore.errors import InvalidHitError, RequestStateError
-from kvcore.manager import KVCacheBlocks
 from kvcore.request import RequestStatus
 from kvcore.scheduler import RequestRejectedError, Scheduler, SchedulerConfig
 from kvcore.testing.snapshot import manager_snapshot
+from kvcore.types import KVCacheBlocks
 from runner.engine import LLM
 from runner.sampler import SamplingParams
 from tests.factories import full_spec, make_manager, scheduler_snapshot, swa_spec
@@ -462,8 +462,7 @@ def test_one_rule_for_counts_in_the_pool_and_the_manager() -> None:
 
     import numpy as np
 
-    from kvcore import manager_checks
-    from kvcore.pool import checks as pool_checks
+    from kvcore import block_pool, manager, validation
 
     m = make_manager(full_spec(4), num_blocks=16, max_model_len=64)
     r = m.make_request("r", list(range(40)))
@@ -479,4 +478,4 @@ def test_one_rule_for_counts_in_the_pool_and_the_manager() -> None:
         with pytest.raises(InvalidArgumentError, match=re.escape(f"got {bad!r}")):
             m.allocate_slots(s, bad)  # type: ignore[arg-type]
         assert manager_snapshot(m) == before
-    assert manager_checks.check_count is pool_checks.check_count
+    assert manager.check_count is block_pool.check_count is validation.check_count

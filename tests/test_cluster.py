@@ -23,7 +23,7 @@ from kvcore.cluster import (
     request_keys,
 )
 from kvcore.events import AllBlocksCleared, BlockRemoved, BlockStored
-from kvcore.publisher import ZmqEventPublisher, encode_payload, external_hash
+from kvcore.events.publisher import ZmqEventPublisher, encode_payload, external_hash
 from kvcore.sim.cluster import ClusterConfig, replay_cluster
 from kvcore.sim.replay import ReplayConfig, make_manager, make_request, make_scheduler, replay
 from kvcore.sim.workloads import multi_turn, shared_prefix

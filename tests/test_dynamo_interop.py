@@ -26,7 +26,7 @@ from kvcore.cluster.dynamo import (
     dynamo_available,
 )
 from kvcore.events import AllBlocksCleared, BlockRemoved, KVCacheEvent
-from kvcore.publisher import ZmqEventPublisher, to_external
+from kvcore.events.publisher import ZmqEventPublisher, to_external
 from kvcore.sim.cluster import ClusterConfig, replay_cluster
 from kvcore.sim.replay import ReplayConfig
 from kvcore.sim.traces import TraceRequest

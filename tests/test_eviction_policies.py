@@ -34,18 +34,18 @@ from kvcore import (
     check_invariants,
 )
 from kvcore.block_pool import HINT_RESERVE_SHARE
-from kvcore.blocks import BlockHash
 from kvcore.errors import BlockStateError, UnknownRequestError
 from kvcore.eviction import REGISTRY, FreeBlockQueue, make_policy, parse_policy
 from kvcore.eviction.arc import T1, T2, ARCPolicy
 from kvcore.eviction.s3fifo import MAIN, SMALL, S3FIFOPolicy
 from kvcore.eviction.segmented import CLEAN, NOT_FREE
 from kvcore.eviction.slru import PROBATION, PROTECTED, SLRUPolicy
-from kvcore.manager import KVCacheBlocks, KVCacheManager, add_construction_hook
+from kvcore.manager import KVCacheManager, add_construction_hook
 from kvcore.sim.replay import ReplayConfig, ReplayResult, replay
 from kvcore.sim.traces import TraceRequest
 from kvcore.sim.workloads import multi_turn, random_prompts, shared_prefix
 from kvcore.testing import ContentOracle, checked
+from kvcore.types import BlockHash, KVCacheBlocks
 from tests.factories import (
     full_spec,
     ids,

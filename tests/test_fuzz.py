@@ -9,8 +9,8 @@ import pytest
 
 from kvcore.bench.fuzz import FuzzReport, fuzz, main, run_round
 from kvcore.manager import KVCacheManager
-from kvcore.request import KVRequest
 from kvcore.testing.setups import SETUPS, Setup, full
+from kvcore.types import KVRequest
 
 
 @pytest.mark.parametrize("setup", SETUPS, ids=[s.name for s in SETUPS])

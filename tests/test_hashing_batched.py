@@ -20,8 +20,8 @@ from kvcore import (
     Request,
     RequestBlockHasher,
 )
-from kvcore.blocks import BlockHash
 from kvcore.hashing import ExtraKeys, block_extra_keys
+from kvcore.types import BlockHash
 
 
 def one_by_one(hasher: BlockHasher, request: Request, block_size: int) -> list[BlockHash]:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from kvcore import BlockHash, BlockPool, InvariantError, KVCacheBlock, check_invariants
-from kvcore.blocks import PrefixNode
+from kvcore.types import PrefixNode
 from kvcore.verify import PrefixChains
 from tests.factories import PoolOptions, make_request
 

@@ -15,7 +15,8 @@ from kvcore import (
     Request,
     UnknownRequestError,
 )
-from kvcore.manager import KVCacheBlocks, KVCacheManager
+from kvcore.manager import KVCacheManager
+from kvcore.types import KVCacheBlocks
 from tests.factories import (
     ManagerOptions,
     admit,

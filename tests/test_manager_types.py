@@ -8,14 +8,10 @@ from collections.abc import Iterable
 import pytest
 import torch
 
-from kvcore.blocks import KVCacheBlock
-from kvcore.coordinator import (
-    HybridCoordinator,
-    NoPrefixCacheCoordinator,
-    UnitaryCoordinator,
-)
+from kvcore.coordinator import HybridCoordinator, NoPrefixCacheCoordinator, UnitaryCoordinator
 from kvcore.errors import UnsupportedFeatureError
 from kvcore.specs import ChunkedLocalAttentionSpec, CrossAttentionSpec, MambaSpec
+from kvcore.types import KVCacheBlock
 from tests.factories import admit, decode, full_spec, make_manager, manager_snapshot, swa_spec
 
 BS = 4

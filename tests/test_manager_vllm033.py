@@ -17,10 +17,10 @@ from collections.abc import Sequence
 import pytest
 
 from kvcore import BlockStored, CacheSettings, InvalidArgumentError, KVCacheManager
-from kvcore.blocks import BlockHash
-from kvcore.hashing import BlockHasher, ExtraKeys, RequestBlockHasher, hash_extra_keys
-from kvcore.request import MultiModalItem, Request
+from kvcore.hashing import BlockHasher, ExtraKeys, hash_extra_keys
+from kvcore.request import Request, RequestBlockHasher
 from kvcore.specs import KVCacheConfig, KVCacheGroup
+from kvcore.types import BlockHash, MultiModalItem
 from tests.factories import admit, decode, full_spec, make_manager, swa_spec
 
 

@@ -12,7 +12,6 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from kvcore import InvalidArgumentError
-from kvcore.blocks import BlockHash
 from kvcore.cli import main as kvcore_main
 from kvcore.connector import (
     InstantTransfer,
@@ -32,6 +31,7 @@ from kvcore.sim.replay import ReplayConfig, replay
 from kvcore.sim.workloads import multi_turn
 from kvcore.testing.machine import SchedulerMachine
 from kvcore.testing.setups import full
+from kvcore.types import BlockHash
 from tests.factories import make_config, run_main
 
 BS = 4

@@ -1,4 +1,4 @@
-"""KV events over ZeroMQ (``kvcore.publisher``): real PUB/SUB and ROUTER sockets on localhost."""
+"""KV events over ZeroMQ (``kvcore.events.publisher``): real PUB/SUB and ROUTER sockets on localhost."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from kvcore.events import (
     KVCacheEvent,
     decode_event_batch,
 )
-from kvcore.publisher import (
+from kvcore.events.publisher import (
     END_SEQ,
     PublisherClosedError,
     ZmqEventPublisher,

@@ -125,7 +125,7 @@ def test_decode_reads_the_positional_encoding_too() -> None:
     """vLLM before 0.26 (and the publisher's ``encoding="array"``) sent ``[tag, field, ...]``
     arrays in declaration order with trailing defaults left out: they decode into the same
     events as the tagged maps."""
-    from kvcore.publisher import encode_payload
+    from kvcore.events.publisher import encode_payload
 
     events = _sample_events()
     for ints in (True, False):

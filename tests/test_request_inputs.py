@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from kvcore.errors import InvalidArgumentError
-from kvcore.hashing import RequestBlockHasher
-from kvcore.request import Request
+from kvcore.request import Request, RequestBlockHasher
 
 
 @pytest.mark.parametrize("prompt", [5, 1.5, None])

@@ -19,9 +19,9 @@ from kvcore.connector import (
     KVConnectorOutput,
     KVConnectorRole,
 )
-from kvcore.manager import KVCacheBlocks
 from kvcore.request import RequestStatus
 from kvcore.scheduler import RequestRejectedError, Scheduler, SchedulerConfig, SchedulerOutput
+from kvcore.types import KVCacheBlocks
 from tests.factories import full_spec, make_manager, swa_spec
 
 if TYPE_CHECKING:

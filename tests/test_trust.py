@@ -23,8 +23,8 @@ from kvcore import (
     UnknownRequestError,
 )
 from kvcore.errors import InvalidHitError, RequestStateError, StaleHitError
-from kvcore.manager import KVCacheBlocks
 from kvcore.testing import CollidingHasher, ContentOracle
+from kvcore.types import KVCacheBlocks
 from tests.factories import (
     full_spec,
     make_manager,
@@ -354,7 +354,7 @@ def test_unitary_verify_mode_forgets_a_freed_requests_chain() -> None:
 
 
 def test_a_verified_chain_must_reach_position_zero() -> None:
-    from kvcore.blocks import PrefixNode
+    from kvcore.types import PrefixNode
     from kvcore.verify import HitVerifier
 
     r = Request("r", [1, 2, 3, 4, 5, 6, 7, 8, 9])

@@ -25,8 +25,8 @@ import pytest
 
 from kvcore.cluster import EventChannel, KVRoutingIndex, request_keys
 from kvcore.cluster.dynamo.indexer import free_port
+from kvcore.events.publisher import ZmqEventPublisher
 from kvcore.manager import KVCacheManager
-from kvcore.publisher import ZmqEventPublisher
 from tests.conftest import ROUTER_BUILD
 from tests.factories import admit, full_spec, make_manager
 

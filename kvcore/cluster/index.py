@@ -1,7 +1,7 @@
 """A KV-aware routing index: which replica caches which block, and in which tier.
 
 The index is built only from KV events, the way llm-d's kv-cache indexer and Dynamo's KV router
-build theirs: every replica publishes its event batches (:mod:`kvcore.publisher`, or the
+build theirs: every replica publishes its event batches (:mod:`kvcore.events.publisher`, or the
 in-process :class:`EventChannel`), and :meth:`KVRoutingIndex.apply_payload` decodes each batch
 with the same decoder a ZeroMQ subscriber uses.  Blocks are keyed by their published hash
 (vLLM's 64-bit ints by default), so a router hashes a request's prompt the same way
@@ -37,7 +37,7 @@ from kvcore.events import (
     KVCacheEvent,
     decode_event_batch,
 )
-from kvcore.publisher import encode_payload, external_hash
+from kvcore.events.publisher import encode_payload, external_hash
 
 DEFAULT_MEDIUM_WEIGHTS: Mapping[str, float] = {MEDIUM_GPU: 1.0, MEDIUM_CPU: 0.8}
 
@@ -203,7 +203,7 @@ class KVRoutingIndex:
 
 class EventChannel:
     """An in-process transport from one replica's manager to an index: each ``publish`` encodes
-    the batch exactly as :class:`~kvcore.publisher.ZmqEventPublisher` sends it (same sequence
+    the batch exactly as :class:`~kvcore.events.publisher.ZmqEventPublisher` sends it (same sequence
     numbers, same bytes) and hands the payload to :meth:`KVRoutingIndex.apply_payload`.  Use
     it as a replay's ``event_sink`` where the router runs in the same process."""
 

@@ -45,16 +45,15 @@ from typing import Any, Protocol
 
 import torch
 
-from kvcore.blocks import BlockHash
 from kvcore.errors import (
     InvalidArgumentError,
     InvalidHitError,
     NoFreeBlocksError,
     UnknownRequestError,
 )
-from kvcore.manager import KVCacheBlocks, KVCacheManager
-from kvcore.request import MultiModalItem
+from kvcore.manager import KVCacheManager
 from kvcore.specs import FullAttentionSpec, KVCacheConfig, KVCacheGroup
+from kvcore.types import BlockHash, KVCacheBlocks, MultiModalItem
 
 
 class Sequence(Protocol):

@@ -40,8 +40,8 @@ from kvcore.scheduling import KVConnectorMetadata, SchedulerOutput
 
 if TYPE_CHECKING:
     from kvcore.events import KVCacheEvent
-    from kvcore.manager import KVCacheBlocks
     from kvcore.request import Request
+    from kvcore.types import KVCacheBlocks
 
 
 class KVConnectorRole(enum.Enum):

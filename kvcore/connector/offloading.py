@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kvcore.blocks import BlockHash
 from kvcore.connector.base import (
     KVConnectorBase,
     KVConnectorMetadata,
@@ -38,12 +37,13 @@ from kvcore.errors import InvalidArgumentError
 from kvcore.events import MEDIUM_CPU, EventRecorder
 from kvcore.offload.manager import HostOffloadingManager, OffloadKey
 from kvcore.specs import FullAttentionSpec, KVCacheConfig
+from kvcore.types import BlockHash
 
 if TYPE_CHECKING:
     from kvcore.events import KVCacheEvent
-    from kvcore.manager import KVCacheBlocks
     from kvcore.request import Request
     from kvcore.scheduling import SchedulerOutput
+    from kvcore.types import KVCacheBlocks
 
 
 @dataclass(frozen=True)

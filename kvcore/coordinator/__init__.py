@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from kvcore.block_pool import BlockPool
-from kvcore.coordinator.base import GroupBlocks, KVCacheCoordinator
+from kvcore.coordinator.base import KVCacheCoordinator
 from kvcore.coordinator.hybrid import HybridCoordinator
 from kvcore.coordinator.no_prefix_cache import NoPrefixCacheCoordinator
 from kvcore.coordinator.unitary import UnitaryCoordinator
 from kvcore.errors import InvalidArgumentError
 from kvcore.settings import CacheSettings
 from kvcore.specs import KVCacheConfig
+from kvcore.types import GroupBlocks
 
 
 def make_coordinator(config: KVCacheConfig, pool: BlockPool,

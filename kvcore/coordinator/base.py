@@ -15,15 +15,13 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from kvcore.block_pool import BlockPool
-from kvcore.blocks import BlockHash, KVCacheBlock, PrefixNode
 from kvcore.managers import SingleTypeKVCacheManager, make_manager
 from kvcore.managers.base import ManagerContext
 from kvcore.request import RequestLike
 from kvcore.settings import CacheSettings
 from kvcore.specs import KVCacheConfig
+from kvcore.types import BlockHash, GroupBlocks, KVCacheBlock, PrefixNode
 from kvcore.verify import HitVerifier, PrefixChains
-
-GroupBlocks = tuple[list[KVCacheBlock], ...]
 
 
 class KVCacheCoordinator:

@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kvcore.blocks import BlockHash, KVCacheBlock
-from kvcore.coordinator.base import GroupBlocks, KVCacheCoordinator
+from kvcore.coordinator.base import KVCacheCoordinator
 from kvcore.hashing import hashes_at
 from kvcore.managers import SingleTypeKVCacheManager
 from kvcore.managers.base import HitQuery, cdiv
 from kvcore.specs import KVCacheSpec
+from kvcore.types import BlockHash, GroupBlocks, KVCacheBlock
 from kvcore.verify import HitVerifier
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvcore.blocks import BlockHash
-from kvcore.coordinator.base import GroupBlocks, KVCacheCoordinator
+from kvcore.coordinator.base import KVCacheCoordinator
+from kvcore.types import BlockHash, GroupBlocks
 from kvcore.verify import HitVerifier
 
 

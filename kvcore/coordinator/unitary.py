@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvcore.blocks import BlockHash
-from kvcore.coordinator.base import GroupBlocks, KVCacheCoordinator
+from kvcore.coordinator.base import KVCacheCoordinator
 from kvcore.errors import InvalidArgumentError
 from kvcore.managers import SingleTypeKVCacheManager
 from kvcore.managers.base import HitQuery
+from kvcore.types import BlockHash, GroupBlocks
 from kvcore.verify import HitVerifier
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from kvcore.blocks import BlockHash
 from kvcore.events.wire import (
     MEDIUM_GPU,
     AllBlocksCleared,
@@ -21,10 +20,11 @@ from kvcore.events.wire import (
     untag_extra_keys,
 )
 from kvcore.hashing import block_extra_keys
+from kvcore.types import BlockHash
 
 if TYPE_CHECKING:
-    from kvcore.kv_request import KVRequest
     from kvcore.specs import KVCacheConfig
+    from kvcore.types import KVRequest
 
 GroupStamp = tuple[str | None, int | None]
 """A group's ``(kv_cache_spec_kind, kv_cache_spec_sliding_window)``."""

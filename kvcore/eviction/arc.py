@@ -23,8 +23,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import ClassVar
 
-from kvcore.blocks import KVCacheBlock
 from kvcore.eviction.segmented import CLEAN, GhostKey, SegmentedPolicy
+from kvcore.types import KVCacheBlock
 
 T1 = 1
 T2 = 2

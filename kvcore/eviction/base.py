@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import ClassVar, Protocol
 
 from kvcore._mypyc import mypyc_attr
-from kvcore.blocks import KVCacheBlock
+from kvcore.types import KVCacheBlock
 
 
 class FreeList(Protocol):

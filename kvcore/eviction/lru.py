@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import ClassVar
 
-from kvcore.blocks import KVCacheBlock
 from kvcore.errors import BlockStateError, InvalidArgumentError, NoFreeBlocksError, NullBlockError
 from kvcore.eviction.base import EvictionPolicy
+from kvcore.types import KVCacheBlock
 
 _SENTINEL_ID = -1
 

@@ -16,9 +16,9 @@ from typing import ClassVar
 
 from sortedcontainers import SortedList
 
-from kvcore.blocks import KVCacheBlock
 from kvcore.eviction.base import EvictionPolicy
 from kvcore.eviction.lru import FreeBlockQueue
+from kvcore.types import KVCacheBlock
 
 INFINITE = float("inf")
 

@@ -24,7 +24,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from kvcore.blocks import KVCacheBlock
 from kvcore.errors import InvalidArgumentError
 from kvcore.eviction.arc import ARCPolicy
 from kvcore.eviction.base import EvictionPolicy
@@ -32,6 +31,7 @@ from kvcore.eviction.lru import FreeBlockQueue
 from kvcore.eviction.offline import BeladyPolicy, FIFOPolicy, LFUPolicy, ReuseOraclePolicy
 from kvcore.eviction.s3fifo import S3FIFOPolicy
 from kvcore.eviction.slru import SLRUPolicy
+from kvcore.types import KVCacheBlock
 
 PolicyFactory = Callable[[Sequence[KVCacheBlock]], EvictionPolicy]
 """A policy of your own handed over directly: ``blocks -> EvictionPolicy``."""

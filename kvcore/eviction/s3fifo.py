@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from kvcore.blocks import KVCacheBlock
-from kvcore.eviction.segmented import SegmentedPolicy, check_share, ghost_key
+from kvcore.eviction.segmented import SegmentedPolicy, ghost_key
+from kvcore.types import KVCacheBlock
+from kvcore.validation import check_share
 
 SMALL = 1
 MAIN = 2

@@ -1,20 +1,20 @@
 """Shared machinery of the policies that keep free blocks in several intrusive lists.
 
-A :class:`SegmentedPolicy` owns ``k`` :class:`~kvcore.blocks.FreeBlockQueue` segments, segment 0
-holding the uncached blocks (reused first), and a per-block table of the segment each free
-block is linked in.  Subclasses decide where a freed cached block goes (``_place``), what an
-access does (``_on_access``) and which cached block is the next victim (``_victim``), and may
-remember evicted hashes in a bounded ghost table.
+A :class:`SegmentedPolicy` owns ``k`` :class:`~kvcore.eviction.lru.FreeBlockQueue` segments,
+segment 0 holding the uncached blocks (reused first), and a per-block table of the segment each
+free block is linked in.  Subclasses override the policy hooks: where freed blocks go
+(``on_free``), what a hit does (``on_touch``), and which cached blocks leave next
+(``pick_victims`` / ``_victims``), and may remember evicted hashes in a bounded ghost table.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 
-from kvcore.blocks import BlockHash, KVCacheBlock
-from kvcore.errors import InvalidArgumentError
 from kvcore.eviction.base import EvictionPolicy
 from kvcore.eviction.lru import FreeBlockQueue
+from kvcore.types import BlockHash, KVCacheBlock
+from kvcore.validation import check_share
 
 GhostKey = BlockHash | tuple[int, BlockHash]
 """A ghost table's key: the evicted block's group and hash, as the hash itself for group 0 (no
@@ -29,13 +29,6 @@ def ghost_key(group_id: int, h: BlockHash) -> GhostKey:
 
 NOT_FREE = -1
 CLEAN = 0  # segment of the uncached free blocks
-
-
-def check_share(name: str, value: object, low: float = 0.0, high: float = 1.0) -> float:
-    """``value`` as a float in ``[low, high]``, or :class:`InvalidArgumentError` naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise InvalidArgumentError(f"{name} must be a number in [{low}, {high}], got {value!r}")
-    return float(value)
 
 
 class SegmentedPolicy(EvictionPolicy):

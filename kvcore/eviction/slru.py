@@ -17,8 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from kvcore.blocks import KVCacheBlock
-from kvcore.eviction.segmented import CLEAN, NOT_FREE, SegmentedPolicy, check_share
+from kvcore.eviction.segmented import CLEAN, NOT_FREE, SegmentedPolicy
+from kvcore.types import KVCacheBlock
+from kvcore.validation import check_share
 
 PROBATION = 1
 PROTECTED = 2

@@ -19,11 +19,10 @@ from typing import ClassVar
 
 from kvcore._mypyc import mypyc_attr
 from kvcore.block_pool import BlockPool
-from kvcore.blocks import BlockHash, KVCacheBlock
 from kvcore.hashing import hashes_at
-from kvcore.kv_request import KVRequest
 from kvcore.request import RequestLike
 from kvcore.specs import KVCacheSpec
+from kvcore.types import BlockHash, KVCacheBlock, KVRequest
 from kvcore.verify import HitVerifier, PrefixChains
 
 HitBlocks = list[list[KVCacheBlock]]

@@ -11,10 +11,10 @@ when it is missing the hit moves back into the previous chunk, whose blocks are 
 from __future__ import annotations
 
 from kvcore._mypyc import mypyc_attr
-from kvcore.blocks import KVCacheBlock
 from kvcore.errors import InvalidArgumentError
 from kvcore.managers.base import HitBlocks, HitQuery, ManagerContext, SingleTypeKVCacheManager
 from kvcore.specs import ChunkedLocalAttentionSpec, KVCacheSpec
+from kvcore.types import KVCacheBlock
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # see SingleTypeKVCacheManager

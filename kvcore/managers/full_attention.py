@@ -5,9 +5,8 @@ from __future__ import annotations
 from itertools import islice
 
 from kvcore._mypyc import mypyc_attr
-from kvcore.blocks import KVCacheBlock
-from kvcore.kv_request import KVRequest
 from kvcore.managers.base import HitBlocks, HitQuery, SingleTypeKVCacheManager
+from kvcore.types import KVCacheBlock, KVRequest
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # see SingleTypeKVCacheManager

@@ -12,13 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvcore._mypyc import mypyc_attr
-from kvcore.blocks import BlockHash, KVCacheBlock
 from kvcore.errors import UnsupportedFeatureError
 from kvcore.hashing import hashes_at
-from kvcore.kv_request import KVRequest
 from kvcore.managers.base import HitBlocks, HitQuery, ManagerContext, SingleTypeKVCacheManager
 from kvcore.request import RequestLike
 from kvcore.specs import KVCacheSpec, MambaSpec
+from kvcore.types import BlockHash, KVCacheBlock, KVRequest
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # see SingleTypeKVCacheManager

@@ -28,11 +28,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from kvcore.blocks import BlockHash, KVCacheBlock
 from kvcore.errors import BlockStateError, InvalidArgumentError, InvariantError
 from kvcore.events import MEDIUM_CPU, EventRecorder, KVCacheEvent
 from kvcore.eviction import make_policy
-from kvcore.kv_request import KVRequest
+from kvcore.types import BlockHash, KVCacheBlock, KVRequest
 
 OffloadKey: TypeAlias = tuple[int, BlockHash]
 """``(group id, block hash)``."""

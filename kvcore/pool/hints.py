@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvcore.blocks import BlockHash, KVCacheBlock
 from kvcore.eviction.base import EvictionPolicy
 from kvcore.eviction.lru import FreeBlockQueue
+from kvcore.types import BlockHash, KVCacheBlock
 
 HINT_RESERVE_SHARE = 0.5
 """The largest share of the pool that scheduler hints may hold back from the eviction policy:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from kvcore.blocks import BlockHash, KVCacheBlock
+from kvcore.types import BlockHash, KVCacheBlock
 
 
 class PrefixMaps:

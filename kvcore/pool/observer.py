@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import Protocol, cast
 
-from kvcore.blocks import KVCacheBlock
 from kvcore.errors import InvalidArgumentError
+from kvcore.types import KVCacheBlock
 
 OBSERVER_METHODS = ("on_block_allocated", "on_block_accessed", "on_block_evicted", "reset")
 """The callbacks a :class:`PoolObserver` has."""

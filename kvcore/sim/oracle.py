@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import ClassVar
 
-from kvcore.blocks import BlockHash, KVCacheBlock
 from kvcore.eviction.offline import INFINITE, PriorityPolicy
 from kvcore.eviction.registry import OFFLINE_BOUND, REUSE_ORACLE
+from kvcore.types import BlockHash, KVCacheBlock
 
 
 class ReplayBelady(PriorityPolicy):

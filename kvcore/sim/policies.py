@@ -1,7 +1,7 @@
 """Prefix-cache eviction policies over block-key sequences, without a scheduler.
 
 The simulator runs every policy of the registry (:mod:`kvcore.eviction`) over
-:class:`~kvcore.blocks.KVCacheBlock` records: the ones the real pool runs (``lru``, ``slru``,
+:class:`~kvcore.types.KVCacheBlock` records: the ones the real pool runs (``lru``, ``slru``,
 ``s3fifo``, ``arc``, and any registered later) and the offline ones the pool refuses
 (:mod:`kvcore.eviction.offline`: ``fifo``, first caching order, hits do not refresh; ``lfu``,
 fewest releases, then least recent; ``belady``, the offline bound).  Requests run one at a time and
@@ -36,11 +36,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from kvcore.blocks import BlockHash, KVCacheBlock
 from kvcore.errors import InvalidArgumentError
 from kvcore.eviction import REGISTRY, EvictionPolicy
 from kvcore.eviction.offline import INFINITE, BeladyPolicy
 from kvcore.sim.traces import TraceRequest
+from kvcore.types import BlockHash, KVCacheBlock
 
 _T = TypeVar("_T")
 

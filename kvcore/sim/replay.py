@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 
-from kvcore.blocks import BlockHash
 from kvcore.connector import KVConnectorRole, OffloadingConnector
 from kvcore.errors import InvalidArgumentError
 from kvcore.events import KVCacheEvent
@@ -46,6 +45,7 @@ from kvcore.sim.clock import (
 from kvcore.sim.oracle import REPLAY_ORACLES, ReplayBelady
 from kvcore.sim.traces import TraceRequest
 from kvcore.specs import FullAttentionSpec, KVCacheConfig, KVCacheGroup
+from kvcore.types import BlockHash
 
 VOCAB = 32_000
 

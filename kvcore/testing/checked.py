@@ -37,14 +37,12 @@ import operator
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, SupportsIndex, TypeVar
 
-from kvcore.blocks import KVCacheBlock
 from kvcore.errors import InvalidArgumentError, InvalidHitError, InvariantError
 from kvcore.hashing import hashes_at
-from kvcore.manager import KVCacheManager
-from kvcore.manager_checks import evictions_since_lookup
-from kvcore.request import KVRequest
+from kvcore.manager import KVCacheManager, evictions_since_lookup
 from kvcore.testing._layers import add_layer, remove_layer
 from kvcore.testing.oracle import ContentOracle, WrongKVError
+from kvcore.types import KVCacheBlock, KVRequest
 
 _M = TypeVar("_M", bound=KVCacheManager)
 

@@ -26,7 +26,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kvcore.blocks import KVCacheBlock
 from kvcore.errors import (
     BlockStateError,
     InvalidArgumentError,
@@ -36,11 +35,11 @@ from kvcore.errors import (
     RequestStateError,
     UnknownRequestError,
 )
-from kvcore.manager import KVCacheBlocks
-from kvcore.request import MultiModalItem, Request
+from kvcore.request import Request
 from kvcore.testing.oracle import ContentOracle
 from kvcore.testing.setups import Setup
 from kvcore.testing.snapshot import manager_snapshot
+from kvcore.types import KVCacheBlock, KVCacheBlocks, MultiModalItem
 
 VOCAB = 3  # tiny: equal blocks at different positions and after different prefixes are common
 SALTS = (None, None, "tenant-a", "tenant-b")

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kvcore.blocks import BlockHash
 from kvcore.errors import InvalidArgumentError
 from kvcore.hashing import BlockHasher, ExtraKeys
 from kvcore.testing._layers import add_layer
+from kvcore.types import BlockHash
 
 if TYPE_CHECKING:
     from kvcore.manager import KVCacheManager

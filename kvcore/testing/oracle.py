@@ -21,9 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvcore.blocks import KVCacheBlock
 from kvcore.manager import KVCacheManager
-from kvcore.request import KVRequest
+from kvcore.types import KVCacheBlock, KVRequest
 
 UNWRITTEN = -1
 """Slot content before anything is written, and after a failed step (``discard``)."""

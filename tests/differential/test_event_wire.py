@@ -164,7 +164,7 @@ def test_published_batches_are_what_vllm_publishes() -> None:
     import zmq
 
     from kvcore.events import BlockRemoved, BlockStored
-    from kvcore.publisher import ZmqEventPublisher, to_external
+    from kvcore.events.publisher import ZmqEventPublisher, to_external
 
     events = _event_stream()
     with ZmqEventPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*") as pub:

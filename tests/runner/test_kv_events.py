@@ -12,7 +12,7 @@ import zmq
 
 from kvcore.errors import InvalidArgumentError
 from kvcore.events import BlockStored, decode_event_batch
-from kvcore.publisher import external_hash
+from kvcore.events.publisher import external_hash
 from runner.engine import LLM
 from runner.sampler import SamplingParams
 from tests.runner.test_engine import save_hf

@@ -127,9 +127,9 @@ def test_replay_under_memory_pressure_preempts_and_rejects() -> None:
 
 
 def test_reuse_oracle_order_by_hand() -> None:
-    from kvcore.blocks import BlockHash, KVCacheBlock
     from kvcore.eviction.offline import INFINITE, ReuseOraclePolicy
     from kvcore.sim.policies import make_sim_policy
+    from kvcore.types import BlockHash, KVCacheBlock
 
     blocks = [KVCacheBlock(i) for i in range(1, 6)]
     policy = make_sim_policy("reuse_oracle", blocks)

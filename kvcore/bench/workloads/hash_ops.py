@@ -25,8 +25,8 @@ _tokens: dict[int, list[int]] = {}
 
 def kvcore_case(algorithm: str, block_size: int,
                 tokens: list[int]) -> tuple[Callable[[Any], Any], Callable[[], Any]]:
-    from kvcore.hashing import BlockHasher, RequestBlockHasher
-    from kvcore.request import Request
+    from kvcore.hashing import BlockHasher
+    from kvcore.request import Request, RequestBlockHasher
 
     hasher = RequestBlockHasher(block_size, BlockHasher(algorithm))
     return hasher, lambda: Request("bench", tokens)

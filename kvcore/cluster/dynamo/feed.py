@@ -28,7 +28,7 @@ import xxhash
 from kvcore.cluster.dynamo.indexer import DynamoIndexer, DynamoIndexerError
 from kvcore.errors import InvalidArgumentError
 from kvcore.events import BlockRemoved, BlockStored, KVCacheEvent
-from kvcore.publisher import ZmqEventPublisher
+from kvcore.events.publisher import ZmqEventPublisher
 
 MARKER_TOKEN = 0xFFFF_FFFF
 MARKER_GENERATION = 0xC000_0000

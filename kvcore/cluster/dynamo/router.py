@@ -29,7 +29,7 @@ from kvcore.cluster.router import (
 )
 from kvcore.errors import InvalidArgumentError
 from kvcore.events import ExternalBlockHash, KVCacheEvent
-from kvcore.publisher import to_external
+from kvcore.events.publisher import to_external
 
 UNEXPLAINED = "unexplained"
 

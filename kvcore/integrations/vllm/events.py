@@ -18,10 +18,9 @@ from typing import Any
 from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from vllm.v1.core.kv_cache_utils import _gen_prompt_embeds_extra_hash_keys
 
-from kvcore.blocks import BlockHash
 from kvcore.events import EventRecorder
-from kvcore.kv_request import KVRequest
 from kvcore.specs import KVCacheConfig
+from kvcore.types import BlockHash, KVRequest
 
 
 def int_hash(h: bytes) -> int:

@@ -40,7 +40,6 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks as VllmKVCacheBlocks
 from vllm.v1.metrics.stats import PrefixCacheStats as VllmPrefixCacheStats
 from vllm.v1.request import RequestStatus
 
-from kvcore.blocks import KVCacheBlock
 from kvcore.errors import InvalidArgumentError
 from kvcore.eviction import PolicyFactory
 from kvcore.hashing import EngineHashes
@@ -52,6 +51,7 @@ from kvcore.integrations.vllm.version import VllmVersion, installed
 from kvcore.integrations.vllm.views import BlockPoolView, coordinator_view
 from kvcore.manager import KVCacheManager
 from kvcore.managers import MambaAlignManager
+from kvcore.types import KVCacheBlock
 
 # The request states vLLM's manager keeps the watermark free for.
 _WATERMARKED = (RequestStatus.WAITING, RequestStatus.PREEMPTED)

@@ -22,9 +22,9 @@ import functools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from kvcore.blocks import BlockHash
 from kvcore.errors import InvalidArgumentError
 from kvcore.sim.oracle import REPLAY_ORACLES, ReplayBelady
+from kvcore.types import BlockHash
 
 
 @functools.cache

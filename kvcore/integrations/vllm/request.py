@@ -18,8 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvcore._mypyc import mypyc_attr
-from kvcore.blocks import BlockHash
-from kvcore.request import MultiModalItem
+from kvcore.types import BlockHash, MultiModalItem
 
 
 def _mm_items(features: Any) -> tuple[MultiModalItem, ...]:

@@ -9,7 +9,7 @@ that are missing here mean a caller kvcore was not checked against: an ``Attribu
 never a silent default.
 
 Blocks of request tables (``KVCacheBlocks``, ``req_to_blocks``, the free queue's list) are
-kvcore's :class:`~kvcore.blocks.KVCacheBlock` objects, which carry vLLM's block names
+kvcore's :class:`~kvcore.types.KVCacheBlock` objects, which carry vLLM's block names
 (``block_id``, ``ref_cnt``, ``block_hash``, ``is_null``; ``block_hash`` is kvcore's bare hash and
 ``_block_hash`` vLLM's key).  The blocks the pool view looks up for a connector that binds vLLM's
 pool (``blocks[i]``, ``get_cached_block``, ``free_block_queue.iter_blocks_after``) are
@@ -32,10 +32,10 @@ from vllm.v1.core.single_type_kv_cache_manager import (
 )
 
 from kvcore.block_pool import BlockPool
-from kvcore.blocks import BlockHash, KVCacheBlock
 from kvcore.coordinator.hybrid import HybridCoordinator
 from kvcore.errors import BlockStateError, UnsupportedFeatureError
 from kvcore.managers.base import SingleTypeKVCacheManager
+from kvcore.types import BlockHash, KVCacheBlock
 
 if TYPE_CHECKING:
     from kvcore.manager import KVCacheManager
