@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from kvcore import InvariantError, KVCacheManager, Request, UnknownRequestError
-from kvcore.errors import RequestStateError
+from kvcore import KVCacheManager, Request
+from kvcore.errors import InvariantError, RequestStateError, UnknownRequestError
 from kvcore.testing.checked import assert_no_leak
 from kvcore.testing.machine import SchedulerMachine
 from kvcore.testing.setups import full, swa

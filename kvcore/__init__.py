@@ -1,38 +1,19 @@
 """kvcore: a layered, vLLM-v1-style KV-cache manager with prefix caching.
 
-Layers, top to bottom: ``KVCacheManager`` → coordinator → single-type managers → ``BlockPool``.
-The names below are the public API; everything else is internal.
+Layers, top to bottom: ``KVCacheManager`` → coordinator → single-type managers → ``BlockPool``
+(``docs/architecture.md``).  The names below are what a scheduler needs to build and drive a
+manager; everything else is imported from the module that holds it (errors from
+:mod:`kvcore.errors`, events from :mod:`kvcore.events`, eviction policies from
+:mod:`kvcore.eviction`, inspection and checks from :mod:`kvcore.testing`).
 """
 
+from importlib import import_module as _import_module
+from warnings import warn as _warn
+
 from kvcore import _moved
-from kvcore.block_pool import BlockPool
-from kvcore.errors import (
-    BlockStateError,
-    DoubleFreeError,
-    InvalidArgumentError,
-    InvalidGroupError,
-    InvariantError,
-    KVCoreError,
-    NoFreeBlocksError,
-    NullBlockError,
-    UnknownHashAlgorithmError,
-    UnknownRequestError,
-    UnsupportedFeatureError,
-)
-from kvcore.events import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    KVCacheEvent,
-    KVEventBatch,
-    decode_event_batch,
-    encode_event_batch,
-)
-from kvcore.eviction import FreeBlockQueue, register_policy
-from kvcore.hashing import HASH_ALGORITHMS, BlockHasher, random_seed
-from kvcore.invariants import check_invariants, check_manager_invariants
-from kvcore.manager import KVCacheManager, PrefixCacheStats
-from kvcore.request import Request, RequestBlockHasher
+from kvcore.errors import KVCoreError
+from kvcore.manager import KVCacheManager
+from kvcore.request import Request
 from kvcore.settings import CacheSettings
 from kvcore.specs import (
     ChunkedLocalAttentionSpec,
@@ -41,20 +22,11 @@ from kvcore.specs import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroup,
-    KVCacheSpec,
     MambaSpec,
     SlidingWindowSpec,
     kv_cache_config_from_hf,
-    num_blocks_for_memory,
 )
-from kvcore.types import (
-    BlockHash,
-    KVCacheBlock,
-    KVCacheBlocks,
-    KVRequest,
-    MultiModalItem,
-    NullBlock,
-)
+from kvcore.types import KVCacheBlocks, KVRequest
 
 
 def _is_compiled() -> bool:
@@ -72,53 +44,48 @@ __compiled__: bool = _is_compiled()
 
 _moved.install()  # old import paths keep working one release, with a DeprecationWarning
 
+# Names this package exported before its surface was narrowed, and their homes: still served for
+# one release, with a DeprecationWarning.
+_FORMER: dict[str, str] = {
+    **dict.fromkeys(("BlockStateError", "DoubleFreeError", "InvalidArgumentError",
+                     "InvalidGroupError", "InvariantError", "NoFreeBlocksError", "NullBlockError",
+                     "UnknownHashAlgorithmError", "UnknownRequestError",
+                     "UnsupportedFeatureError"), "kvcore.errors"),
+    **dict.fromkeys(("AllBlocksCleared", "BlockRemoved", "BlockStored", "KVCacheEvent",
+                     "KVEventBatch", "decode_event_batch", "encode_event_batch"), "kvcore.events"),
+    **dict.fromkeys(("FreeBlockQueue", "register_policy"), "kvcore.eviction"),
+    **dict.fromkeys(("HASH_ALGORITHMS", "BlockHasher", "random_seed"), "kvcore.hashing"),
+    **dict.fromkeys(("check_invariants", "check_manager_invariants"), "kvcore.testing"),
+    **dict.fromkeys(("BlockHash", "KVCacheBlock", "MultiModalItem", "NullBlock"), "kvcore.types"),
+    **dict.fromkeys(("KVCacheSpec", "num_blocks_for_memory"), "kvcore.specs"),
+    "BlockPool": "kvcore.block_pool",
+    "PrefixCacheStats": "kvcore.manager",
+    "RequestBlockHasher": "kvcore.request",
+}
+
+
+def __getattr__(name: str) -> object:
+    home = _FORMER.get(name)
+    if home is None:
+        raise AttributeError(f"module 'kvcore' has no attribute {name!r}")
+    _warn(f"kvcore.{name} is deprecated: import it from {home}", DeprecationWarning, stacklevel=2)
+    return getattr(_import_module(home), name)
+
+
 __all__ = [
-    "HASH_ALGORITHMS",
-    "AllBlocksCleared",
-    "BlockHash",
-    "BlockHasher",
-    "BlockPool",
-    "BlockRemoved",
-    "BlockStateError",
-    "BlockStored",
     "CacheSettings",
     "ChunkedLocalAttentionSpec",
     "CircularBufferSpec",
     "CrossAttentionSpec",
-    "DoubleFreeError",
-    "FreeBlockQueue",
     "FullAttentionSpec",
-    "InvalidArgumentError",
-    "InvalidGroupError",
-    "InvariantError",
-    "KVCacheBlock",
     "KVCacheBlocks",
     "KVCacheConfig",
-    "KVCacheEvent",
     "KVCacheGroup",
     "KVCacheManager",
-    "KVCacheSpec",
     "KVCoreError",
-    "KVEventBatch",
     "KVRequest",
     "MambaSpec",
-    "MultiModalItem",
-    "NoFreeBlocksError",
-    "NullBlock",
-    "NullBlockError",
-    "PrefixCacheStats",
     "Request",
-    "RequestBlockHasher",
     "SlidingWindowSpec",
-    "UnknownHashAlgorithmError",
-    "UnknownRequestError",
-    "UnsupportedFeatureError",
-    "check_invariants",
-    "check_manager_invariants",
-    "decode_event_batch",
-    "encode_event_batch",
     "kv_cache_config_from_hf",
-    "num_blocks_for_memory",
-    "random_seed",
-    "register_policy",
 ]

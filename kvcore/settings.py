@@ -16,6 +16,7 @@ The manager and the pool also take the fields as keyword arguments, a shorthand 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,11 +122,19 @@ class CacheSettings:
     @classmethod
     def recommended(cls, **options: Any) -> CacheSettings:
         """The README's recommendation (policy and hint depth), with ``options`` on top."""
-        return cls.of(None, {"eviction_policy": RECOMMENDED.policy,
+        return cls._of(None, {"eviction_policy": RECOMMENDED.policy,
                              "queue_hints": RECOMMENDED.queue_hints, **options})
 
     @classmethod
     def of(cls, settings: object, options: Mapping[str, Any]) -> CacheSettings:
+        """Deprecated (one release): use :meth:`replace`, or pass ``settings=`` and keyword
+        options to the manager or the pool."""
+        warnings.warn("CacheSettings.of is deprecated: use CacheSettings.replace",
+                      DeprecationWarning, stacklevel=2)
+        return cls._of(settings, options)
+
+    @classmethod
+    def _of(cls, settings: object, options: Mapping[str, Any]) -> CacheSettings:
         """``settings`` (default: the defaults) with ``options`` replacing fields: how the
         manager and the pool turn their arguments into one object.  An unknown option or a bad
         value raises :class:`InvalidArgumentError` naming it."""
@@ -143,7 +152,7 @@ class CacheSettings:
 
     def replace(self, **options: Any) -> CacheSettings:
         """A copy with ``options`` changed (validated)."""
-        return CacheSettings.of(self, options)
+        return CacheSettings._of(self, options)
 
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(CacheSettings))

@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING, TypedDict
 import pytest
 import torch
 
-from kvcore import BlockHasher, BlockPool, KVCacheBlock, MultiModalItem, Request, RequestBlockHasher
-from kvcore.hashing import Seed
+from kvcore import Request
+from kvcore.block_pool import BlockPool
+from kvcore.hashing import BlockHasher, Seed
 from kvcore.manager import KVCacheManager
 from kvcore.managers import ManagerClasses
+from kvcore.request import RequestBlockHasher
 from kvcore.specs import (
     FullAttentionSpec,
     KVCacheConfig,
@@ -21,7 +23,7 @@ from kvcore.specs import (
     SlidingWindowSpec,
 )
 from kvcore.testing.snapshot import manager_snapshot, pool_snapshot, scheduler_snapshot
-from kvcore.types import KVCacheBlocks
+from kvcore.types import KVCacheBlock, KVCacheBlocks, MultiModalItem
 
 if TYPE_CHECKING:  # annotations are not evaluated at run time, so Python 3.10 needs no import
     from typing_extensions import Unpack

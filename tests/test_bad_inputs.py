@@ -15,20 +15,20 @@ from typing import Any
 import pytest
 import transformers
 
-from kvcore import (
-    BlockPool,
+from kvcore import KVCacheManager, Request
+from kvcore.block_pool import BlockPool
+from kvcore.cli import main as cli_main
+from kvcore.errors import (
     BlockStateError,
     DoubleFreeError,
     InvalidArgumentError,
     InvalidGroupError,
-    KVCacheManager,
+    InvalidHitError,
     NoFreeBlocksError,
     NullBlockError,
-    Request,
+    RequestStateError,
     UnknownRequestError,
 )
-from kvcore.cli import main as cli_main
-from kvcore.errors import InvalidHitError, RequestStateError
 from kvcore.request import RequestStatus
 from kvcore.scheduler import RequestRejectedError, Scheduler, SchedulerConfig
 from kvcore.testing.snapshot import manager_snapshot

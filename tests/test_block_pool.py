@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from kvcore import (
-    AllBlocksCleared,
-    BlockPool,
-    BlockRemoved,
+from kvcore import Request
+from kvcore.block_pool import BlockPool
+from kvcore.errors import (
     BlockStateError,
-    BlockStored,
     DoubleFreeError,
     InvalidArgumentError,
     InvalidGroupError,
-    KVCacheBlock,
     NoFreeBlocksError,
     NullBlockError,
-    Request,
-    check_invariants,
 )
+from kvcore.events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvcore.testing import check_invariants
+from kvcore.types import KVCacheBlock
 from kvcore.verify import PrefixChains
 from tests.factories import ids, make_request, pool_snapshot
 

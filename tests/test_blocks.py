@@ -4,15 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvcore import (
-    BlockStateError,
-    FreeBlockQueue,
-    InvalidArgumentError,
-    KVCacheBlock,
-    NoFreeBlocksError,
-    NullBlock,
-    NullBlockError,
-)
+from kvcore.errors import BlockStateError, InvalidArgumentError, NoFreeBlocksError, NullBlockError
+from kvcore.eviction import FreeBlockQueue
+from kvcore.types import KVCacheBlock, NullBlock
 from tests.factories import ids
 
 

@@ -10,7 +10,6 @@ import msgspec
 import pytest
 import zmq
 
-from kvcore import InvalidArgumentError
 from kvcore.cli import main as kvcore_main
 from kvcore.cluster import (
     EventChannel,
@@ -22,6 +21,7 @@ from kvcore.cluster import (
     make_router,
     request_keys,
 )
+from kvcore.errors import InvalidArgumentError
 from kvcore.events import AllBlocksCleared, BlockRemoved, BlockStored
 from kvcore.events.publisher import ZmqEventPublisher, encode_payload, external_hash
 from kvcore.sim.cluster import ClusterConfig, replay_cluster

@@ -14,9 +14,13 @@ from typing import Any
 
 import pytest
 
-from kvcore import InvalidArgumentError, NoFreeBlocksError, UnknownRequestError
 from kvcore.compat.nanovllm import BlockManager
-from kvcore.errors import InvalidHitError
+from kvcore.errors import (
+    InvalidArgumentError,
+    InvalidHitError,
+    NoFreeBlocksError,
+    UnknownRequestError,
+)
 from kvcore.testing import CollidingHasher
 
 

@@ -23,18 +23,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kvcore import (
-    BlockPool,
+from kvcore import Request
+from kvcore.block_pool import HINT_RESERVE_SHARE, BlockPool
+from kvcore.errors import (
+    BlockStateError,
     DoubleFreeError,
     InvalidArgumentError,
-    KVCacheBlock,
     NoFreeBlocksError,
     NullBlockError,
-    Request,
-    check_invariants,
+    UnknownRequestError,
 )
-from kvcore.block_pool import HINT_RESERVE_SHARE
-from kvcore.errors import BlockStateError, UnknownRequestError
 from kvcore.eviction import REGISTRY, FreeBlockQueue, make_policy, parse_policy
 from kvcore.eviction.arc import T1, T2, ARCPolicy
 from kvcore.eviction.s3fifo import MAIN, SMALL, S3FIFOPolicy
@@ -44,8 +42,8 @@ from kvcore.manager import KVCacheManager, add_construction_hook
 from kvcore.sim.replay import ReplayConfig, ReplayResult, replay
 from kvcore.sim.traces import TraceRequest
 from kvcore.sim.workloads import multi_turn, random_prompts, shared_prefix
-from kvcore.testing import ContentOracle, checked
-from kvcore.types import BlockHash, KVCacheBlocks
+from kvcore.testing import ContentOracle, check_invariants, checked
+from kvcore.types import BlockHash, KVCacheBlock, KVCacheBlocks
 from tests.factories import (
     full_spec,
     ids,

@@ -8,8 +8,10 @@ from typing import ClassVar
 
 import pytest
 
-from kvcore import BlockPool, InvalidArgumentError, KVCacheBlock, KVCacheManager
+from kvcore import KVCacheManager
+from kvcore.block_pool import BlockPool
 from kvcore.cli import main as cli_main
+from kvcore.errors import InvalidArgumentError
 from kvcore.eviction import (
     REGISTRY,
     EvictionPolicy,
@@ -20,6 +22,7 @@ from kvcore.eviction import (
     unregister_policy,
 )
 from kvcore.sim.policies import BlockRequest, simulate
+from kvcore.types import KVCacheBlock
 from tests.factories import full_spec, make_config
 
 

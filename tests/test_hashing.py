@@ -7,17 +7,11 @@ import sys
 
 import pytest
 
-from kvcore import (
-    HASH_ALGORITHMS,
-    BlockHasher,
-    InvalidArgumentError,
-    MultiModalItem,
-    Request,
-    RequestBlockHasher,
-    UnknownHashAlgorithmError,
-    random_seed,
-)
-from kvcore.hashing import block_extra_keys
+from kvcore import Request
+from kvcore.errors import InvalidArgumentError, UnknownHashAlgorithmError
+from kvcore.hashing import HASH_ALGORITHMS, BlockHasher, block_extra_keys, random_seed
+from kvcore.request import RequestBlockHasher
+from kvcore.types import MultiModalItem
 from tests.factories import make_request
 
 TOKENS = list(range(100, 164))

@@ -12,16 +12,11 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given
 
-from kvcore import (
-    HASH_ALGORITHMS,
-    BlockHasher,
-    InvalidArgumentError,
-    MultiModalItem,
-    Request,
-    RequestBlockHasher,
-)
-from kvcore.hashing import ExtraKeys, block_extra_keys
-from kvcore.types import BlockHash
+from kvcore import Request
+from kvcore.errors import InvalidArgumentError
+from kvcore.hashing import HASH_ALGORITHMS, BlockHasher, ExtraKeys, block_extra_keys
+from kvcore.request import RequestBlockHasher
+from kvcore.types import BlockHash, MultiModalItem
 
 
 def one_by_one(hasher: BlockHasher, request: Request, block_size: int) -> list[BlockHash]:

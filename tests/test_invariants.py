@@ -7,8 +7,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from kvcore import BlockHash, BlockPool, InvariantError, KVCacheBlock, check_invariants
-from kvcore.types import PrefixNode
+from kvcore.block_pool import BlockPool
+from kvcore.errors import InvariantError
+from kvcore.testing import check_invariants
+from kvcore.types import BlockHash, KVCacheBlock, PrefixNode
 from kvcore.verify import PrefixChains
 from tests.factories import PoolOptions, make_request
 

@@ -8,13 +8,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from kvcore import (
-    BlockRemoved,
-    BlockStored,
-    InvalidArgumentError,
-    Request,
-    UnknownRequestError,
-)
+from kvcore import Request
+from kvcore.errors import InvalidArgumentError, UnknownRequestError
+from kvcore.events import BlockRemoved, BlockStored
 from kvcore.manager import KVCacheManager
 from kvcore.types import KVCacheBlocks
 from tests.factories import (

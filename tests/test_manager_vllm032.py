@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvcore import BlockStored, InvalidArgumentError, KVCacheManager, Request
+from kvcore import KVCacheManager, Request
+from kvcore.errors import InvalidArgumentError
+from kvcore.events import BlockStored
 from kvcore.specs import FullAttentionSpec, KVCacheConfig, KVCacheGroup, SlidingWindowSpec
 from tests.factories import admit, decode, full_spec, make_manager, manager_snapshot, swa_spec
 
@@ -180,7 +182,7 @@ def test_a_deferred_free_withholds_the_blocks_until_they_are_returned() -> None:
     request is forgotten at once, its blocks stay referenced — not free, not reusable, still
     hittable — until the engine returns them; returned tail first they land in the free queue
     exactly where an immediate free puts them."""
-    from kvcore import UnknownRequestError
+    from kvcore.errors import UnknownRequestError
 
     def fresh() -> tuple[KVCacheManager, Request]:
         m = make_manager(num_blocks=16)
@@ -210,7 +212,7 @@ def test_a_deferred_free_withholds_the_blocks_until_they_are_returned() -> None:
 
 
 def test_returning_withheld_blocks_twice_or_foreign_blocks_changes_nothing() -> None:
-    from kvcore import BlockStateError
+    from kvcore.errors import BlockStateError
 
     m = make_manager(num_blocks=16)
     a, b = m.make_request("a", list(range(9))), m.make_request("b", list(range(9)))
@@ -233,7 +235,7 @@ def test_returning_withheld_blocks_twice_or_foreign_blocks_changes_nothing() -> 
 def test_a_deferred_free_leaves_out_null_blocks_and_keeps_group_order() -> None:
     """Group after group, each in allocation order; the null blocks a sliding window left
     behind are not handed out (vLLM returns them too, and its pool ignores them)."""
-    from kvcore import UnknownRequestError
+    from kvcore.errors import UnknownRequestError
 
     m = make_manager(full_spec(4), swa_spec(4), num_blocks=32)
     r = m.make_request("r", list(range(16)))
@@ -257,7 +259,7 @@ def test_withheld_references_of_an_outside_holder_pin_blocks_without_an_access(
     cached blocks leave the free side and blocks in use count one more reference, both
     withheld until ``free_withheld``; no access is recorded, so a policy's history and the
     free order after the return are those of a plain free."""
-    from kvcore import BlockStateError
+    from kvcore.errors import BlockStateError
 
     m = make_manager(num_blocks=16, eviction_policy=policy)
     a, b = m.make_request("a", list(range(9))), m.make_request("b", list(range(100, 113)))

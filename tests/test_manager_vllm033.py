@@ -16,7 +16,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from kvcore import BlockStored, CacheSettings, InvalidArgumentError, KVCacheManager
+from kvcore import CacheSettings, KVCacheManager
+from kvcore.errors import InvalidArgumentError
+from kvcore.events import BlockStored
 from kvcore.hashing import BlockHasher, ExtraKeys, hash_extra_keys
 from kvcore.request import Request, RequestBlockHasher
 from kvcore.specs import KVCacheConfig, KVCacheGroup

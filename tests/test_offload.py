@@ -11,7 +11,6 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from kvcore import InvalidArgumentError
 from kvcore.cli import main as kvcore_main
 from kvcore.connector import (
     InstantTransfer,
@@ -20,7 +19,7 @@ from kvcore.connector import (
     TransferHandler,
     TransferSpec,
 )
-from kvcore.errors import BlockStateError
+from kvcore.errors import BlockStateError, InvalidArgumentError
 from kvcore.events import BlockRemoved, BlockStored
 from kvcore.manager import KVCacheManager
 from kvcore.offload import HostOffloadingManager, OffloadKey

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvcore import InvalidArgumentError, KVCacheBlock
+from kvcore.errors import InvalidArgumentError
+from kvcore.types import KVCacheBlock
 from tests.factories import admit, full_spec, make_manager, manager_snapshot
 
 

@@ -12,7 +12,11 @@ import pytest
 from hypothesis import assume
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
-from kvcore import BlockPool, DoubleFreeError, KVCacheBlock, Request, check_invariants
+from kvcore import Request
+from kvcore.block_pool import BlockPool
+from kvcore.errors import DoubleFreeError
+from kvcore.testing import check_invariants
+from kvcore.types import KVCacheBlock
 from tests.factories import make_request, pool_snapshot
 
 BS = 2

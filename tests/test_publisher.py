@@ -11,7 +11,7 @@ import msgspec
 import pytest
 import zmq
 
-from kvcore import InvalidArgumentError
+from kvcore.errors import InvalidArgumentError
 from kvcore.events import (
     AllBlocksCleared,
     BlockRemoved,

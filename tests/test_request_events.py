@@ -7,19 +7,19 @@ from typing import Any
 import msgspec
 import pytest
 
-from kvcore import (
+from kvcore import Request
+from kvcore.block_pool import BlockPool
+from kvcore.errors import InvalidArgumentError
+from kvcore.events import (
     AllBlocksCleared,
-    BlockPool,
     BlockRemoved,
     BlockStored,
-    InvalidArgumentError,
     KVCacheEvent,
     KVEventBatch,
-    MultiModalItem,
-    Request,
     decode_event_batch,
     encode_event_batch,
 )
+from kvcore.types import MultiModalItem
 from tests.factories import make_request
 
 

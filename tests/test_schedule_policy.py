@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from kvcore import InvalidArgumentError, Request
+from kvcore import Request
 from kvcore.cli import main as cli_main
+from kvcore.errors import InvalidArgumentError
 from kvcore.request import RequestStatus
 from kvcore.schedule_policy import RECOMMENDED, WaitingOrder, dfs_weight_order
 from kvcore.scheduler import Scheduler, SchedulerConfig, holds_place

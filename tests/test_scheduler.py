@@ -12,15 +12,17 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from kvcore import InvalidArgumentError, KVCacheSpec, Request, UnknownRequestError
+from kvcore import Request
 from kvcore.connector import (
     KVConnectorBase,
     KVConnectorMetadata,
     KVConnectorOutput,
     KVConnectorRole,
 )
+from kvcore.errors import InvalidArgumentError, UnknownRequestError
 from kvcore.request import RequestStatus
 from kvcore.scheduler import RequestRejectedError, Scheduler, SchedulerConfig, SchedulerOutput
+from kvcore.specs import KVCacheSpec
 from kvcore.types import KVCacheBlocks
 from tests.factories import full_spec, make_manager, swa_spec
 

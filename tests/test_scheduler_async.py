@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from kvcore import InvalidArgumentError, KVCacheSpec
 from kvcore.connector import KVConnectorRole, OffloadingConnector
+from kvcore.errors import InvalidArgumentError
 from kvcore.request import Request, RequestStatus
 from kvcore.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from kvcore.specs import KVCacheSpec
 from tests.factories import full_spec, make_manager, swa_spec
 
 VOCAB = 23

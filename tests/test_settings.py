@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvcore import CacheSettings, InvalidArgumentError, KVCacheManager
+from kvcore import CacheSettings, KVCacheManager
+from kvcore.errors import InvalidArgumentError
 from kvcore.eviction import RECOMMENDED
 from tests.factories import full_spec, make_config
 
@@ -33,7 +34,7 @@ def test_recommended_is_the_policy_and_its_hint_depth() -> None:
 ])
 def test_a_bad_option_is_refused_naming_it(options: dict[str, object],
                                            words: tuple[str, ...]) -> None:
-    makers = [lambda: CacheSettings.of(None, options),
+    makers = [lambda: CacheSettings().replace(**options),
               lambda: KVCacheManager(make_config(full_spec(), num_blocks=8), 64, **options)]
     if "frobnicate" not in options:  # (an unknown field is the dataclass's TypeError)
         makers.append(lambda: CacheSettings(**options))  # type: ignore[arg-type]  # on purpose

@@ -6,7 +6,7 @@ import pytest
 import torch
 import transformers
 
-from kvcore import InvalidArgumentError
+from kvcore.errors import InvalidArgumentError
 from kvcore.specs import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,

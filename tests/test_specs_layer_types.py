@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import transformers
 
-from kvcore import InvalidArgumentError
+from kvcore.errors import InvalidArgumentError
 from kvcore.specs import (
     ChunkedLocalAttentionSpec,
     SlidingWindowSpec,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvcore import InvalidArgumentError, InvariantError, KVCacheManager
+from kvcore import KVCacheManager
+from kvcore.errors import InvalidArgumentError, InvariantError
 from kvcore.scheduler import Scheduler, SchedulerConfig
 from kvcore.testing import CollidingHasher
 from kvcore.testing.checked import checked, is_checked, unchecked

@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from kvcore import InvalidArgumentError, InvariantError
-from kvcore.errors import InvalidHitError, StaleHitError
+from kvcore.errors import InvalidArgumentError, InvalidHitError, InvariantError, StaleHitError
 from kvcore.manager import KVCacheManager
 from kvcore.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from kvcore.testing import step_failed

@@ -9,20 +9,18 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from kvcore import (
-    BlockPool,
+from kvcore import ChunkedLocalAttentionSpec, KVCacheConfig, KVCacheGroup, KVCacheManager, Request
+from kvcore.block_pool import BlockPool
+from kvcore.errors import (
     BlockStateError,
-    ChunkedLocalAttentionSpec,
     InvalidArgumentError,
+    InvalidHitError,
     InvariantError,
-    KVCacheConfig,
-    KVCacheGroup,
-    KVCacheManager,
-    KVCacheSpec,
-    Request,
+    RequestStateError,
+    StaleHitError,
     UnknownRequestError,
 )
-from kvcore.errors import InvalidHitError, RequestStateError, StaleHitError
+from kvcore.specs import KVCacheSpec
 from kvcore.testing import CollidingHasher, ContentOracle
 from kvcore.types import KVCacheBlocks
 from tests.factories import (

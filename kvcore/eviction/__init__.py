@@ -16,9 +16,8 @@
 
 from __future__ import annotations
 
-from kvcore.eviction.arc import ARCPolicy
 from kvcore.eviction.base import EvictionPolicy, FreeList
-from kvcore.eviction.lru import FreeBlockQueue, LRUPolicy
+from kvcore.eviction.lru import FreeBlockQueue
 from kvcore.eviction.registry import (
     OFFLINE_BOUND,
     RECOMMENDED,
@@ -26,34 +25,24 @@ from kvcore.eviction.registry import (
     REGISTRY,
     REUSE_ORACLE,
     PolicyFactory,
-    PolicyInfo,
-    PolicyRegistry,
-    Recommendation,
     make_policy,
     parse_policy,
     register_policy,
     unregister_policy,
 )
-from kvcore.eviction.s3fifo import S3FIFOPolicy
-from kvcore.eviction.slru import SLRUPolicy
 
+# What a user of the pool, the registry or the CLI needs, and the two bases a new policy builds
+# on; each policy class is imported from its module (kvcore.eviction.slru.SLRUPolicy, ...).
 __all__ = [
     "OFFLINE_BOUND",
     "RECOMMENDED",
     "RECOMMENDED_NAME",
     "REGISTRY",
     "REUSE_ORACLE",
-    "ARCPolicy",
     "EvictionPolicy",
     "FreeBlockQueue",
     "FreeList",
-    "LRUPolicy",
     "PolicyFactory",
-    "PolicyInfo",
-    "PolicyRegistry",
-    "Recommendation",
-    "S3FIFOPolicy",
-    "SLRUPolicy",
     "make_policy",
     "parse_policy",
     "register_policy",

@@ -3,6 +3,8 @@
 * :func:`checked` / :func:`unchecked` / :func:`assert_no_leak`: a KVCacheManager that checks its
   invariants (and, with ``track_contents``, the KV each hit and table holds) after every public
   call, the end-of-test leak check, and :func:`step_failed` to report a step the engine failed;
+* inspection: :func:`check_invariants` (a pool), :func:`check_manager_invariants` (a manager),
+  :func:`add_construction_hook` (a function called with every manager built from now on);
 * :class:`ContentOracle`: what every KV slot holds, tracked without hashes;
 * fault injection: :class:`CollidingHasher`, :class:`PlantedCollisions`,
   :func:`refuse_allocation`, :class:`ManualClock`;
@@ -17,6 +19,8 @@
 Importing this package imports neither hypothesis nor pytest.
 """
 
+from kvcore.invariants import check_invariants, check_manager_invariants
+from kvcore.manager import add_construction_hook
 from kvcore.testing.checked import assert_no_leak, checked, is_checked, step_failed, unchecked
 from kvcore.testing.faults import (
     COLLISION_MODES,
@@ -28,5 +32,6 @@ from kvcore.testing.faults import (
 from kvcore.testing.oracle import ContentOracle, WrongKVError
 
 __all__ = ["COLLISION_MODES", "CollidingHasher", "ContentOracle", "ManualClock",
-           "PlantedCollisions", "WrongKVError", "assert_no_leak", "checked", "is_checked",
+           "PlantedCollisions", "WrongKVError", "add_construction_hook", "assert_no_leak",
+           "check_invariants", "check_manager_invariants", "checked", "is_checked",
            "refuse_allocation", "step_failed", "unchecked"]

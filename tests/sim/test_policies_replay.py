@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvcore import InvalidArgumentError
+from kvcore.errors import InvalidArgumentError
 from kvcore.sim import workloads as W
 from kvcore.sim.policies import (
     POLICIES,

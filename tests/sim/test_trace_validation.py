@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from kvcore import InvalidArgumentError
+from kvcore.errors import InvalidArgumentError
 from kvcore.sim.replay import ReplayConfig, replay
 from kvcore.sim.traces import HashIdTokens, TraceRequest, load_mooncake
 from tests.test_cli import run

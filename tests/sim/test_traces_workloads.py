@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcore import InvalidArgumentError
+from kvcore.errors import InvalidArgumentError
 from kvcore.sim import workloads as W
 from kvcore.sim.traces import HashIdTokens, TraceRequest, default_trace_path, load_mooncake
 from tests.sim import small_workload
