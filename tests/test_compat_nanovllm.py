@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from kvcore import InvalidArgumentError, NoFreeBlocksError, UnknownRequestError
-from kvcore.compat.nanovllm import BlockManager
 from kvcore.errors import InvalidHitError
+from kvcore.integrations.nanovllm import BlockManager
 from kvcore.testing import CollidingHasher
 
 

@@ -23,7 +23,7 @@ import msgspec
 import pytest
 
 from kvcore import KVCacheEvent, MultiModalItem, decode_event_batch, encode_event_batch
-from kvcore.offload import HostOffloadingManager
+from kvcore.connector.host_tier import HostOffloadingManager
 from tests.differential.test_vs_vllm import _peer
 from tests.factories import admit, full_spec, make_manager, swa_spec
 
