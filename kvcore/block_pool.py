@@ -76,7 +76,7 @@ class BlockPool:
                 f"num_blocks must be an int >= 2 (block 0 is the null block), got {num_blocks!r}")
         if type(num_groups) is not int or num_groups < 1:
             raise InvalidArgumentError(f"num_groups must be a positive int, got {num_groups!r}")
-        settings = CacheSettings.of(settings, options)
+        settings = CacheSettings._of(settings, options)
         if events is not None and not isinstance(events, EventRecorder):
             raise InvalidArgumentError(f"events must be an EventRecorder, got {events!r}")
         self._observer: PoolObserver | None = check_observer(observer)

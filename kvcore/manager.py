@@ -157,7 +157,7 @@ class KVCacheManager:
                 type(max_num_batched_tokens) is not int or max_num_batched_tokens <= 0):
             raise InvalidArgumentError("max_num_batched_tokens must be a positive int or None, "
                                        f"got {max_num_batched_tokens!r}")
-        settings = CacheSettings.of(settings, options)
+        settings = CacheSettings._of(settings, options)
         self.settings = settings
         self.config = config
         self.max_model_len = max_model_len

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from kvcore.compat.nanovllm import BlockManager
 from kvcore.errors import (
     InvalidArgumentError,
     InvalidHitError,
     NoFreeBlocksError,
     UnknownRequestError,
 )
+from kvcore.integrations.nanovllm import BlockManager
 from kvcore.testing import CollidingHasher
 
 

@@ -1,5 +1,6 @@
-"""The host tier (``kvcore.offload``), the offloading connector (``kvcore.connector``) and the
-scheduler's connector path: loads, stores, delayed frees, failed loads and failed steps."""
+"""The host tier (``kvcore.connector.host_tier``), the offloading connector
+(``kvcore.connector``) and the scheduler's connector path: loads, stores, delayed frees, failed
+loads and failed steps."""
 
 from __future__ import annotations
 
@@ -19,10 +20,10 @@ from kvcore.connector import (
     TransferHandler,
     TransferSpec,
 )
+from kvcore.connector.host_tier import HostOffloadingManager, OffloadKey
 from kvcore.errors import BlockStateError, InvalidArgumentError
 from kvcore.events import BlockRemoved, BlockStored
 from kvcore.manager import KVCacheManager
-from kvcore.offload import HostOffloadingManager, OffloadKey
 from kvcore.request import Request, RequestStatus
 from kvcore.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from kvcore.sim.cluster import ClusterConfig, replay_cluster

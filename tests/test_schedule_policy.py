@@ -1,4 +1,4 @@
-"""Admission orders of the waiting queue (kvcore.schedule_policy): each policy's order on
+"""Admission orders of the waiting queue (kvcore.scheduler.admission): each policy's order on
 hand-built queues, the pinned head, queue hints in the new order, the bounded lookups of lpm and
 the starvation bound; the replay's and the CLI's schedule-policy options."""
 
@@ -14,8 +14,8 @@ from kvcore import Request
 from kvcore.cli import main as cli_main
 from kvcore.errors import InvalidArgumentError
 from kvcore.request import RequestStatus
-from kvcore.schedule_policy import RECOMMENDED, WaitingOrder, dfs_weight_order
 from kvcore.scheduler import Scheduler, SchedulerConfig, holds_place
+from kvcore.scheduler.admission import RECOMMENDED, WaitingOrder, dfs_weight_order
 from kvcore.sim.replay import ReplayConfig, replay
 from kvcore.sim.study import gap_closed, parse_config
 from kvcore.sim.workloads import multi_turn

@@ -32,8 +32,9 @@ TestHybridMamba = _machine("Mamba", (full(4), mamba(4)), num_blocks=48).TestCase
 TestFullAttentionFailedSteps = _machine("FullFailing", (full(4),), fail_steps=True).TestCase
 TestHybridFailedSteps = _machine("HybridFailing", (full(4), swa(6, 4)), num_blocks=48,
                                  fail_steps=True).TestCase
-# Non-FCFS admission orders (kvcore.schedule_policy) under the same hostile machine, with a short
-# starvation bound so that the guard reorders too: invariants, hit contents, every request done.
+# Non-FCFS admission orders (kvcore.scheduler.admission) under the same hostile machine, with a
+# short starvation bound so that the guard reorders too: invariants, hit contents, every request
+# done.
 _LPM = {"schedule_policy": "lpm", "max_waiting_steps": 3, "lpm_lookups_per_step": 2}
 _DFS = {"schedule_policy": "dfs-weight", "max_waiting_steps": 3}
 TestFullAttentionLpm = _machine("FullLpm", (full(4),), order=_LPM).TestCase

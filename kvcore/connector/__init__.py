@@ -1,4 +1,9 @@
-"""KV connectors (vLLM v1's connector API): move KV between the device cache and other tiers."""
+"""KV connectors (vLLM v1's connector API): move KV between the device cache and other tiers.
+
+:mod:`~kvcore.connector.base` is the interface (and the per-step metadata's base class),
+:mod:`~kvcore.connector.offloading` the offloading connector, and
+:mod:`~kvcore.connector.host_tier` the host-memory tier it manages (:class:`HostOffloadingManager`).
+"""
 
 from kvcore.connector.base import (
     KVConnectorBase,
@@ -6,6 +11,7 @@ from kvcore.connector.base import (
     KVConnectorOutput,
     KVConnectorRole,
 )
+from kvcore.connector.host_tier import HostOffloadingManager, OffloadKey
 from kvcore.connector.offloading import (
     InstantTransfer,
     OffloadingConnector,
@@ -14,6 +20,6 @@ from kvcore.connector.offloading import (
     TransferSpec,
 )
 
-__all__ = ["InstantTransfer", "KVConnectorBase", "KVConnectorMetadata", "KVConnectorOutput",
-           "KVConnectorRole", "OffloadingConnector", "OffloadingMetadata", "TransferHandler",
-           "TransferSpec"]
+__all__ = ["HostOffloadingManager", "InstantTransfer", "KVConnectorBase", "KVConnectorMetadata",
+           "KVConnectorOutput", "KVConnectorRole", "OffloadKey", "OffloadingConnector",
+           "OffloadingMetadata", "TransferHandler", "TransferSpec"]

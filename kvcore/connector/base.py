@@ -31,17 +31,43 @@ Worker side, called by an engine around each forward: ``register_kv_caches``,
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvcore.errors import InvalidArgumentError
-from kvcore.scheduling import KVConnectorMetadata, SchedulerOutput
 
 if TYPE_CHECKING:
     from kvcore.events import KVCacheEvent
     from kvcore.request import Request
     from kvcore.types import KVCacheBlocks
+
+
+class KVConnectorMetadata:
+    """Base of the per-step message from the scheduler side to the workers."""
+
+
+class ScheduledStep(Protocol):
+    """What a connector reads of one request's share of a step (the scheduler's
+    ``ScheduledRequest``)."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def request(self) -> Request: ...
+    @property
+    def num_computed_tokens(self) -> int: ...
+    @property
+    def num_new_tokens(self) -> int: ...
+    @property
+    def block_ids(self) -> tuple[list[int], ...]: ...
+
+
+class StepOutput(Protocol):
+    """What a connector reads of a step's schedule (the scheduler's ``SchedulerOutput``)."""
+
+    @property
+    def scheduled(self) -> Sequence[ScheduledStep]: ...
 
 
 class KVConnectorRole(enum.Enum):
@@ -87,7 +113,7 @@ class KVConnectorBase:
                                  num_external_tokens: int) -> None:
         raise NotImplementedError
 
-    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: StepOutput) -> KVConnectorMetadata:
         raise NotImplementedError
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:

@@ -1,7 +1,7 @@
 """An offloading connector: a host-memory tier behind the device prefix cache (vLLM's
 ``OffloadingConnector`` shape).
 
-Scheduler side (:class:`~kvcore.offload.manager.HostOffloadingManager` bookkeeping):
+Scheduler side (:class:`~kvcore.connector.host_tier.HostOffloadingManager` bookkeeping):
 
 * **store, write-through**: every block a step computes is offered to the host tier once the step
   has run (``prepare_store`` → a store job in the metadata; ``complete_store`` when the worker
@@ -32,17 +32,17 @@ from kvcore.connector.base import (
     KVConnectorMetadata,
     KVConnectorOutput,
     KVConnectorRole,
+    StepOutput,
 )
+from kvcore.connector.host_tier import HostOffloadingManager, OffloadKey
 from kvcore.errors import InvalidArgumentError
 from kvcore.events import MEDIUM_CPU, EventRecorder
-from kvcore.offload.manager import HostOffloadingManager, OffloadKey
 from kvcore.specs import FullAttentionSpec, KVCacheConfig
 from kvcore.types import BlockHash
 
 if TYPE_CHECKING:
     from kvcore.events import KVCacheEvent
     from kvcore.request import Request
-    from kvcore.scheduling import SchedulerOutput
     from kvcore.types import KVCacheBlocks
 
 
@@ -208,7 +208,7 @@ class OffloadingConnector(KVConnectorBase):
         self._pending_loads[rid] = TransferSpec(device, spec.slots)
         self._loading[rid] = keys
 
-    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> OffloadingMetadata:
+    def build_connector_meta(self, scheduler_output: StepOutput) -> OffloadingMetadata:
         host = self._host()
         meta = OffloadingMetadata(loads=self._pending_loads)
         self._pending_loads = {}

@@ -30,8 +30,8 @@ from kvcore.errors import InvalidArgumentError
 from kvcore.events import KVCacheEvent
 from kvcore.manager import KVCacheManager
 from kvcore.request import Request
-from kvcore.schedule_policy import resolve as resolve_schedule_policy
 from kvcore.scheduler import RequestRejectedError, Scheduler, SchedulerConfig, SchedulerOutput
+from kvcore.scheduler.admission import resolve as resolve_schedule_policy
 from kvcore.settings import CacheSettings
 from kvcore.sim.clock import (
     STEP_BASE_MS,
@@ -67,7 +67,7 @@ class ReplayConfig:
     eviction_policy: str = "lru"  # the real pool's policy (kvcore.eviction), or an oracle
     queue_hints: int = 0  # waiting requests the scheduler declares upcoming each step
     retain_sessions: bool = False  # SchedulerConfig.retain_sessions (the retention hint)
-    schedule_policy: str = "fcfs"  # SchedulerConfig.schedule_policy (kvcore.schedule_policy)
+    schedule_policy: str = "fcfs"  # SchedulerConfig.schedule_policy (kvcore.scheduler.admission)
     max_waiting_steps: int = 256  # its starvation guard
     host_blocks: int = 0  # a host-memory tier of this many blocks behind the device cache
     host_eviction_policy: str = "lru"  # its eviction policy (kvcore.eviction names)

@@ -5,7 +5,7 @@
 
 A configuration is ``POLICY``, ``POLICY+DEPTH`` (queue hints: the scheduler declares its first
 DEPTH waiting requests), and either with ``@ORDER``, the schedule policy (``lru@lpm``,
-``slru+64@dfs-weight``; default ``fcfs``, see :mod:`kvcore.schedule_policy`).  Every cell is a full replay through the real scheduler and pool
+``slru+64@dfs-weight``; default ``fcfs``, see :mod:`kvcore.scheduler.admission`).  Every cell is a full replay through the real scheduler and pool
 (:func:`kvcore.sim.replay.replay`), run in parallel worker processes.  The table gives each
 configuration's token hit rate and, when ``lru`` and ``belady`` (the offline bound) are in the
 grid, the fraction of the LRU→Belady gap it closes: ``(rate - lru) / (belady - lru)`` (both in
@@ -26,7 +26,7 @@ from typing import Any
 from kvcore.cmdline import OneLineParser, positive_int
 from kvcore.errors import InvalidArgumentError
 from kvcore.eviction import OFFLINE_BOUND
-from kvcore.schedule_policy import resolve as resolve_schedule_policy
+from kvcore.scheduler.admission import resolve as resolve_schedule_policy
 from kvcore.sim.replay import ReplayConfig, replay
 from kvcore.sim.traces import TraceRequest
 

@@ -22,8 +22,8 @@ from typing import Any
 import msgspec
 import pytest
 
+from kvcore.connector.host_tier import HostOffloadingManager
 from kvcore.events import KVCacheEvent, decode_event_batch, encode_event_batch
-from kvcore.offload import HostOffloadingManager
 from kvcore.types import MultiModalItem
 from tests.differential.test_vs_vllm import _peer
 from tests.factories import admit, full_spec, make_manager, swa_spec

@@ -3,7 +3,7 @@
 ``additional_config={"kvcore": {"schedule_policy": "lpm"}}`` (or ``"dfs-weight"``,
 ``"recommended"``) replaces vLLM's FCFS waiting queue with a :class:`CacheAwareQueue`, which the
 kvcore scheduler mix-in reorders once at the start of every ``schedule()`` call with
-:class:`kvcore.schedule_policy.WaitingOrder`, the order kvcore's own scheduler uses:
+:class:`kvcore.scheduler.admission.WaitingOrder`, the order kvcore's own scheduler uses:
 
 * ``lpm``: longest cached prefix first, the estimates refreshed by at most
   ``lpm_lookups_per_step`` lookups a step (:meth:`KVCacheManagerAdapter.cached_prefix_tokens`:
@@ -33,7 +33,7 @@ from vllm.v1.core.sched.request_queue import FCFSRequestQueue
 from vllm.v1.request import Request, RequestStatus
 
 from kvcore.integrations.vllm.settings import KvcoreSettings
-from kvcore.schedule_policy import FCFS, WaitingOrder
+from kvcore.scheduler.admission import FCFS, WaitingOrder
 
 
 def holds_place(request: Request) -> bool:

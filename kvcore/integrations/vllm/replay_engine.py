@@ -24,7 +24,7 @@ from typing import Any
 
 from kvcore.errors import InvalidArgumentError
 from kvcore.integrations.vllm.settings import KvcoreSettings, parse_settings
-from kvcore.schedule_policy import FCFS
+from kvcore.scheduler.admission import FCFS
 from kvcore.sim.oracle import REPLAY_ORACLES
 
 

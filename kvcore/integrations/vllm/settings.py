@@ -43,7 +43,7 @@ from dataclasses import dataclass, fields
 
 from kvcore.errors import InvalidArgumentError
 from kvcore.eviction import RECOMMENDED, RECOMMENDED_NAME, parse_policy
-from kvcore.schedule_policy import resolve as resolve_schedule_policy
+from kvcore.scheduler.admission import resolve as resolve_schedule_policy
 
 MAX_WAITING_STEPS = 1024
 """The default starvation bound inside vLLM, four times kvcore's own scheduler's: vLLM's waiting

@@ -13,7 +13,7 @@ and mixed with decodes).  When the KV cache is full the most recently admitted r
 preempted by recompute: its blocks are freed — they stay in the prefix cache, so re-admission
 mostly hits — and it goes back to the front of the waiting queue.  Waiting requests are admitted
 in steps that preempted nobody, while the budget and ``max_num_seqs`` allow, in arrival order or
-``SchedulerConfig.schedule_policy``'s (:mod:`kvcore.schedule_policy`; queue hints follow it).  A
+``SchedulerConfig.schedule_policy``'s (:mod:`kvcore.scheduler.admission`; queue hints follow it).  A
 request that could never fit is rejected at ``add_request`` (``RequestRejectedError``).
 
 With a KV connector (:mod:`kvcore.connector`, e.g. a host-memory tier), admission also asks it for
@@ -55,9 +55,8 @@ from kvcore.errors import InvalidArgumentError, UnknownRequestError, Unsupported
 from kvcore.events import KVCacheEvent
 from kvcore.manager import KVCacheManager
 from kvcore.request import Request, RequestStatus
-from kvcore.schedule_policy import WaitingOrder
-from kvcore.scheduler_connector import ConnectorSteps
-from kvcore.scheduling import (
+from kvcore.scheduler.admission import WaitingOrder
+from kvcore.scheduler.types import (
     RequestRejectedError,
     ScheduledRequest,
     SchedulerConfig,
@@ -72,7 +71,7 @@ def holds_place(req: Request) -> bool:
             or req.num_output_placeholders > 0)
 
 
-class Scheduler(ConnectorSteps):
+class Scheduler:
     """Continuous batching with chunked prefill and recompute preemption (see module doc)."""
 
     def __init__(self, kv_cache_manager: KVCacheManager,
@@ -518,3 +517,69 @@ class Scheduler(ConnectorSteps):
         if status is RequestStatus.FINISHED_REJECTED:
             self.stats.num_rejected += 1
         self.stats.finish_reasons[status.value] = self.stats.finish_reasons.get(status.value, 0) + 1
+
+    # -- the connector's side -------------------------------------------------------------------
+    # Applying what the workers report (finished loads and stores, failed loads) and keeping
+    # loaded requests from blocking admission forever.
+    def _apply_connector_output(self, out: KVConnectorOutput) -> set[str]:
+        """Apply what the workers finished; returns the running requests whose KV a failed
+        synchronous load left unwritten (they recompute it: no token is taken from this step)."""
+        assert self.connector is not None
+        self.connector.update_connector_output(out)
+        failed = out.invalid_block_ids
+        kv = self.kv
+        # Deterministic orders (the output holds sets): loads in admission order, resumed
+        # requests back at the front of the queue in that order; frees in finishing order.
+        recving = out.finished_recving
+        resumed: list[Request] = []
+        for rid in [r for r in self.loading if r in recving]:
+            req = self.loading.pop(rid)
+            target = self._load_target.pop(rid)
+            if failed and any(b in failed for ids in kv.get_block_ids(rid) for b in ids):
+                # Start over: its device hit is still cached (admission hits it again), the
+                # blocks the load was to fill were never cached.
+                self.stats.load_failures += 1
+                self.stats.external_hit_tokens -= target - req.num_computed_tokens
+                kv.free(req)
+                req.num_computed_tokens = req.num_cached_tokens = 0
+            else:
+                kv.cache_blocks(req, target)
+                req.num_computed_tokens = req.num_cached_tokens = target
+            req.status = RequestStatus.WAITING
+            resumed.append(req)
+        self.waiting.extendleft(reversed(resumed))
+        # Finished requests whose loads (aborted) or stores completed.
+        for rid in [r for r in self._delayed_free
+                    if r in out.finished_sending or r in recving]:
+            kv.free(self._delayed_free.pop(rid))
+        recomputing: set[str] = set()
+        if failed:
+            sizes = [g.spec.block_size for g in kv.config.groups]
+            for req in self.running:
+                for bs, ids in zip(sizes, kv.get_block_ids(req.request_id)):
+                    bad = next((i for i, b in enumerate(ids) if b in failed), None)
+                    if bad is None:
+                        continue
+                    start = bad * bs
+                    if start < req.num_computed_tokens:
+                        kv.uncache_blocks(req, start)
+                        req.num_computed_tokens = start
+                        recomputing.add(req.request_id)
+                        self.stats.load_failures += 1
+        return recomputing
+
+    def _drop_loaded(self, req: Request, scheduled: list[ScheduledRequest]) -> bool:
+        """Loaded requests waiting behind ``req`` hold blocks; while nothing runs nothing else
+        would ever free one, so ``req`` could wait forever.  Then the newest of them loses its
+        blocks (their KV stays in the prefix cache: it is re-admitted like a preempted request)
+        and this returns True (retry ``req``); otherwise False."""
+        if self.running or scheduled:
+            return False  # running requests will finish or be preempted
+        for victim in reversed(self.waiting):
+            if victim is not req and victim.num_computed_tokens:
+                self.kv.free(victim)
+                victim.num_computed_tokens = 0
+                victim.num_preemptions += 1
+                self.stats.num_preemptions += 1
+                return True
+        return False

@@ -1,23 +1,21 @@
 """The data of one scheduling step: the scheduler's limits (:class:`SchedulerConfig`), each
 request's share of a step (:class:`ScheduledRequest`), what ``schedule()`` decided
-(:class:`SchedulerOutput`, with the KV connector's message for the step,
-:class:`KVConnectorMetadata`), counters, and the rejection error.  The scheduler
-(:mod:`kvcore.scheduler`), engines and connectors read these; this module imports neither.
+(:class:`SchedulerOutput`, with the KV connector's message for the step, a
+:class:`~kvcore.connector.base.KVConnectorMetadata`), counters, and the rejection error.  The
+scheduler (:mod:`kvcore.scheduler.core`) and engines read these; connectors read a step through
+their own protocol (:class:`~kvcore.connector.base.StepOutput`), so they import nothing from here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvcore.connector.base import KVConnectorMetadata
 from kvcore.errors import InvalidArgumentError, KVCoreError
 from kvcore.manager import KVCacheManager
 from kvcore.request import Request
-from kvcore.schedule_policy import resolve as resolve_schedule_policy
+from kvcore.scheduler.admission import resolve as resolve_schedule_policy
 from kvcore.validation import check_flag
-
-
-class KVConnectorMetadata:
-    """Base of the per-step message from the scheduler side to the workers."""
 
 
 class RequestRejectedError(KVCoreError, ValueError):
@@ -46,7 +44,7 @@ class SchedulerConfig:
     schedule_policy: str = "fcfs"
     """Admission order of fresh waiting requests: ``fcfs`` (arrival), ``lpm`` (longest cached
     prefix first), ``dfs-weight`` (grouped by shared prefix), or ``recommended``; see
-    :mod:`kvcore.schedule_policy`."""
+    :mod:`kvcore.scheduler.admission`."""
     max_waiting_steps: int = 256
     """Starvation guard of the non-FCFS policies: a request waiting more than this many steps
     is admitted before every fresh request that has not."""

@@ -1,1 +1,0 @@
-"""Adapters that let other engines' schedulers use kvcore unchanged."""
