@@ -14,7 +14,7 @@ import importlib.machinery
 import sys
 import types
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 # old module -> its new home, or (the default new home, {name: the new home of that name})
 MOVED: dict[str, str | tuple[str, dict[str, str]]] = {
@@ -35,6 +35,11 @@ MOVED: dict[str, str | tuple[str, dict[str, str]]] = {
     "kvcore.offload.manager": "kvcore.connector.host_tier",
     "kvcore.compat": "kvcore.integrations",
     "kvcore.compat.nanovllm": "kvcore.integrations.nanovllm",
+}
+
+# Names that left a module which still exists: module -> {name: its new home}.
+MOVED_NAMES: dict[str, dict[str, str]] = {
+    "kvcore.hashing": {"RequestBlockHasher": "kvcore.request"},
 }
 
 
@@ -77,7 +82,25 @@ class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                       DeprecationWarning, stacklevel=2)
 
 
+def _former_names(module: str, names: dict[str, str]) -> Callable[[str], object]:
+    """A module ``__getattr__`` serving the names that left ``module``."""
+
+    def __getattr__(name: str) -> object:
+        home = names.get(name)
+        if home is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        warnings.warn(f"{module}.{name} is deprecated: import it from {home}",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(home), name)
+
+    return __getattr__
+
+
 def install() -> None:
-    """Serve the old paths from now on (idempotent; ``import kvcore`` calls it)."""
+    """Serve the old paths and names from now on (idempotent; ``import kvcore`` calls it)."""
     if not any(isinstance(finder, _OldPaths) for finder in sys.meta_path):
         sys.meta_path.append(_OldPaths())
+    for module, names in MOVED_NAMES.items():
+        # A module's own __getattr__ (PEP 562) answers names it does not hold; the compiled
+        # build's extension modules honour it too.
+        importlib.import_module(module).__getattr__ = _former_names(module, names)

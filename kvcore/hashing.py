@@ -316,15 +316,3 @@ def hashes_at(hashes: Sequence[BlockHash], hash_block_size: int,
         return hashes
     # (A cast: the view is a Sequence by registration, which mypy does not see.)
     return cast("Sequence[BlockHash]", BlockHashView(hashes, block_size // hash_block_size))
-
-
-def __getattr__(name: str) -> object:
-    """``RequestBlockHasher`` moved to :mod:`kvcore.request` (kept here one release, deprecated)."""
-    if name == "RequestBlockHasher":
-        import importlib
-        import warnings
-
-        warnings.warn("kvcore.hashing.RequestBlockHasher is deprecated: import it from "
-                      "kvcore.request", DeprecationWarning, stacklevel=2)
-        return importlib.import_module("kvcore.request").RequestBlockHasher
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -66,6 +66,17 @@ def test_an_unknown_name_of_an_old_module_raises_attribute_error() -> None:
         importlib.import_module("kvcore.no_such_module")
 
 
+def test_a_name_that_left_a_module_warns_and_resolves() -> None:
+    import kvcore.hashing
+    from kvcore.request import RequestBlockHasher
+
+    with pytest.warns(DeprecationWarning, match="kvcore.hashing.RequestBlockHasher is deprecated"):
+        from kvcore.hashing import RequestBlockHasher as old
+    assert old is RequestBlockHasher
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        kvcore.hashing.nothing  # noqa: B018
+
+
 def test_former_top_level_names_warn_and_resolve() -> None:
     from kvcore.errors import InvalidArgumentError
     from kvcore.testing import check_invariants
