@@ -103,4 +103,5 @@ def install() -> None:
     for module, names in MOVED_NAMES.items():
         # A module's own __getattr__ (PEP 562) answers names it does not hold; the compiled
         # build's extension modules honour it too.
-        importlib.import_module(module).__getattr__ = _former_names(module, names)
+        namespace: dict[str, object] = vars(importlib.import_module(module))
+        namespace["__getattr__"] = _former_names(module, names)
