@@ -119,9 +119,9 @@ def test_queue_hints_follow_the_order(policy: str, declared: str) -> None:
     step(s)  # "long" runs and holds the only seat from now on
     queue(s)
     step(s)
-    # What the scheduler last declared to the cache (count and last chained hash per request).
+    # What the scheduler last declared to the cache (count, last chained hash, skip flag).
     hashes = s.requests[declared].block_hashes
-    assert s._declared == ((len(hashes), hashes[-1]),)
+    assert s._declared == ((len(hashes), hashes[-1], False),)
 
 
 def test_lpm_lookups_are_bounded_per_step() -> None:

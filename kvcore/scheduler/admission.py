@@ -30,8 +30,8 @@ only for the pinned head, older starved requests, and room in the batch and the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, MutableSequence, Sequence
-from typing import Generic, Protocol, TypeVar
+from collections.abc import Callable, Hashable, Iterable, MutableSequence, Sequence
+from typing import Any, Generic, Protocol, TypeVar
 
 from kvcore.errors import InvalidArgumentError
 
@@ -46,6 +46,15 @@ Mooncake trace, the ``agent`` workload (512-token blocks, 1k-8k blocks) and a lo
 workload (README science section, BENCHMARKS.md 2026-11-26).  The default stays ``fcfs``:
 vLLM's order, which the differential suite checks."""
 DFS_MAX_DEPTH = 256  # block hashes per request in the dfs-weight tree
+
+
+def hint_key(requests: Iterable[Any]) -> tuple[tuple[int, object, bool], ...]:
+    """What declaring ``requests`` to the cache (``declare_upcoming``) declares, as a value: per
+    request its number of block hashes, its last chained hash (which names the whole prefix) and
+    whether it skips the prefix cache.  A scheduler re-declares only when this changes, whatever
+    objects carry the requests (kvcore's scheduler and the vLLM mix-in both)."""
+    return tuple((len(h), h[-1] if h else None, r.skip_reading_prefix_cache)
+                 for r in requests for h in (r.block_hashes,))
 
 
 def resolve(name: object) -> str:

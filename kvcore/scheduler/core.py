@@ -55,7 +55,7 @@ from kvcore.errors import InvalidArgumentError, UnknownRequestError, Unsupported
 from kvcore.events import KVCacheEvent
 from kvcore.manager import KVCacheManager
 from kvcore.request import Request, RequestStatus
-from kvcore.scheduler.admission import WaitingOrder
+from kvcore.scheduler.admission import WaitingOrder, hint_key
 from kvcore.scheduler.types import (
     RequestRejectedError,
     ScheduledRequest,
@@ -111,7 +111,7 @@ class Scheduler:
         self.stats = SchedulerStats()
         self._finished_ids: list[str] = []
         self._usable_blocks = kv_cache_manager.config.num_blocks - 1
-        self._declared: tuple[tuple[int, object], ...] = ()  # what the last hints covered
+        self._declared: tuple[tuple[int, object, bool], ...] = ()  # what the last hints covered
         # Async scheduling: the blocks of requests preempted while a step of theirs was in
         # flight, until its token is reported (or the step fails: then they leave the cache).
         self._preempted_in_flight: dict[str, list[int]] = {}
@@ -235,7 +235,7 @@ class Scheduler:
             if s.samples and req.status is RequestStatus.PREEMPTED:
                 req.num_output_placeholders -= 1  # that token will never be reported
         if stale:
-            kv.pool.evict_blocks([b for b in stale if b != kv.pool.null_block.block_id])
+            kv.evict_blocks([b for b in stale if b != 0])  # block 0: the null block, never cached
 
     def has_unfinished_requests(self) -> bool:
         """Waiting, running or loading requests, or finished ones a transfer still holds."""
@@ -287,8 +287,7 @@ class Scheduler:
     def _declare_upcoming(self) -> None:
         """Hint the manager with the head of the waiting queue (only when it changed)."""
         head = list(islice(self.waiting, self.queue_hints))
-        # (count, last chained hash) names what a request declares, whatever object carries it.
-        key = tuple((len(h), h[-1] if h else None) for h in (r.block_hashes for r in head))
+        key = hint_key(head)
         if key != self._declared:
             self.kv.declare_upcoming(head)
             self._declared = key

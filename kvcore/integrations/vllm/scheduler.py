@@ -19,7 +19,6 @@ import functools
 import threading
 from collections.abc import Callable, Iterator
 from itertools import chain, islice
-from operator import attrgetter
 from typing import Any, ClassVar, cast
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
@@ -33,9 +32,9 @@ from kvcore.integrations.vllm.manager import KVCacheManagerAdapter
 from kvcore.integrations.vllm.queue import CacheAwareQueue, make_queue
 from kvcore.integrations.vllm.settings import KvcoreSettings, settings_from_additional_config
 from kvcore.integrations.vllm.version import installed as installed_vllm
+from kvcore.scheduler.admission import hint_key
 
 _CONSTRUCTION_LOCK = threading.Lock()
-_block_hashes = attrgetter("block_hashes")
 
 
 def _connectors(connector: Any) -> Iterator[Any]:
@@ -108,8 +107,7 @@ class KvcoreSchedulerMixin:
             settings = KvcoreSettings()
         self.kvcore_settings = settings
         self.kvcore_queue = None
-        self._kvcore_declared: list[Any] = []
-        self._kvcore_declared_hashes = 0
+        self._kvcore_declared: tuple[tuple[int, object, bool], ...] = ()
         vllm_init = cast(Any, super()).__init__  # the vLLM scheduler class mixed in after
         if settings is None:
             vllm_init(vllm_config, kv_cache_config, *args, **kwargs)
@@ -149,13 +147,10 @@ class KvcoreSchedulerMixin:
         settings = self.kvcore_settings
         if settings is not None and settings.queue_hints:
             head = list(islice(chain(self.kv_holding_waiting, self.waiting), settings.queue_hints))
-            # The same requests (compared by identity, in C) with as many hashes (a waiting
-            # request's only grow: in-flight output of a preempted one) declare the same.
-            num_hashes = sum(map(len, map(_block_hashes, head)))
-            if head != self._kvcore_declared or num_hashes != self._kvcore_declared_hashes:
+            key = hint_key(head)
+            if key != self._kvcore_declared:
                 self.kv_cache_manager.declare_upcoming(head)
-                self._kvcore_declared = head
-                self._kvcore_declared_hashes = num_hashes
+                self._kvcore_declared = key
         return cast(Any, super()).schedule(*args, **kwargs)
 
 
