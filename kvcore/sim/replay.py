@@ -45,7 +45,7 @@ from kvcore.sim.clock import (
 from kvcore.sim.oracle import REPLAY_ORACLES, ReplayBelady
 from kvcore.sim.traces import TraceRequest
 from kvcore.specs import FullAttentionSpec, KVCacheConfig, KVCacheGroup
-from kvcore.types import BlockHash
+from kvcore.types import BlockHash, KVCacheBlock
 
 VOCAB = 32_000
 
@@ -156,9 +156,19 @@ def sampled_token(rid: str, n: int) -> int:
 
 
 def make_manager(cfg: ReplayConfig, requests: Sequence[TraceRequest],
-                 enable_events: bool = False) -> KVCacheManager:
+                 enable_events: bool = False,
+                 built_oracles: list[ReplayBelady] | None = None) -> KVCacheManager:
+    """The replay's manager; an offline bound its pool builds is appended to ``built_oracles``."""
     max_len = cfg.max_model_len or max(r.num_prompt_tokens + r.output_len for r in requests) + 1
     settings = cfg.cache_settings(enable_events)
+    oracle_cls = REPLAY_ORACLES.get(cfg.eviction_policy)
+    if oracle_cls is not None and built_oracles is not None:
+        def build(blocks: Sequence[KVCacheBlock]) -> ReplayBelady:
+            policy = oracle_cls(blocks)
+            built_oracles.append(policy)
+            return policy
+
+        settings = settings.replace(eviction_policy=build)
     if cfg.kv_config is not None:
         kv_config = cfg.kv_config
     else:
@@ -249,103 +259,129 @@ def replay(requests: Sequence[TraceRequest], cfg: ReplayConfig | None = None, *,
     if not requests:
         raise InvalidArgumentError("the trace has no requests")
     check_inputs(requests, cfg)
-    cost = cfg.step_cost()
     if cfg.eviction_policy in REPLAY_ORACLES and resolve_schedule_policy(
             cfg.schedule_policy) != "fcfs":
         raise InvalidArgumentError(f"{cfg.eviction_policy} is a bound for arrival order: replay "
                                    f"it with schedule_policy fcfs, not {cfg.schedule_policy!r}")
-    manager = make_manager(cfg, requests, enable_events=event_sink is not None)
-    order = sorted(requests, key=lambda r: r.arrival_ms)
-    oracle = manager.pool.free_queue if isinstance(manager.pool.free_queue, ReplayBelady) else None
-    made: dict[str, Request] = {}  # the oracle's requests, made (and hashed) up front
-    index: dict[str, int] = {}
-    if oracle is not None:
-        made, index = _teach_oracle(oracle, manager, order)
-    sched = make_scheduler(manager, cfg)
-    step = SimulatedStep(sched, event_sink)
-
-    arrival = {r.request_id: cost.arrival(r.arrival_ms) for r in order}
-    admitted: dict[str, float] = {}  # request id -> simulated time of its first admission
-    first_token: dict[str, float] = {}
-    output_tokens = 0
-
-    def advance(out: SchedulerOutput) -> None:  # the offline policy learns who was admitted
-        for s in out.scheduled:
-            if s.is_new:
-                admitted.setdefault(s.request_id, clock)
-                if oracle is not None:
-                    oracle.advance(index[s.request_id], s.request.block_hashes)
-    pending = deque(order)
-    arrived: deque[TraceRequest] = deque()
-    # Requests handed to the scheduler ahead of admission (at least as many as it may hint).
-    window = max(2 * cfg.max_num_seqs, cfg.queue_hints)
-    bar = progress_bar(len(requests)) if cfg.progress else None
-
-    clock = 0.0
-    cpu: list[float] = []
-    usage: list[tuple[float, float]] = []
-    rejected = finished = 0
-    prompt_tokens = 0
-    wall0 = time.perf_counter()
+    run = _Run(requests, cfg, event_sink)
     interrupted = False
-    while pending or arrived or sched.has_unfinished_requests():
+    while run.unfinished():
         if should_stop is not None and should_stop():
             interrupted = True
             break
-        while pending and cost.arrival(pending[0].arrival_ms) <= clock:
+        run.hand_over_arrivals()
+        run.step()
+    return run.result(interrupted)
+
+
+class _Run:
+    """One replay's state on the simulated clock: the trace not yet arrived, the requests that
+    arrived but wait outside the scheduler, the manager and scheduler, and what is measured."""
+
+    def __init__(self, requests: Sequence[TraceRequest], cfg: ReplayConfig,
+                 event_sink: Callable[[list[KVCacheEvent]], object] | None) -> None:
+        self.num_requests = len(requests)
+        self.cost = cfg.step_cost()
+        built: list[ReplayBelady] = []  # the offline bound the pool builds, if it runs one
+        self.manager = manager = make_manager(cfg, requests, enable_events=event_sink is not None,
+                                              built_oracles=built)
+        order = sorted(requests, key=lambda r: r.arrival_ms)
+        self.oracle = built[0] if built else None
+        self.made: dict[str, Request] = {}  # the oracle's requests, made (and hashed) up front
+        self.index: dict[str, int] = {}
+        if self.oracle is not None:
+            self.made, self.index = _teach_oracle(self.oracle, manager, order)
+        self.sched = make_scheduler(manager, cfg)
+        self.run_step = SimulatedStep(self.sched, event_sink)
+        self.arrival = {r.request_id: self.cost.arrival(r.arrival_ms) for r in order}
+        self.admitted: dict[str, float] = {}  # request id -> simulated time of first admission
+        self.first_token: dict[str, float] = {}
+        self.pending = deque(order)
+        self.arrived: deque[TraceRequest] = deque()
+        # Requests handed to the scheduler ahead of admission (at least as many as it may hint).
+        self.window = max(2 * cfg.max_num_seqs, cfg.queue_hints)
+        self.bar = progress_bar(len(requests)) if cfg.progress else None
+        self.clock = 0.0
+        self.cpu: list[float] = []
+        self.usage: list[tuple[float, float]] = []
+        self.rejected = self.finished = self.prompt_tokens = self.output_tokens = 0
+        self.wall0 = time.perf_counter()
+
+    def unfinished(self) -> bool:
+        return bool(self.pending or self.arrived or self.sched.has_unfinished_requests())
+
+    def hand_over_arrivals(self) -> None:
+        """Move the requests that arrived by now to the scheduler, up to its window."""
+        pending, arrived, sched = self.pending, self.arrived, self.sched
+        while pending and self.cost.arrival(pending[0].arrival_ms) <= self.clock:
             arrived.append(pending.popleft())
-        while arrived and sched.num_waiting < window:
+        while arrived and sched.num_waiting < self.window:
             tr = arrived.popleft()
-            if tr.num_prompt_tokens >= manager.max_model_len:
+            if tr.num_prompt_tokens >= self.manager.max_model_len:
                 # The scheduler would reject it: never make its tokens (they may not fit in
                 # memory: a hash-id prompt can claim any length).
-                rejected += 1
-                if bar is not None:
-                    bar.update(1)
+                self._reject()
                 continue
-            req = made.pop(tr.request_id, None) or make_request(manager, tr)
+            req = self.made.pop(tr.request_id, None) or make_request(self.manager, tr)
             try:
                 sched.add_request(req)
-                prompt_tokens += tr.num_prompt_tokens
+                self.prompt_tokens += tr.num_prompt_tokens
             except RequestRejectedError:
-                rejected += 1
-                if bar is not None:
-                    bar.update(1)
-        if not sched.has_unfinished_requests():
-            if pending:
-                clock = max(clock, cost.arrival(pending[0].arrival_ms))
-            continue
+                self._reject()
+
+    def _reject(self) -> None:
+        self.rejected += 1
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def step(self) -> None:
+        """One engine step, or, with nothing to run, the clock moved to the next arrival."""
+        if not self.sched.has_unfinished_requests():
+            if self.pending:
+                self.clock = max(self.clock, self.cost.arrival(self.pending[0].arrival_ms))
+            return
         t0 = time.perf_counter()
-        out, done = step(advance)
-        cpu.append(time.perf_counter() - t0)
-        clock += cost.step_ms(out.num_batched_tokens)
+        out, done = self.run_step(self._admitted)
+        self.cpu.append(time.perf_counter() - t0)
+        self.clock += self.cost.step_ms(out.num_batched_tokens)
         for s in out.scheduled:
             if s.samples:
-                output_tokens += 1
-                first_token.setdefault(s.request_id, clock)
-        usage.append((clock, manager.usage))
-        finished += len(done)
-        if bar is not None and done:
-            bar.update(len(done))
-    if bar is not None:
-        bar.close()
-    stats = manager.make_prefix_cache_stats()
-    hits = stats.hits if stats else 0
-    queries = stats.queries if stats else 0
-    cpu_sorted = sorted(cpu)
-    return ReplayResult(
-        num_requests=len(requests), num_finished=finished, num_rejected=rejected,
-        steps=sched.stats.steps, prompt_tokens=prompt_tokens, hit_tokens=hits,
-        token_hit_rate=hits / queries if queries else 0.0,
-        host_hit_tokens=sched.stats.external_hit_tokens,
-        host_hit_rate=sched.stats.external_hit_tokens / queries if queries else 0.0,
-        evicted_blocks=manager.pool.num_evicted_blocks, preemptions=sched.stats.num_preemptions,
-        sim_time_ms=clock, cpu_s=sum(cpu),
-        cpu_us_per_step_median=statistics.median(cpu) * 1e6 if cpu else 0.0,
-        cpu_us_per_step_p99=quantile(cpu_sorted, 0.99) * 1e6,
-        wall_s=time.perf_counter() - wall0, usage=usage, interrupted=interrupted,
-        **latency_summary(arrival, first_token, admitted),
-        output_tokens_per_s=output_tokens / clock * 1000 if clock else 0.0)
+                self.output_tokens += 1
+                self.first_token.setdefault(s.request_id, self.clock)
+        self.usage.append((self.clock, self.manager.usage))
+        self.finished += len(done)
+        if self.bar is not None and done:
+            self.bar.update(len(done))
+
+    def _admitted(self, out: SchedulerOutput) -> None:
+        """Note first admissions (the offline bound learns who was admitted)."""
+        for s in out.scheduled:
+            if s.is_new:
+                self.admitted.setdefault(s.request_id, self.clock)
+                if self.oracle is not None:
+                    self.oracle.advance(self.index[s.request_id], s.request.block_hashes)
+
+    def result(self, interrupted: bool) -> ReplayResult:
+        if self.bar is not None:
+            self.bar.close()
+        manager, sched, cpu = self.manager, self.sched, self.cpu
+        stats = manager.make_prefix_cache_stats()
+        hits = stats.hits if stats else 0
+        queries = stats.queries if stats else 0
+        external = sched.stats.external_hit_tokens
+        return ReplayResult(
+            num_requests=self.num_requests, num_finished=self.finished,
+            num_rejected=self.rejected, steps=sched.stats.steps,
+            prompt_tokens=self.prompt_tokens, hit_tokens=hits,
+            token_hit_rate=hits / queries if queries else 0.0,
+            host_hit_tokens=external, host_hit_rate=external / queries if queries else 0.0,
+            evicted_blocks=manager.pool.num_evicted_blocks,
+            preemptions=sched.stats.num_preemptions, sim_time_ms=self.clock, cpu_s=sum(cpu),
+            cpu_us_per_step_median=statistics.median(cpu) * 1e6 if cpu else 0.0,
+            cpu_us_per_step_p99=quantile(sorted(cpu), 0.99) * 1e6,
+            wall_s=time.perf_counter() - self.wall0, usage=self.usage, interrupted=interrupted,
+            **latency_summary(self.arrival, self.first_token, self.admitted),
+            output_tokens_per_s=self.output_tokens / self.clock * 1000 if self.clock else 0.0)
 
 
 def make_request(manager: KVCacheManager, tr: TraceRequest) -> Request:
