@@ -3,7 +3,7 @@ prefix-cache maps.
 
 One pool serves every KV-cache group of a model.  Blocks move between two states:
 
-* **free** (``ref_cnt == 0``, held by the eviction policy ``free_queue``).  A free block may still
+* **free** (``ref_cnt == 0``, held by the eviction policy ``policy``).  A free block may still
   carry a hash and sit in its group's map: it is a prefix-cache entry that a hit can *resurrect*
   with ``touch``.  It loses the hash only when ``get_new_blocks`` reuses it (lazy eviction).
 * **in use** (``ref_cnt > 0``, not linked).
@@ -18,6 +18,7 @@ Block 0 is the null block, taken at construction; the first allocation returns i
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, SupportsIndex
 
@@ -57,7 +58,7 @@ class BlockPool:
             ``enable_caching`` (keep prefix-cache maps; when off, blocks are never hashed),
             ``eviction_policy`` (the free side's policy, see :mod:`kvcore.eviction`),
             ``verify_hits`` (every cached block keeps the exact prefix its KV belongs to, a
-            :class:`~kvcore.verify.PrefixNode` given to ``cache_full_blocks``, so lookups can
+            :class:`~kvcore.types.PrefixNode` given to ``cache_full_blocks``, so lookups can
             prove a hit) and ``enable_events`` (record :mod:`kvcore.events` for ``take_events``).
         events: the recorder the events go to (default: one that stamps no spec metadata; the
             manager passes one stamped with its groups' spec kinds and windows).
@@ -88,7 +89,8 @@ class BlockPool:
         self.null_block: KVCacheBlock = NullBlock(0)
         self.blocks: list[KVCacheBlock] = [self.null_block]
         self.blocks.extend(KVCacheBlock(i) for i in range(1, num_blocks))
-        self.free_queue: EvictionPolicy = make_policy(settings.eviction_policy, self.blocks[1:])
+        # The free side: any eviction policy (``lru``, vLLM's free queue, by default).
+        self.policy: EvictionPolicy = make_policy(settings.eviction_policy, self.blocks[1:])
         # Events go to the recorder as they happen; None when events are off.
         self.events: EventRecorder | None = (
             (events if events is not None
@@ -96,17 +98,11 @@ class BlockPool:
             if settings.enable_events
             else None)
         # Scheduler hints (set_hints): the free blocks caching declared prefixes, held out of
-        # the policy until needed (_reserved aliases its id set: the hot paths test it).
-        self._hint_reserve = HintReserve(num_blocks - 1, self.free_queue)
-        self._reserved = self._hint_reserve.held
-        self._reserve = self._hint_reserve.queue
-        self._hints = self._hint_reserve.hints  # kept equal by set_hints
+        # the policy until needed.  The hot methods read its fields through a local.
+        self._hint_reserve = HintReserve(num_blocks - 1, self.policy)
         # The prefix-cache maps (per group: hash -> first block cached under it; duplicates and
-        # partial prompt-tail entries apart, see kvcore.pool.maps); the aliases are the same
-        # objects, read on the hot paths.
-        self._maps = maps = PrefixMaps(num_groups)
-        self._cached, self._dups = maps.cached, maps.dups
-        self._secondary, self._partial_primary = maps.secondary, maps.partial_primary
+        # partial prompt-tail entries apart, see kvcore.pool.maps).
+        self._maps = PrefixMaps(num_groups)
         self.num_evicted_blocks = 0
         self.num_resets = 0  # successful reset_prefix_cache calls
         self.num_rejected_hits = 0  # lookups whose block held another prefix (verify mode)
@@ -130,7 +126,7 @@ class BlockPool:
     @property
     def num_free_blocks(self) -> int:
         """Blocks that ``get_new_blocks`` can hand out (cached-but-free blocks included)."""
-        return len(self.free_queue) + len(self._reserve)
+        return len(self.policy) + len(self._hint_reserve.queue)
 
     @property
     def usage(self) -> float:
@@ -140,7 +136,15 @@ class BlockPool:
     @property
     def eviction_policy(self) -> str:
         """The free side's policy name."""
-        return self.free_queue.name
+        return self.policy.name
+
+    @property
+    def free_queue(self) -> EvictionPolicy:
+        """Deprecated name of :attr:`policy` (it holds any eviction policy, not only ``lru``'s
+        free queue); kept one release."""
+        warnings.warn("BlockPool.free_queue is deprecated: use BlockPool.policy",
+                      DeprecationWarning, stacklevel=2)
+        return self.policy
 
     @property
     def reserve(self) -> FreeBlockQueue:
@@ -161,7 +165,7 @@ class BlockPool:
         """One cached block per group in ``group_ids`` for ``block_hash``, or ``None`` if any
         group misses.  With duplicates, the earliest cached block is returned."""
         out = []
-        maps = self._cached
+        maps = self._maps.cached
         n = self.num_groups
         for g in group_ids:
             if not 0 <= g < n:
@@ -176,7 +180,7 @@ class BlockPool:
         """Group ``group_id``'s hash → block map (read-only view for hot lookups by managers)."""
         if not 0 <= group_id < self.num_groups:
             raise InvalidGroupError(f"group id {group_id} out of range [0, {self.num_groups})")
-        return self._cached[group_id]
+        return self._maps.cached[group_id]
 
     def iter_cached(self, group_id: int) -> Iterator[tuple[BlockHash, KVCacheBlock]]:
         """Every ``(hash, block)`` entry of a group's map, duplicates included."""
@@ -188,18 +192,20 @@ class BlockPool:
 
     # -- allocation -----------------------------------------------------------------------------
     def get_new_blocks(self, num_blocks: SupportsIndex) -> list[KVCacheBlock]:
-        """Pop ``num_blocks`` blocks from the head of the free queue, each with ``ref_cnt == 1``.
+        """Take ``num_blocks`` blocks from the free side, each with ``ref_cnt == 1``: the policy's
+        victims (``lru``: the head of its queue).  When the policy holds too few, the hint
+        reserve's least urgent blocks return to it first.
 
-        A popped block that still carries a hash is evicted from its group's map (lazy eviction,
+        A block taken that still carries a hash is evicted from its group's map (lazy eviction,
         emitting ``BlockRemoved``).  Raises :class:`NoFreeBlocksError` if too few are free.
         """
         if type(num_blocks) is not int or num_blocks < 0:
             num_blocks = check_count("num_blocks", num_blocks)
-        if num_blocks > len(self.free_queue):
+        if num_blocks > len(self.policy):
             self._release_reserve(num_blocks)  # raises if even the reserve is too small
         if not num_blocks:
             return []
-        blocks = self.free_queue.pick_victims(num_blocks, 1)
+        blocks = self.policy.pick_victims(num_blocks, 1)
         if self.enable_caching:
             for block in blocks:
                 if block.block_hash is not None:
@@ -222,35 +228,37 @@ class BlockPool:
     def _release_reserve(self, num_blocks: int) -> None:
         """Return reserved blocks to the policy until it holds ``num_blocks`` (soft pins yield
         before an allocation fails); :class:`NoFreeBlocksError` if all free blocks are fewer."""
-        short = num_blocks - len(self.free_queue)
+        short = num_blocks - len(self.policy)
         if short > len(self._hint_reserve.queue):
             raise NoFreeBlocksError(
                 f"cannot allocate {num_blocks} blocks: only {self.num_free_blocks} are free")
         self._hint_reserve.release(short)
 
-    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Take one more reference on each block; a free (cached) block leaves the free queue.
+    def touch(self, blocks: Iterable[KVCacheBlock], *, trusted: bool = False) -> None:
+        """Take one more reference on each block; a free (cached) block leaves the free side
+        (the policy, which records the hit, or the hint reserve).
 
         Null blocks are skipped: their reference count is not tracked.  A block of another pool,
-        or a free block that is not in the free queue, raises :class:`BlockStateError` before
+        or a free block that is not on the free side, raises :class:`BlockStateError` before
         anything changes.
-        """
-        batch = self._check_takeable(blocks, "touch")
-        self._touch(batch)
 
-    def _touch(self, blocks: Sequence[KVCacheBlock]) -> None:
-        """``touch`` for blocks known to be this pool's and consistent (the managers' hits,
-        checked where they enter the manager)."""
+        ``trusted`` skips those checks, for a caller passing blocks known to be this pool's and
+        consistent (kvcore's single-type managers: their hits, checked where they entered the
+        manager).
+        """
+        batch = blocks if type(blocks) is list else list(blocks)
+        if not trusted:
+            self._check_takeable(batch, "touch")
         observer = self._observer
         if observer is not None:
-            for block in blocks:
+            for block in batch:
                 if not block.is_null:
                     observer.on_block_accessed(block)
-        if self._reserved:  # reserved blocks are handed out here; the policy records the hit
-            reserved = self._reserved
+        reserved = self._hint_reserve.held
+        if reserved:  # reserved blocks are handed out here; the policy records the hit
             held: list[KVCacheBlock] = []
             rest: list[KVCacheBlock] = []
-            for block in blocks:
+            for block in batch:
                 (held if block.block_id in reserved else rest).append(block)
             if held:
                 for block in held:
@@ -259,9 +267,14 @@ class BlockPool:
                         continue
                     self._hint_reserve.unhold(block)
                     block.ref_cnt = 1
-                self.free_queue.on_hit(held)
-                blocks = rest
-        self.free_queue.on_touch(blocks)
+                self.policy.on_hit(held)
+                batch = rest
+        self.policy.on_touch(batch)
+
+    def _touch(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """``touch(blocks, trusted=True)``: the managers' former entry point, kept until they
+        call ``touch`` (to be removed)."""
+        self.touch(blocks, trusted=True)
 
     def pin(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take one more reference on each block *without* recording an access: a free block
@@ -272,8 +285,9 @@ class BlockPool:
         Null blocks are skipped.  A block of another pool, or a free block that is not on the
         free side, raises :class:`BlockStateError` before anything changes.
         """
-        batch = self._check_takeable(blocks, "pin")
-        reserved = self._reserved
+        batch = blocks if type(blocks) is list else list(blocks)
+        self._check_takeable(batch, "pin")
+        reserved = self._hint_reserve.held
         for block in batch:
             if block.is_null:
                 continue
@@ -281,7 +295,7 @@ class BlockPool:
                 if block.block_id in reserved:
                     self._hint_reserve.unhold(block)
                 else:
-                    self.free_queue.remove(block)
+                    self.policy.remove(block)
             block.ref_cnt += 1
 
     def retain(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -294,22 +308,24 @@ class BlockPool:
         if self.enable_caching:
             cached = [b for b in batch if b.ref_cnt > 0 and b.block_hash is not None]
             if cached:
-                self.free_queue.on_hit(cached)
+                self.policy.on_hit(cached)
 
-    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock], *,
+                    trusted: bool = False) -> None:
         """Drop one reference on each block, ``ordered_blocks`` being in eviction priority order
-        (first = evict first).  Blocks reaching zero return to the free queue: unhashed ones to the
-        head, hashed ones to the tail.  Null blocks are skipped.
+        (first = evict first).  Null blocks are skipped.  Blocks reaching zero return to the free
+        side in that order, the uncached ones apart from the cached ones: the policy places
+        each kind (``lru``: uncached to the head, reused first, cached to the tail), and a
+        cached block serving a declared hint (``set_hints``) waits in the reserve instead.
 
         Freeing a block more often than it is referenced raises :class:`DoubleFreeError`, and a
         block of another pool :class:`BlockStateError`; either leaves everything unchanged.
+        ``trusted`` skips the ownership check (not the double-free one), for a caller freeing
+        blocks of its own tables (kvcore's single-type managers).
         """
         blocks = ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks)
-        self._check_owned(blocks, "free_blocks")
-        self._free_blocks(blocks)
-
-    def _free_blocks(self, blocks: list[KVCacheBlock]) -> None:
-        """``free_blocks`` for blocks known to be this pool's (the managers' own tables)."""
+        if not trusted:
+            self._check_owned(blocks, "free_blocks")
         to_head: list[KVCacheBlock] = []
         to_tail: list[KVCacheBlock] = []
         caching = self.enable_caching
@@ -332,10 +348,17 @@ class BlockPool:
                     if not undo.is_null:
                         undo.ref_cnt += 1
                 raise DoubleFreeError(f"block {block.block_id} freed with ref_cnt {ref_cnt}")
-        if to_tail and self._hints is not None:
-            to_tail = self._hint_reserve.divert(to_tail, self._cached)
+        if to_tail:
+            reserve = self._hint_reserve
+            if reserve.hints is not None:
+                to_tail = reserve.divert(to_tail, self._maps.cached)
         if to_head or to_tail:
-            self.free_queue.on_free(to_head, to_tail)
+            self.policy.on_free(to_head, to_tail)
+
+    def _free_blocks(self, blocks: list[KVCacheBlock]) -> None:
+        """``free_blocks(blocks, trusted=True)``: the managers' former entry point, kept until
+        they call ``free_blocks`` (to be removed)."""
+        self.free_blocks(blocks, trusted=True)
 
     def set_hints(self, hashes: Sequence[Iterable[BlockHash]]) -> None:
         """Declare the prefixes a scheduler is about to run: per group, the block hashes of its
@@ -353,8 +376,8 @@ class BlockPool:
                 f"set_hints needs one hash collection per group ({self.num_groups}), "
                 f"got {hashes!r:.80}")
         new = [dict.fromkeys(check_hashes(group)) for group in hashes]
-        self._hint_reserve.declare(new if self.enable_caching and any(new) else None, self._cached)
-        self._hints = self._hint_reserve.hints
+        self._hint_reserve.declare(new if self.enable_caching and any(new) else None,
+                                   self._maps.cached)
 
     # -- prefix cache ---------------------------------------------------------------------------
     def cache_full_blocks(
@@ -400,9 +423,10 @@ class BlockPool:
                                                group_id, block_mask, prefix_nodes)
         if not new_blocks:
             return
-        cached = self._cached[group_id]
+        maps = self._maps
+        cached = maps.cached[group_id]
         nodes = prefix_nodes if self.verify_hits else None
-        partial = self._partial_primary
+        partial = maps.partial_primary
         stored: list[int] = []  # indices into new_blocks
         num_already_cached = 0
         for i, block in enumerate(new_blocks):
@@ -420,7 +444,7 @@ class BlockPool:
             if nodes is not None:
                 block.prefix_node = nodes[idx]
             if h in cached:
-                self._dups[group_id].setdefault(h, {})[block.block_id] = block
+                maps.dups[group_id].setdefault(h, {})[block.block_id] = block
             else:
                 cached[h] = block
             stored.append(i)
@@ -458,16 +482,17 @@ class BlockPool:
         """Remove every key of ``block`` from its group's map (the block itself stays where it
         is): its hash, and any partial entries it also carries."""
         g = block.group_id
-        if self._secondary or self._partial_primary:
-            removed = self._maps.drop_keys(block)
+        maps = self._maps
+        if maps.secondary or maps.partial_primary:
+            removed = maps.drop_keys(block)
         else:  # the common case, inlined (lazy eviction runs for every reused cached block)
             h = block.block_hash
             assert h is not None
-            cached = self._cached[g]
-            if cached.get(h) is block and h not in self._dups[g]:
+            cached = maps.cached[g]
+            if cached.get(h) is block and h not in maps.dups[g]:
                 del cached[h]
             else:
-                self._maps.unmap(g, h, block)
+                maps.unmap(g, h, block)
             block.block_hash = None
             block.group_id = -1
             block.prefix_node = None
@@ -529,18 +554,19 @@ class BlockPool:
                 raise NullBlockError("the null block is never cached, cannot evict it")
             ids.append(block_id)
         observer = self._observer
+        reserved = self._hint_reserve.held
         for block_id in ids:
             block = self.blocks[block_id]
             if observer is not None:  # every id listed, cached or not, as vLLM reports them
                 observer.on_block_evicted(block)
             if block.block_hash is not None:
-                self.free_queue.on_evict((block,))
+                self.policy.on_evict((block,))
                 self._evict(block)
-                if block_id in self._reserved:  # no longer serves a prefix: back to the policy
+                if block_id in reserved:  # no longer serves a prefix: back to the policy
                     self._hint_reserve.unhold(block)
-                    self.free_queue.on_free((block,), ())
+                    self.policy.on_free((block,), ())
                 elif block.ref_cnt == 0:
-                    self.free_queue.on_uncache(block)
+                    self.policy.on_uncache(block)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash.  Refuses (returns ``False``, changes nothing) while any
@@ -548,7 +574,7 @@ class BlockPool:
         if self.num_free_blocks != self.num_blocks - 1:
             return False
         self.set_hints([() for _ in range(self.num_groups)])
-        self.free_queue.reset()
+        self.policy.reset()
         self._maps.clear()
         for block in self.blocks:
             block.block_hash = None
@@ -579,17 +605,15 @@ class BlockPool:
             if not 0 <= bid < n or mine[bid] is not block:
                 raise BlockStateError(f"{op}: {block!r} is not a block of this pool")
 
-    def _check_takeable(self, blocks: Iterable[KVCacheBlock], op: str) -> list[KVCacheBlock]:
-        """``blocks`` as a list, after checking each is one of this pool's and, if free, on the
-        free side (what ``touch`` and ``pin`` take a reference on); raises
-        :class:`BlockStateError` otherwise."""
-        batch = blocks if type(blocks) is list else list(blocks)
-        self._check_owned(batch, op)
-        for block in batch:
+    def _check_takeable(self, blocks: list[KVCacheBlock], op: str) -> None:
+        """Check that each block is one of this pool's and, if free, on the free side (what
+        ``touch`` and ``pin`` take a reference on); raises :class:`BlockStateError`
+        otherwise."""
+        self._check_owned(blocks, op)
+        for block in blocks:
             if block.ref_cnt == 0 and not block.is_null and block.prev_free is None:
                 raise BlockStateError(f"{op}: block {block.block_id} has ref_cnt 0 but is not "
                                       "in the free queue")
-        return batch
 
     def _blocks_to_cache(self, blocks: Sequence[KVCacheBlock], hashes: Sequence[BlockHash],
                          num_cached_blocks: int, num_full_blocks: int, group_id: int,

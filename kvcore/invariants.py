@@ -82,7 +82,7 @@ def _count_references(pool: BlockPool, owners: Mapping[object, BlockLists]) -> C
 def _check_free_side(pool: BlockPool) -> set[int]:
     """Every list of the policy and the hint reserve; returns the ids of all linked blocks."""
     seen: set[int] = set()
-    policy = pool.free_queue
+    policy = pool.policy
     for queue in policy.queues():
         _check_queue(pool, queue, seen)
     linked_in_policy = len(seen)
@@ -101,9 +101,9 @@ def _check_free_side(pool: BlockPool) -> set[int]:
                 or pool.cached_blocks_map(g).get(block.block_hash) is not block):
             raise _fail("hint-reserve", "a reserved block does not cache a declared hash "
                         "(as the block a lookup would hit)", block)
-    if reserve != pool._reserved:
+    if reserve != pool._hint_reserve.held:
         raise _fail("hint-reserve", "the reserve's id set differs from its list",
-                    observed=sorted(reserve ^ pool._reserved))
+                    observed=sorted(reserve ^ pool._hint_reserve.held))
     return seen
 
 

@@ -272,7 +272,7 @@ CASES = [
         [w.m.pool.blocks[1], w.other.pool.blocks[1]]), BlockStateError,
          "not a block of this pool", f"{P}.touch"),
     Case("pool", "free a free block", lambda w: w.m.pool.free_blocks(
-        [w.m.pool.blocks[1], w.m.pool.free_queue.first()]), DoubleFreeError, "freed",
+        [w.m.pool.blocks[1], w.m.pool.policy.first()]), DoubleFreeError, "freed",
          f"{P}.free_blocks"),
     Case("pool", "an observer without callbacks", lambda w: w.m.pool.set_observer(
         object()), InvalidArgumentError,  # type: ignore[arg-type]  # deliberately bad
@@ -289,7 +289,7 @@ CASES = [
         w.running, w.m.get_blocks("run")[0], 0, 2, 4, 3), InvalidGroupError, "group id 3",
          f"{P}.cache_full_blocks"),
     Case("pool", "cache a free block", lambda w: w.m.pool.cache_full_blocks(
-        w.freed, [w.m.pool.free_queue.first()], 0, 1, 4, 0), BlockStateError, "is free"),
+        w.freed, [w.m.pool.policy.first()], 0, 1, 4, 0), BlockStateError, "is free"),
     Case("pool", "partial entry off a hash boundary", lambda w: w.m.pool.cache_partial_block(
         w.running, w.m.get_blocks("run")[0][1], 6, 4, 0), InvalidArgumentError,
          "multiple of hash_block_size", f"{P}.cache_partial_block"),

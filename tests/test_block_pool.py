@@ -34,7 +34,7 @@ def test_construction_takes_null_block() -> None:
     pool = BlockPool(8)
     assert pool.null_block.block_id == 0 and pool.null_block.is_null
     assert pool.num_free_blocks == 7
-    assert ids(list(pool.free_queue)) == list(range(1, 8))
+    assert ids(list(pool.policy)) == list(range(1, 8))
     assert pool.usage == 0.0
     check_invariants(pool)
 
@@ -61,7 +61,7 @@ def test_free_tail_first_puts_unhashed_at_head_hashed_at_tail() -> None:
     _, blocks = cached_request_blocks(pool, "a", list(range(10)))
     assert ids(blocks) == [1, 2, 3]
     pool.free_blocks(list(reversed(blocks)))  # a request frees tail-first
-    order = ids(list(pool.free_queue))
+    order = ids(list(pool.policy))
     assert order[0] == 3  # unhashed: reused first
     assert order[-2:] == [2, 1]  # hashed: evicted last, the prefix's head last of all
     assert order == [3, 4, 5, 6, 7, 8, 9, 2, 1]
@@ -74,7 +74,7 @@ def test_unhashed_frees_are_lifo_at_head() -> None:
     pool = BlockPool(6)
     a = pool.get_new_blocks(2)
     pool.free_blocks(reversed(a))
-    assert ids(list(pool.free_queue))[:2] == [2, 1]
+    assert ids(list(pool.policy))[:2] == [2, 1]
     assert ids(pool.get_new_blocks(1)) == [2]
 
 
@@ -90,7 +90,7 @@ def test_cached_free_block_is_found_and_resurrected_by_touch() -> None:
     assert blocks[0].ref_cnt == 1
     assert blocks[0].prev_free is None and blocks[0].next_free is None
     assert pool.num_free_blocks == free_before - 1
-    assert blocks[0] not in list(pool.free_queue)
+    assert blocks[0] not in list(pool.policy)
     pool.touch(hit)  # a second sharer: ref_cnt 2, queue unchanged
     assert blocks[0].ref_cnt == 2 and pool.num_free_blocks == free_before - 1
     check_invariants(pool, {"r1": [blocks[0]], "r2": [blocks[0]]})
@@ -104,7 +104,7 @@ def test_reused_block_loses_old_hash_and_emits_block_removed() -> None:
                                   token_ids=tuple(range(8)), block_size=4, group_id=0,
                                   extra_keys=(None, None))]
     pool.free_blocks(reversed(blocks))
-    assert ids(list(pool.free_queue)) == [3, 2, 1]
+    assert ids(list(pool.policy)) == [3, 2, 1]
     reused = pool.get_new_blocks(2)  # 3 (never hashed) then 2 (hash of block index 1)
     assert ids(reused) == [3, 2]
     assert blocks[1].block_hash is None
@@ -229,7 +229,7 @@ def test_caching_disabled_never_hashes() -> None:
     assert all(b.block_hash is None for b in blocks)
     assert pool.get_cached_block(req.block_hashes[0], [0]) is None
     pool.free_blocks(reversed(blocks))
-    assert ids(list(pool.free_queue))[:2] == [2, 1]
+    assert ids(list(pool.policy))[:2] == [2, 1]
     check_invariants(pool)
 
 
@@ -313,3 +313,27 @@ def test_cache_rejects_bad_ranges_and_free_blocks() -> None:
         pool.cache_full_blocks(req, blocks, 1, 2, 4, 0)
     assert pool_snapshot(pool) == mid
     assert before != mid
+
+
+def test_free_queue_is_the_deprecated_name_of_policy() -> None:
+    pool = BlockPool(8)
+    with pytest.warns(DeprecationWarning, match="BlockPool.policy"):
+        assert pool.free_queue is pool.policy
+
+
+def test_trusted_touch_and_free_match_the_checked_calls() -> None:
+    """``trusted=True`` skips the input checks only: the same calls leave the same state (the
+    managers' entry points; the double free is still refused)."""
+    pools = [BlockPool(8), BlockPool(8)]
+    for pool, trusted in zip(pools, (False, True)):
+        _, blocks = cached_request_blocks(pool, "a", list(range(12)))
+        pool.free_blocks(blocks[::-1], trusted=trusted)
+        pool.touch(blocks[:2], trusted=trusted)
+        pool.free_blocks(blocks[:2][::-1], trusted=trusted)
+        with pytest.raises(DoubleFreeError):
+            pool.free_blocks([blocks[0]], trusted=trusted)
+        check_invariants(pool)
+    assert pool_snapshot(pools[0]) == pool_snapshot(pools[1])
+    assert ids(list(pools[0].policy)) == ids(list(pools[1].policy))
+    with pytest.raises(BlockStateError):  # the checked call still checks
+        pools[0].touch([pools[1].blocks[1]])

@@ -92,19 +92,19 @@ def is_cached(pool: BlockPool, h: BlockHash, block: KVCacheBlock | None = None) 
 
 
 def slru(pool: BlockPool) -> SLRUPolicy:
-    policy = pool.free_queue
+    policy = pool.policy
     assert isinstance(policy, SLRUPolicy)
     return policy
 
 
 def s3fifo(pool: BlockPool) -> S3FIFOPolicy:
-    policy = pool.free_queue
+    policy = pool.policy
     assert isinstance(policy, S3FIFOPolicy)
     return policy
 
 
 def arc(pool: BlockPool) -> ARCPolicy:
-    policy = pool.free_queue
+    policy = pool.policy
     assert isinstance(policy, ARCPolicy)
     return policy
 
@@ -422,9 +422,9 @@ def test_s3fifo_main_reinserts_a_hit_head_once_per_hit() -> None:
 
 def test_lru_is_the_historical_free_queue() -> None:
     for pool in (BlockPool(8), BlockPool(8, eviction_policy="lru")):
-        assert type(pool.free_queue) is FreeBlockQueue
+        assert type(pool.policy) is FreeBlockQueue
         assert pool.eviction_policy == "lru"
-        assert ids(list(pool.free_queue)) == list(range(1, 8))
+        assert ids(list(pool.policy)) == list(range(1, 8))
 
 
 class _QueueModel:
@@ -476,7 +476,7 @@ def test_lru_order_is_the_historical_free_queue_order(
             model.free(pool, blocks[::-1])
         elif op == "evict":
             pool.evict_blocks([1 + i % 9])
-        assert ids(list(pool.free_queue)) == model.queue
+        assert ids(list(pool.policy)) == model.queue
         check_invariants(pool, {k: [b] for k, b in enumerate(held)})
 
 
@@ -565,7 +565,7 @@ def test_hinted_blocks_are_reused_after_every_other_free_block(policy: str) -> N
     cached_free(pool, 3, 2)
     pool.set_hints([[h for h in (a[0].block_hash, a[1].block_hash) if h is not None]])
     assert sorted(ids(list(pool.reserve))) == sorted(ids(a))
-    assert pool.num_free_blocks == 11 and len(pool.free_queue) == 9
+    assert pool.num_free_blocks == 11 and len(pool.policy) == 9
     assert pool.hints == (frozenset(blk.block_hash for blk in a),)
     check_invariants(pool)
     taken = pool.get_new_blocks(9)
@@ -590,7 +590,7 @@ def test_a_block_freed_while_declared_goes_to_the_reserve(policy: str) -> None:
     assert len(pool.reserve) == 0  # in use: nothing to reserve yet
     release(pool, held)
     assert ids(list(pool.reserve)) == [held[1].block_id]
-    assert held[0].block_id in ids(list(pool.free_queue))
+    assert held[0].block_id in ids(list(pool.policy))
     check_invariants(pool)
 
 
@@ -601,8 +601,8 @@ def test_allocation_never_fails_while_free_blocks_exist_reserve_included(policy:
     pool.set_hints([[blk.block_hash for blk in blocks]])  # type: ignore[misc]  # cached
     reserved = len(pool.reserve)
     assert reserved > 0 and pool.num_free_blocks == 11
-    pool.get_new_blocks(len(pool.free_queue))  # the policy has nothing left
-    assert len(pool.free_queue) == 0 and pool.num_free_blocks == reserved
+    pool.get_new_blocks(len(pool.policy))  # the policy has nothing left
+    assert len(pool.policy) == 0 and pool.num_free_blocks == reserved
     before = pool_snapshot(pool)
     with pytest.raises(NoFreeBlocksError):
         pool.get_new_blocks(reserved + 1)
@@ -641,11 +641,11 @@ def test_re_declaring_without_a_hash_returns_its_block_to_the_policy(policy: str
     assert sorted(ids(list(pool.reserve))) == sorted(ids(a))
     pool.set_hints([ha[1:]])  # type: ignore[list-item]
     assert ids(list(pool.reserve)) == [a[1].block_id]
-    assert a[0].block_id in ids(list(pool.free_queue))
+    assert a[0].block_id in ids(list(pool.policy))
     check_invariants(pool)
     pool.set_hints([[]])
     assert len(pool.reserve) == 0 and pool.hints == (frozenset(),)
-    assert set(ids(a)) <= set(ids(list(pool.free_queue)))
+    assert set(ids(a)) <= set(ids(list(pool.policy)))
     assert pool.num_free_blocks == 11
     check_invariants(pool)
 
@@ -720,7 +720,7 @@ def test_evict_blocks_on_a_reserved_block(policy: str) -> None:
     pool.evict_blocks([a[0].block_id])
     assert a[0].block_hash is None and not is_cached(pool, h0)
     assert ids(list(pool.reserve)) == [a[1].block_id]
-    assert pool.free_queue.first() is a[0]  # no cache value left: reused first
+    assert pool.policy.first() is a[0]  # no cache value left: reused first
     assert pool.num_free_blocks == 11
     check_invariants(pool)
     assert ids(pool.get_new_blocks(1)) == [a[0].block_id]
@@ -821,7 +821,7 @@ def test_retention_hint_keeps_a_finished_prefix_as_reused() -> None:
     m, blocks = _freed_with("s3fifo", True)
     assert [s3fifo(m.pool).mark(b) for b in blocks] == [1, 1]
     # lru orders by recency only: the hint changes nothing.
-    orders = [[b.block_id for b in _freed_with("lru", r)[0].pool.free_queue]
+    orders = [[b.block_id for b in _freed_with("lru", r)[0].pool.policy]
               for r in (False, True)]
     assert orders[0] == orders[1]
 
@@ -970,7 +970,7 @@ class PolicyMachine(RuleBasedStateMachine):
     def _free_side(self) -> tuple[set[int], set[int], set[int]]:
         """Ids of the blocks in the reserve, in the policy, and those of them without a hash."""
         pool = self.m.pool
-        in_policy = {b.block_id for b in pool.free_queue}
+        in_policy = {b.block_id for b in pool.policy}
         return ({b.block_id for b in pool.reserve}, in_policy,
                 {bid for bid in in_policy if pool.blocks[bid].block_hash is None})
 
@@ -1267,7 +1267,7 @@ def test_the_offline_bound_survives_evictions_and_resets(drop: str) -> None:
     req = manager.make_request("a", [*tokens(1, 2), 5])
     assert manager.allocate_slots(req, req.num_tokens) is not None
     cached = [b.block_id for b in manager.get_blocks("a")[0] if b.block_hash is not None]
-    policy = manager.pool.free_queue
+    policy = manager.pool.policy
     assert isinstance(policy, ReplayBelady)
     policy.uses = {h: [5] for h in req.block_hashes}  # needed again by request 5: kept longer
     manager.free(req)
@@ -1369,7 +1369,7 @@ def test_ghost_tables_are_keyed_by_group_and_hash(name: str) -> None:
     only group 0's return a ghost hit: group 1's copy, freed for the first time, is new."""
     first_time, returned = GHOST_HOMES[name]
     pool = BlockPool(12, num_groups=2, eviction_policy=name)
-    policy = pool.free_queue
+    policy = pool.policy
     assert isinstance(policy, (SLRUPolicy, S3FIFOPolicy, ARCPolicy))
     _, (in_group0,) = cache(pool, 0, group_id=0)
     _, (in_group1,) = cache(pool, 0, group_id=1)

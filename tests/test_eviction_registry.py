@@ -92,7 +92,7 @@ def test_a_policy_registered_from_outside_reaches_every_entry_point(
         mru: str, capsys: pytest.CaptureFixture[str]) -> None:
     # The pool and the manager run it by name.
     pool = BlockPool(6, eviction_policy=mru)
-    assert isinstance(pool.free_queue, MRUPolicy) and pool.eviction_policy == "mru"
+    assert isinstance(pool.policy, MRUPolicy) and pool.eviction_policy == "mru"
     mgr = KVCacheManager(make_config(full_spec(block_size=2), num_blocks=6), 64,
                          eviction_policy=mru)
     a = mgr.make_request("a", list(range(7)))

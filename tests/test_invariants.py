@@ -49,7 +49,7 @@ def expect(rule: str, fault: Callable[[BlockPool, list[KVCacheBlock]], object],
 
 
 def queue_ids(pool: BlockPool) -> list[KVCacheBlock]:
-    return list(pool.free_queue)
+    return list(pool.policy)
 
 
 def test_clean_pool_passes() -> None:
@@ -74,7 +74,7 @@ def test_broken_chain() -> None:
 
 def test_tail_sentinel_mismatch() -> None:
     def fault(pool: BlockPool, a: list[KVCacheBlock]) -> None:
-        pool.free_queue.tail.prev_free = queue_ids(pool)[0]
+        pool.policy.tail.prev_free = queue_ids(pool)[0]
     expect("queue-links", fault)
 
 
@@ -99,7 +99,7 @@ def test_foreign_block_in_queue() -> None:
 
 def test_length_counter_drift() -> None:
     def fault(pool: BlockPool, a: list[KVCacheBlock]) -> None:
-        pool.free_queue._num_free += 1
+        pool.policy._num_free += 1
     err = expect("queue-length", fault)
     assert err.observed == (9, 8)
 
@@ -159,7 +159,7 @@ def test_hashed_block_missing_from_map() -> None:
 def test_map_entry_removed_behind_the_blocks_back() -> None:
     def fault(pool: BlockPool, a: list[KVCacheBlock]) -> None:
         h = a[1].block_hash
-        del pool._cached[0][h]  # type: ignore[index]
+        del pool._maps.cached[0][h]  # type: ignore[index]
     expect("hashed-unmapped", fault, block_id=2)
 
 
@@ -185,7 +185,7 @@ def test_null_block_hashed() -> None:
 
 def test_null_block_in_map() -> None:
     def fault(pool: BlockPool, a: list[KVCacheBlock]) -> None:
-        pool._cached[0][BlockHash(b"\x09" * 16)] = pool.null_block
+        pool._maps.cached[0][BlockHash(b"\x09" * 16)] = pool.null_block
     expect("null-block", fault, block_id=0)
 
 

@@ -50,7 +50,7 @@ def test_free_order_is_eviction_order() -> None:
     r = m.make_request("a", range(10))  # blocks 1, 2 full (cached); 3 partial
     admit(m, r)
     m.free(r)
-    order = [b.block_id for b in m.pool.free_queue]
+    order = [b.block_id for b in m.pool.policy]
     assert order == [3, 4, 5, 6, 7, 8, 9, 2, 1]
     other = m.make_request("b", range(100, 136))
     admit(m, other)

@@ -49,7 +49,7 @@ def test_sliding_window_frees_blocks_that_left_the_window() -> None:
     assert m.get_block_ids("a") == ([0, 0, 0, 4, 5, 6],)
     assert m.num_free_blocks == free_before + 3 - 1
     # The released blocks are cached, so they go to the tail, newest released first.
-    assert ids(m.pool.free_queue)[-3:] == [3, 2, 1]
+    assert ids(m.pool.policy)[-3:] == [3, 2, 1]
     m.check_invariants()
 
 

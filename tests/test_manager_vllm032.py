@@ -32,7 +32,7 @@ def test_free_leaves_a_block_list_from_get_blocks_in_order() -> None:
     assert [b.block_id for b in held] == before  # not reversed in place
     # ... while the pool still frees tail first: the prefix is evicted last (the unhashed
     # partial block 3 is reused first).
-    order = [b.block_id for b in m.pool.free_queue]
+    order = [b.block_id for b in m.pool.policy]
     assert order[0] == 3 and order[-2:] == [2, 1]
     m.check_invariants()
 
@@ -203,12 +203,12 @@ def test_a_deferred_free_withholds_the_blocks_until_they_are_returned() -> None:
     assert m.get_computed_blocks(again)[1] == 12  # withheld blocks still serve hits
     m.free_withheld(reversed(blocks))
     assert m.num_withheld_blocks == 0 and m.num_free_blocks == free_before + 4
-    deferred_order = [b.block_id for b in m.pool.free_queue]
+    deferred_order = [b.block_id for b in m.pool.policy]
     m.check_invariants()
 
     m, r = fresh()
     m.free(r)
-    assert [b.block_id for b in m.pool.free_queue] == deferred_order
+    assert [b.block_id for b in m.pool.policy] == deferred_order
 
 
 def test_returning_withheld_blocks_twice_or_foreign_blocks_changes_nothing() -> None:
@@ -266,18 +266,18 @@ def test_withheld_references_of_an_outside_holder_pin_blocks_without_an_access(
     admit(m, a)
     admit(m, b)
     m.free(b)
-    cached = [x for x in m.pool.free_queue if x.block_hash is not None]
+    cached = [x for x in m.pool.policy if x.block_hash is not None]
     in_use = m.get_blocks("a")[0][0]
-    marks = [getattr(m.pool.free_queue, "mark", lambda _: 0)(x) for x in m.pool.blocks]
+    marks = [getattr(m.pool.policy, "mark", lambda _: 0)(x) for x in m.pool.blocks]
     free_before = m.num_free_blocks
     m.withhold([*cached, in_use, cached[0], m.pool.null_block])
     assert m.withheld_blocks() == {**{x.block_id: 1 for x in cached}, in_use.block_id: 1,
                                    cached[0].block_id: 2}
     assert m.num_free_blocks == free_before - len(cached) and in_use.ref_cnt == 2
-    assert [getattr(m.pool.free_queue, "mark", lambda _: 0)(x) for x in m.pool.blocks] == marks
+    assert [getattr(m.pool.policy, "mark", lambda _: 0)(x) for x in m.pool.blocks] == marks
     m.check_invariants()
     snap = manager_snapshot(m)
-    unhashed = next(x for x in m.pool.free_queue if x.block_hash is None)
+    unhashed = next(x for x in m.pool.policy if x.block_hash is None)
     with pytest.raises(BlockStateError, match="in use by nobody"):
         m.withhold([in_use, unhashed])
     with pytest.raises(BlockStateError, match="not a block of this pool"):

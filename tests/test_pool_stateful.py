@@ -186,7 +186,7 @@ class PoolMachine(RuleBasedStateMachine):
     @invariant()
     def matches_model_and_invariants_hold(self) -> None:
         pool, model = self.pool, self.model
-        assert [b.block_id for b in pool.free_queue] == model.queue
+        assert [b.block_id for b in pool.policy] == model.queue
         assert {b.block_id: b.ref_cnt for b in pool.blocks[1:]} == model.ref
         assert {b.block_id: (b.group_id, b.block_hash) for b in pool.blocks
                 if b.block_hash is not None} == model.hash_of

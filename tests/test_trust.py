@@ -268,7 +268,7 @@ def test_touch_and_free_of_foreign_blocks_change_nothing() -> None:
     mine = pool.get_new_blocks(2)
     theirs = other.get_new_blocks(1)
     befores = pool_snapshot(pool), pool_snapshot(other)
-    first, other_first = pool.free_queue.first(), other.free_queue.first()
+    first, other_first = pool.policy.first(), other.policy.first()
     assert first is not None and other_first is not None
     for call in (lambda: pool.touch([mine[0], theirs[0]]),
                  lambda: pool.touch([first, other_first]),

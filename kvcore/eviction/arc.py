@@ -142,6 +142,7 @@ class ARCPolicy(SegmentedPolicy):
                 to = T2 if home == T2 or marks[bid] else T1
             else:  # first free since it was cached: did its hash come back from a ghost list?
                 g = block.group_id
+                # ghost_key(), inlined (see there)
                 h: GhostKey = block.block_hash if g == 0 else (g, block.block_hash)  # type: ignore[assignment]  # cached: hashed
                 to = T2 if marks[bid] else T1  # hit while in use: a second access
                 if b1 and h in b1:
@@ -203,6 +204,7 @@ class ARCPolicy(SegmentedPolicy):
                 sizes[home] -= 1
                 homes[block.block_id] = 0
             g = block.group_id
+            # ghost_key(), inlined (see there)
             (frequent if home == T2 else recent).append(h if g == 0 else (g, h))
         if recent:
             self._b2.discard_all(recent)

@@ -103,7 +103,7 @@ class EvictionPolicy:
 
     def remove(self, block: KVCacheBlock) -> None:
         """Take one free ``block`` out of the policy without an access (the pool reserves it for
-        a scheduler hint)."""
+        a scheduler hint, or ``pin`` takes a reference on it)."""
         raise NotImplementedError
 
     def on_evict(self, blocks: Sequence[KVCacheBlock]) -> None:

@@ -56,7 +56,10 @@ class SLRUPolicy(SegmentedPolicy):
         segments = self._segments
         # Probation blocks are linked in this pass (``FreeBlockQueue.append_n``'s logic, inlined).
         # Unlike ``append_n`` it does not re-check that each block is unlinked and not the null
-        # block: the pool passes only blocks whose reference count just reached 0.
+        # block: the pool passes only blocks whose reference count just reached 0.  Building the
+        # list for ``append_n`` instead (a second pass), with ``FreeBlockQueue.pick_victims`` in
+        # ``pick_victims`` below, cost 1.04x on the eviction-heavy slru row (``kvcore bench
+        # manager``, pure Python, 15 repeats, 2026-11-27).
         probation_q = segments[PROBATION]
         tail = probation_q.tail
         last: KVCacheBlock = tail.prev_free  # type: ignore[assignment]  # linked
@@ -65,7 +68,7 @@ class SLRUPolicy(SegmentedPolicy):
         for block in cached:
             bid = block.block_id
             g = block.group_id
-            key = block.block_hash if g == 0 else (g, block.block_hash)
+            key = block.block_hash if g == 0 else (g, block.block_hash)  # ghost_key(), inlined
             if marks[bid] or key in ghost or key in old:
                 if not marks[bid]:
                     self._recall(key)  # type: ignore[arg-type]  # cached: hashed
@@ -96,7 +99,7 @@ class SLRUPolicy(SegmentedPolicy):
     def pick_victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
         # Clean, then probation, then protected heads.  Unlinking (``FreeBlockQueue``'s) and the
         # release (``_release``: segment table, ghost table) are fused into one pass per
-        # segment; only protected victims carry a mark to clear.
+        # segment (the split cost: see ``on_free``); only protected victims carry a mark to clear.
         segments = self._segments
         segment_of = self._segment_of
         remember = self.ghost_capacity > 0
@@ -119,7 +122,7 @@ class SLRUPolicy(SegmentedPolicy):
                 h = node.block_hash
                 if h is not None and remember:
                     g = node.group_id
-                    ghost.add(h if g == 0 else (g, h))
+                    ghost.add(h if g == 0 else (g, h))  # ghost_key(), inlined
                 out.append(node)
                 node = nxt
             head.next_free = node

@@ -448,7 +448,7 @@ class HostileDriver:
         self._refused(NullBlockError, lambda: m.evict_blocks([0]))
         self._refused(InvalidArgumentError, lambda: m.evict_blocks([self.setup.num_blocks]))
         self._refused(InvalidArgumentError, lambda: m.evict_blocks([True]))
-        free = pool.free_queue.first()
+        free = pool.policy.first()
         if free is not None:
             self._refused(KVCoreError, lambda: pool.free_blocks([free]), "freed")
         self.last = None

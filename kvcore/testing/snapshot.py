@@ -23,7 +23,7 @@ def pool_snapshot(pool: BlockPool) -> tuple[object, ...]:
                     None if b.next_free is None else b.next_free.block_id) for b in pool.blocks)
     maps = tuple(tuple((h, b.block_id) for h, b in pool.iter_cached(g))
                  for g in range(pool.num_groups))
-    policy = pool.free_queue
+    policy = pool.policy
     segments = tuple(tuple(b.block_id for b in q) for q in policy.queues())
     return (tuple(b.block_id for b in policy), len(policy), segments, policy.check(), blocks,
             maps, tuple(b.block_id for b in pool.reserve), pool.hints, (pool.events.pending if pool.events is not None else ()),

@@ -345,7 +345,7 @@ class KvcoreImpl(_Impl):
         return [list(x) for x in self.m.get_block_ids(rid)]
 
     def free_queue(self) -> list[int]:
-        return [b.block_id for b in self.m.pool.free_queue]
+        return [b.block_id for b in self.m.pool.policy]
 
     def reset(self) -> bool:
         return self.m.reset_prefix_cache()
@@ -537,7 +537,7 @@ class AdapterImpl(VllmImpl):
             log_stats=True, enable_kv_cache_events=True, **options)
 
     def free_queue(self) -> list[int]:
-        return [b.block_id for b in self.m.kv.pool.free_queue]
+        return [b.block_id for b in self.m.kv.pool.policy]
 
 
 class Replayer:

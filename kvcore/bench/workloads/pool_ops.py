@@ -52,7 +52,7 @@ def fill_cache(impl: str, pool: Any) -> None:
     """Give every free block a distinct hash in group 0 (as if a full prefix cache)."""
     blocks = pool.get_new_blocks(len(pool.blocks) - 1)
     if impl == "kvcore":
-        cached = pool._cached[0]
+        cached = pool._maps.cached[0]
         for b in blocks:
             h = b.block_id.to_bytes(16, "little")
             b.block_hash = h
@@ -69,7 +69,7 @@ def fill_cache(impl: str, pool: Any) -> None:
 
 def refill_hashes(impl: str, pool: Any, blocks: list[Any], salt: int) -> None:
     if impl == "kvcore":
-        cached = pool._cached[0]
+        cached = pool._maps.cached[0]
         for b in blocks:
             h = (b.block_id + salt).to_bytes(16, "little")
             b.block_hash = h

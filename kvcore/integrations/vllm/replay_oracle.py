@@ -50,7 +50,7 @@ class OracleFeed:
 
     def __init__(self, sched: Any, requests: Sequence[Any]) -> None:
         kv = sched.kv_cache_manager.kv  # the adapter's kvcore manager
-        policy = kv.pool.free_queue
+        policy = kv.pool.policy
         if not isinstance(policy, ReplayBelady):
             raise InvalidArgumentError(f"the scheduler's pool runs {policy.name}, not an offline "
                                        "bound (make it with bound_scheduler_cls)")

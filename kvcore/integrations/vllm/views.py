@@ -156,7 +156,7 @@ class FreeBlockQueueView:
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
         """Every free block, in the order they would be reused (the reserve's last)."""
-        return [*self._pool.free_queue, *self._pool.reserve]
+        return [*self._pool.policy, *self._pool.reserve]
 
     def __len__(self) -> int:
         return self._pool.num_free_blocks
@@ -175,7 +175,7 @@ class FreeBlockQueueView:
         :class:`~kvcore.errors.BlockStateError` (vLLM's queue would yield nothing after a block
         it no longer holds; its one caller resets such a cursor first)."""
         pool = self._pool
-        lists = [*pool.free_queue.queues(), pool.reserve]
+        lists = [*pool.policy.queues(), pool.reserve]
         view = self._views.view
         if cursor is None:
             return map(view, chain.from_iterable(lists))

@@ -207,7 +207,7 @@ def test_the_walk_is_the_order_kvcore_reuses_blocks_in(policy: str) -> None:
 
 
 def _marks(m: KVCacheManagerAdapter) -> list[int]:
-    policy = m.kv.pool.free_queue
+    policy = m.kv.pool.policy
     mark = getattr(policy, "mark", None)
     return [] if mark is None else [mark(b) for b in m.kv.pool.blocks]
 
