@@ -16,8 +16,7 @@ from typing import ClassVar
 
 from kvcore.coordinator.base import KVCacheCoordinator
 from kvcore.hashing import hashes_at
-from kvcore.managers import SingleTypeKVCacheManager
-from kvcore.managers.base import HitQuery, cdiv
+from kvcore.managers.base import HitQuery, SingleTypeKVCacheManager, cdiv
 from kvcore.specs import KVCacheSpec
 from kvcore.types import BlockHash, GroupBlocks, KVCacheBlock
 from kvcore.verify import HitVerifier

@@ -289,6 +289,12 @@ class SingleTypeKVCacheManager:
             self.num_cached_block[rid] = num_full
         if self.caches_partial_tail:
             self.cache_partial_tail(request, num_tokens)
+        self._after_caching(request, num_tokens, num_cached)
+
+    def _after_caching(self, request: RequestLike, num_tokens: int, num_cached_before: int) -> None:
+        """Called last by ``cache_blocks``, with how many of the request's blocks were cached
+        before it: types with per-step or hand-off state (Mamba) record the newly cached
+        blocks here."""
 
     def cache_partial_tail(self, request: KVRequest, num_tokens: int) -> None:
         """Register the prompt's last hash boundary inside a block as a partial entry (types with
