@@ -103,7 +103,7 @@ class HybridCoordinator(KVCacheCoordinator):
         """One spec group's own longest hit of at most ``max_length`` tokens; with ``drop``
         (EAGLE) it looks one block further (types that drop) so the drop lands on the bound."""
         limit = max_length
-        if drop and sg.manager_cls.drops_eagle_block:
+        if drop and not sg.spec.holds_state:  # (the manager's drops_eagle_block)
             limit = min(max_length + sg.spec.block_size,
                         len(block_hashes) * self.hash_block_size)
         return sg.manager_cls.find_longest_cache_hit(HitQuery(

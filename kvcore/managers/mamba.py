@@ -24,7 +24,7 @@ from kvcore.types import BlockHash, KVCacheBlock, KVRequest
 class MambaManager(SingleTypeKVCacheManager):
     allows_null_blocks = True
     releases_blocks = True
-    drops_eagle_block = False  # draft models have no state layers: the hit is kept whole
+    # (A hit is kept whole under EAGLE: MambaSpec.holds_state, see drops_eagle_block.)
 
     def __init__(self, spec: KVCacheSpec, group_id: int, ctx: ManagerContext) -> None:
         super().__init__(spec, group_id, ctx)
