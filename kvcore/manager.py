@@ -27,7 +27,8 @@ from typing import Any, Final, NoReturn, SupportsIndex
 
 from kvcore._mypyc import mypyc_attr
 from kvcore.block_pool import BlockPool
-from kvcore.coordinator import KVCacheCoordinator, make_coordinator
+from kvcore.coordinator import make_coordinator
+from kvcore.coordinator.base import KVCacheCoordinator
 from kvcore.errors import (
     BlockStateError,
     InvalidArgumentError,
@@ -41,7 +42,7 @@ from kvcore.hashing import BlockHasher, hashes_at, num_hashable_blocks
 from kvcore.request import Request, RequestBlockHasher, RequestLike
 from kvcore.settings import CacheSettings
 from kvcore.specs import KVCacheConfig
-from kvcore.types import BlockHash, KVCacheBlock, KVCacheBlocks, KVRequest, LookupHit
+from kvcore.types import BlockHash, GroupBlocks, KVCacheBlock, KVCacheBlocks, KVRequest, LookupHit
 from kvcore.validation import check_count, check_counts, check_flag
 from kvcore.verify import HitVerifier
 
@@ -92,6 +93,18 @@ def evictions_since_lookup(hits: object, request: object, pool: BlockPool) -> in
     if lookup is None or lookup[0] is not request:
         return 0
     return pool.num_evicted_blocks - lookup[2] + (pool.num_resets != lookup[3])
+
+
+class _Tracked:
+    """A running request's record: the request object holding the blocks and how many tokens
+    it has slots for (a native attribute read in the compiled build costs no more than
+    indexing a list)."""
+
+    __slots__ = ("num_slots", "request")
+
+    def __init__(self, request: RequestLike, num_slots: int) -> None:
+        self.request = request
+        self.num_slots = num_slots
 
 
 # Functions called with every manager KVCacheManager.__init__ has built (add_construction_hook):
@@ -180,9 +193,8 @@ class KVCacheManager:
         self.log_stats = settings.log_stats
         self.prefix_cache_stats: PrefixCacheStats | None = (
             PrefixCacheStats() if settings.log_stats else None)
-        # request id -> [request, num_slots]: the request object holding the blocks and how many
-        # tokens it has slots for (a two-item list: the cheapest mutable pair on the hot paths).
-        self._requests: dict[str, list[Any]] = {}
+        # request id -> the record of the running request holding blocks under it.
+        self._requests: dict[str, _Tracked] = {}
         # Deferred frees: block id -> references pop_blocks_for_free handed out and
         # free_withheld has not returned yet.
         self._withheld: dict[int, int] = {}
@@ -261,11 +273,7 @@ class KVCacheManager:
         if len(hit) != self.num_groups:
             raise InvalidArgumentError(f"hit must hold one block list per group "
                                        f"({self.num_groups}), got {len(hit)}")
-        for m, blocks in zip(self.coordinator.managers, hit):
-            if blocks:
-                self.pool.report_cached_blocks(
-                    request, len(blocks), m.block_size, m.group_id,
-                    hashes_at(request.block_hashes, self.hash_block_size, m.block_size))
+        self.coordinator.report_prefix_hit(request, hit)
 
     def record_prefix_cache_stats(self, request: RequestLike,
                                   num_hit_tokens: SupportsIndex) -> None:
@@ -303,7 +311,8 @@ class KVCacheManager:
         ``watermark_blocks`` more (vLLM's admission watermark, which a scheduler passes for a
         waiting or preempted request while others are scheduled; it counts in the
         ``full_sequence_must_fit`` check too, and also when the call needs no new block)."""
-        tracked = self._requests.get(request.request_id)
+        rid = request.request_id
+        tracked = self._requests.get(rid)
         num_computed = request.num_computed_tokens
         hits: Sequence[Sequence[KVCacheBlock]] = self._empty
         # A call that only adds tokens to a running request, or starts a fresh one from nothing,
@@ -316,66 +325,108 @@ class KVCacheManager:
                 and not full_sequence_must_fit
                 and (new_computed_blocks is None or new_computed_blocks is self._empty)
                 and (not num_computed if tracked is None else
-                     tracked[0] is request and num_computed <= tracked[1])):
+                     tracked.request is request and num_computed <= tracked.num_slots)):
             (num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
-             num_external_computed_tokens, num_encoder_tokens) = check_counts(
-                num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
-                num_external_computed_tokens, num_encoder_tokens)
-            hits = self._check_allocation(request, num_new_tokens, num_new_computed_tokens,
-                                          new_computed_blocks, num_external_computed_tokens)
-            if reserved_blocks is not _ZERO:
-                reserved_blocks = check_count("reserved_blocks", reserved_blocks)
-            if watermark_blocks is not _ZERO:
-                watermark_blocks = check_count("watermark_blocks", watermark_blocks)
+             num_external_computed_tokens, num_encoder_tokens, reserved_blocks, watermark_blocks,
+             hits) = self._validated_counts(
+                request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
+                num_lookahead_tokens, num_external_computed_tokens, num_encoder_tokens,
+                reserved_blocks, watermark_blocks)
         else:  # the counts the fast path found zero, as ints (for mypy and the compiled build)
             num_new_computed_tokens = num_lookahead_tokens = num_external_computed_tokens = 0
             num_encoder_tokens = reserved_blocks = watermark_blocks = 0
 
         num_local_computed = num_computed + num_new_computed_tokens
         total_computed = num_local_computed + num_external_computed_tokens
-        if total_computed + num_new_tokens > self.max_model_len:
+        num_computed_after = total_computed + num_new_tokens  # computed once this step ran
+        if num_computed_after > self.max_model_len:
             self._too_long(request, total_computed, num_new_tokens)
-        coord = self.coordinator
-        if full_sequence_must_fit:
-            full = min(request.num_tokens, self.max_model_len)
-            need = coord.num_blocks_to_allocate(
-                request.request_id, full, hits, num_encoder_tokens, total_computed,
-                self._admission_caps, full,
-                max(request.num_prompt_tokens, request.num_tokens - 1))
-            if need + watermark_blocks > self.pool.num_free_blocks:
-                return None
+        if full_sequence_must_fit and not self._full_sequence_fits(
+                request, hits, num_encoder_tokens, total_computed, watermark_blocks):
+            return None
         cache_upto = None  # cache up to the request's real tokens (never draft slots)
         if self.enable_caching and not delay_cache_blocks:
+            # (Inline, not a helper: a call costs ~50 ns of a ~1.5 µs pure-Python decode step.)
             num_tokens = len(request.all_token_ids)
             if ((len(request.block_hashes) + 1) * self.hash_block_size
                     <= num_tokens - self.num_hash_lookahead_tokens):
-                self._sync_hashes(request)
-            cache_upto = total_computed + num_new_tokens
-            if cache_upto > num_tokens:
-                cache_upto = num_tokens
-        num_slots = total_computed + num_new_tokens + num_lookahead_tokens
+                self._sync_hashes(request)  # a block filled: hash it before caching
+            cache_upto = num_computed_after if num_computed_after < num_tokens else num_tokens
+        num_slots = num_computed_after + num_lookahead_tokens
         if num_slots > self.max_model_len:
             num_slots = self.max_model_len
-        if tracked is None and self._sparse_retention:
-            boundary = self.shared_prefix_boundary(request)
-            if boundary:
-                coord.shared_prefix_boundaries[request.request_id] = boundary
-        new_blocks = coord.allocate(request, tracked is not None, num_slots, hits,
-                                    num_local_computed, num_external_computed_tokens,
-                                    num_encoder_tokens, cache_upto,
-                                    reserved_blocks + watermark_blocks,
-                                    total_computed + num_new_tokens)
-        if new_blocks is None:
-            if tracked is None and self._sparse_retention:
-                coord.shared_prefix_boundaries.pop(request.request_id, None)
-            return None
         if tracked is None:
-            self._requests[request.request_id] = [request, num_slots]
-        elif num_slots > tracked[1]:
-            tracked[1] = num_slots
-        if new_blocks is coord.no_blocks or not any(new_blocks):
+            new_blocks = self._admit(request, num_slots, hits, num_local_computed,
+                                     num_external_computed_tokens, num_encoder_tokens, cache_upto,
+                                     reserved_blocks + watermark_blocks, num_computed_after)
+            if new_blocks is None:
+                return None
+            self._requests[rid] = _Tracked(request, num_slots)
+        else:
+            new_blocks = self.coordinator.allocate_running(
+                request, num_slots=num_slots, num_computed_tokens=total_computed,
+                num_encoder_tokens=num_encoder_tokens, num_tokens_to_cache=cache_upto,
+                reserved_blocks=reserved_blocks + watermark_blocks,
+                num_main_tokens=num_computed_after)
+            if new_blocks is None:
+                return None
+            if num_slots > tracked.num_slots:
+                tracked.num_slots = num_slots
+        if new_blocks is self.coordinator.no_blocks or not any(new_blocks):
             return self._empty
         return KVCacheBlocks(new_blocks)
+
+    def _validated_counts(self, request: RequestLike, num_new_tokens: SupportsIndex,
+                          num_new_computed_tokens: SupportsIndex, new_computed_blocks: object,
+                          num_lookahead_tokens: SupportsIndex,
+                          num_external_computed_tokens: SupportsIndex,
+                          num_encoder_tokens: SupportsIndex, reserved_blocks: SupportsIndex,
+                          watermark_blocks: SupportsIndex
+                          ) -> tuple[int, int, int, int, int, int, int,
+                                     Sequence[Sequence[KVCacheBlock]]]:
+        """``allocate_slots``' arguments off the fast path, checked in full: its counts as ints
+        (new, new computed, lookahead, external, encoder tokens, reserved and watermark blocks)
+        and the hit blocks per group; raises, changing nothing, unless the manager may serve
+        them for ``request`` now."""
+        (new, new_computed, lookahead, external, encoder) = check_counts(
+            num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
+            num_external_computed_tokens, num_encoder_tokens)
+        hits = self._check_allocation(request, new, new_computed, new_computed_blocks, external)
+        reserved = 0 if reserved_blocks is _ZERO else check_count("reserved_blocks",
+                                                                   reserved_blocks)
+        watermark = 0 if watermark_blocks is _ZERO else check_count("watermark_blocks",
+                                                                     watermark_blocks)
+        return new, new_computed, lookahead, external, encoder, reserved, watermark, hits
+
+    def _full_sequence_fits(self, request: RequestLike, hits: Sequence[Sequence[KVCacheBlock]],
+                            num_encoder_tokens: int, total_computed: int,
+                            watermark_blocks: int) -> bool:
+        """Whether the pool holds the blocks of the request's whole sequence (per group at most
+        its admission cap) plus ``watermark_blocks`` (``full_sequence_must_fit``)."""
+        full = min(request.num_tokens, self.max_model_len)
+        need = self.coordinator.num_blocks_to_allocate(
+            request.request_id, full, hits, num_encoder_tokens, total_computed,
+            self._admission_caps, full, max(request.num_prompt_tokens, request.num_tokens - 1))
+        return need + watermark_blocks <= self.pool.num_free_blocks
+
+    def _admit(self, request: RequestLike, num_slots: int,
+               hits: Sequence[Sequence[KVCacheBlock]], num_local_computed: int,
+               num_external_computed: int, num_encoder_tokens: int, cache_upto: int | None,
+               reserved_blocks: int, num_main_tokens: int) -> GroupBlocks | None:
+        """The coordinator's admission of a request not holding blocks yet; under sparse
+        retention the request keeps its latest lookup's shared-prefix boundary while it runs."""
+        rid = request.request_id
+        boundary = self.shared_prefix_boundary(request) if self._sparse_retention else 0
+        if boundary:
+            self.coordinator.shared_prefix_boundaries[rid] = boundary
+        new_blocks = self.coordinator.allocate_new(
+            request, num_slots=num_slots, hits=hits, num_local_computed_tokens=num_local_computed,
+            num_external_computed_tokens=num_external_computed,
+            num_encoder_tokens=num_encoder_tokens, num_tokens_to_cache=cache_upto,
+            reserved_blocks=reserved_blocks, num_main_tokens=num_main_tokens)
+        if new_blocks is None and self._sparse_retention:
+            self.coordinator.shared_prefix_boundaries.pop(rid, None)
+        return new_blocks
 
     # retain: object, not bool: the compiled build would raise TypeError on entry for a non-bool
     # instead of the InvalidArgumentError below.
@@ -392,7 +443,7 @@ class KVCacheManager:
             retain = check_flag("retain", retain)
         rid = request.request_id
         tracked = self._requests.get(rid)
-        if tracked is None or tracked[0] is not request:
+        if tracked is None or tracked.request is not request:
             self._tracked(request)  # raises, saying which
         if retain and self.enable_caching:
             self.pool.retain([b for blocks in self.coordinator.get_blocks(rid) for b in blocks])
@@ -410,7 +461,7 @@ class KVCacheManager:
         scheduling); :meth:`free` is the immediate form."""
         rid = request.request_id
         tracked = self._requests.get(rid)
-        if tracked is None or tracked[0] is not request:
+        if tracked is None or tracked.request is not request:
             self._tracked(request)  # raises, saying which
         blocks = self.coordinator.pop_blocks(rid)
         del self._requests[rid]
@@ -511,8 +562,7 @@ class KVCacheManager:
         once their tokens are recomputed."""
         n = check_count("num_computed_tokens", num_computed_tokens)
         self._tracked(request)
-        for m in self.coordinator.managers:
-            m.uncache_blocks(request.request_id, n)
+        self.coordinator.uncache_blocks(request.request_id, n)
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: SupportsIndex) -> None:
         """Release the request's blocks that left the attention window at ``num_computed_tokens``
@@ -542,19 +592,13 @@ class KVCacheManager:
         groups where it is the first, or the block is null or not allocated, give none."""
         n = check_count("num_tokens", num_tokens)
         self._known(request_id)
-        ids: list[int] = []
-        for m, blocks in zip(self.coordinator.managers, self.coordinator.get_blocks(request_id)):
-            i, offset = divmod(n, m.block_size)
-            if offset and i < len(blocks) and not blocks[i].is_null:
-                ids.append(blocks[i].block_id)
-        return ids
+        return self.coordinator.partial_block_ids(request_id, n)
 
     def get_num_common_prefix_blocks(self, request_id: str) -> list[int]:
         """Per group, how many leading blocks of this request every running request shares
         (the cascade-attention prefix)."""
         self._known(request_id)
-        n = len(self._requests)
-        return [m.get_num_common_prefix_blocks(request_id, n) for m in self.coordinator.managers]
+        return self.coordinator.common_prefix_blocks(request_id, len(self._requests))
 
     @property
     def usage(self) -> float:
@@ -590,17 +634,13 @@ class KVCacheManager:
         if isinstance(requests, (str, bytes)) or not isinstance(requests, Iterable):
             raise InvalidArgumentError(f"requests must be an iterable of requests, got "
                                        f"{requests!r:.80}")
-        per_group: list[list[BlockHash]] = [[] for _ in range(self.num_groups)]
-        caching = [m for m in self.coordinator.managers if m.enable_caching]
+        hashes: list[Sequence[BlockHash]] = []
         for request in requests:
             if not isinstance(getattr(request, "block_hashes", None), Sequence):
                 raise InvalidArgumentError(f"declare_upcoming takes requests, got {request!r:.80}")
-            if not self.enable_caching or request.skip_reading_prefix_cache:
-                continue
-            for m in caching:
-                per_group[m.group_id].extend(
-                    hashes_at(request.block_hashes, self.hash_block_size, m.block_size))
-        self.pool.set_hints(per_group)
+            if self.enable_caching and not request.skip_reading_prefix_cache:
+                hashes.append(request.block_hashes)
+        self.pool.set_hints(self.coordinator.hint_hashes(hashes))
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop these blocks from the prefix cache (reference counts unchanged)."""
@@ -628,12 +668,12 @@ class KVCacheManager:
 
     def requests(self) -> dict[str, KVRequest]:
         """The requests holding blocks, by id (a copy)."""
-        return {rid: t[0] for rid, t in self._requests.items()}
+        return {rid: t.request for rid, t in self._requests.items()}
 
     def num_slots(self, request_id: str) -> int:
         """How many tokens the request has slots for (computed tokens never exceed it)."""
         self._known(request_id)
-        return int(self._requests[request_id][1])
+        return int(self._requests[request_id].num_slots)
 
     # -- input checks: is this call one the manager may serve now?  Each raises kvcore's typed
     # error naming the value before anything changes; called off the fast path only.
@@ -693,9 +733,9 @@ class KVCacheManager:
                     "holds no blocks: it was freed (finished, or preempted without resetting "
                     "num_computed_tokens to 0) or never admitted")
             return False
-        if tracked[0] is not request:
+        if tracked.request is not request:
             raise RequestStateError(f"request id {rid!r} is already used by another live request")
-        slots = tracked[1]
+        slots = tracked.num_slots
         if request.num_computed_tokens > slots:
             raise RequestStateError(
                 f"request {rid!r} has num_computed_tokens={request.num_computed_tokens} but slots "
@@ -718,6 +758,8 @@ class KVCacheManager:
         mine = self.pool.blocks
         null = self.pool.null_block
         total_computed = num_hit_tokens + num_external_tokens
+        # The loop stays here, not in the coordinator: it is the manager's input check, each
+        # failure explained by _bad_hit (and in verify mode by the loop below) in its own terms.
         for g, (m, blocks) in enumerate(zip(self.coordinator.managers, hits)):
             bs = m.block_size
             if not m.enable_caching:
@@ -799,19 +841,19 @@ class KVCacheManager:
         if request_id not in self._requests:
             raise UnknownRequestError(f"request {request_id!r} holds no blocks")
 
-    def _tracked(self, request: KVRequest) -> list[Any]:
+    def _tracked(self, request: KVRequest) -> _Tracked:
         """The record of ``request``, which must be the object holding blocks under its id."""
         rid = request.request_id
         tracked = self._requests.get(rid)
         if tracked is None:
             raise UnknownRequestError(f"request {rid!r} holds no blocks (never allocated, or "
                                       "already freed)")
-        if tracked[0] is not request:
+        if tracked.request is not request:
             raise RequestStateError(f"request id {rid!r} is held by another request object")
         return tracked
 
-    def _check_slots(self, tracked: list[Any], num_tokens: int) -> None:
-        if num_tokens > tracked[1]:
+    def _check_slots(self, tracked: _Tracked, num_tokens: int) -> None:
+        if num_tokens > tracked.num_slots:
             raise RequestStateError(
-                f"request {tracked[0].request_id!r} has slots for {tracked[1]} tokens, not "
+                f"request {tracked.request.request_id!r} has slots for {tracked.num_slots} tokens, not "
                 f"{num_tokens}")

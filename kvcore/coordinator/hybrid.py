@@ -16,8 +16,7 @@ from typing import ClassVar
 
 from kvcore.coordinator.base import KVCacheCoordinator
 from kvcore.hashing import hashes_at
-from kvcore.managers import SingleTypeKVCacheManager
-from kvcore.managers.base import HitQuery, cdiv
+from kvcore.managers.base import HitQuery, SingleTypeKVCacheManager, cdiv
 from kvcore.specs import KVCacheSpec
 from kvcore.types import BlockHash, GroupBlocks, KVCacheBlock
 from kvcore.verify import HitVerifier
@@ -104,7 +103,7 @@ class HybridCoordinator(KVCacheCoordinator):
         """One spec group's own longest hit of at most ``max_length`` tokens; with ``drop``
         (EAGLE) it looks one block further (types that drop) so the drop lands on the bound."""
         limit = max_length
-        if drop and sg.manager_cls.drops_eagle_block:
+        if drop and not sg.spec.holds_state:  # (the manager's drops_eagle_block)
             limit = min(max_length + sg.spec.block_size,
                         len(block_hashes) * self.hash_block_size)
         return sg.manager_cls.find_longest_cache_hit(HitQuery(

@@ -6,8 +6,7 @@ from collections.abc import Sequence
 
 from kvcore.coordinator.base import KVCacheCoordinator
 from kvcore.errors import InvalidArgumentError
-from kvcore.managers import SingleTypeKVCacheManager
-from kvcore.managers.base import HitQuery
+from kvcore.managers.base import HitQuery, SingleTypeKVCacheManager
 from kvcore.types import BlockHash, GroupBlocks
 from kvcore.verify import HitVerifier
 

@@ -104,10 +104,6 @@ class SingleTypeKVCacheManager:
     releases_blocks: ClassVar[bool] = False
     """Whether ``get_num_skipped_tokens`` can be non-zero (blocks leave as a request advances)."""
 
-    uses_encoder_tokens: ClassVar[bool] = False
-    """Whether the group holds the encoder output (sized by ``num_encoder_tokens``, which a
-    scheduler passes once, at admission) instead of the decoder's tokens."""
-
     downward_closed_hits: ClassVar[bool] = False
     """Whether every shorter aligned prefix of a hit is itself a hit (full attention), so a
     hybrid search can bound everything else by this type's hit and just trim it later."""
@@ -125,15 +121,18 @@ class SingleTypeKVCacheManager:
     """The most blocks a request's table of this type ever holds, whatever its length (a
     circular buffer: 1); ``None``: its tokens decide."""
 
-    drops_eagle_block: ClassVar[bool] = True
-    """Whether a hit drops its last block under EAGLE (``HitQuery.drop_last``); a type that keeps
-    its hit (a recurrent state: the draft model has no such layer) gets no look-ahead margin."""
-
     def __init__(self, spec: KVCacheSpec, group_id: int, ctx: ManagerContext) -> None:
         self.spec = spec
         self.block_size = spec.block_size
         self.pool = ctx.pool
         self.group_id = group_id
+        # The attention type's rules that the spec states (one place for each rule):
+        # whether the group holds the encoder output (sized by ``num_encoder_tokens``, which a
+        # scheduler passes once, at admission) instead of the decoder's tokens, and whether a
+        # hit drops its last block under EAGLE (``HitQuery.drop_last``; a recurrent state keeps
+        # its hit whole: the draft model has no such layer, so it gets no look-ahead margin).
+        self.uses_encoder_tokens: bool = spec.reads_encoder
+        self.drops_eagle_block: bool = not spec.holds_state
         # Scratch groups (``spec.prefix_cacheable`` false) are never cached nor hit.
         self.enable_caching = ctx.enable_caching and spec.prefix_cacheable
         self.hash_block_size = ctx.hash_block_size
@@ -289,6 +288,12 @@ class SingleTypeKVCacheManager:
             self.num_cached_block[rid] = num_full
         if self.caches_partial_tail:
             self.cache_partial_tail(request, num_tokens)
+        self._after_caching(request, num_tokens, num_cached)
+
+    def _after_caching(self, request: RequestLike, num_tokens: int, num_cached_before: int) -> None:
+        """Called last by ``cache_blocks``, with how many of the request's blocks were cached
+        before it: types with per-step or hand-off state (Mamba) record the newly cached
+        blocks here."""
 
     def cache_partial_tail(self, request: KVRequest, num_tokens: int) -> None:
         """Register the prompt's last hash boundary inside a block as a partial entry (types with

@@ -20,7 +20,7 @@ from kvcore.types import KVCacheBlock
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # see SingleTypeKVCacheManager
 class CrossAttentionManager(SingleTypeKVCacheManager):
-    uses_encoder_tokens = True
+    # (Sized by the encoder tokens: CrossAttentionSpec.reads_encoder.)
 
     @classmethod
     def find_longest_cache_hit(cls, query: HitQuery) -> tuple[HitBlocks, int]:

@@ -24,7 +24,7 @@ from kvcore.types import BlockHash, KVCacheBlock, KVRequest
 class MambaManager(SingleTypeKVCacheManager):
     allows_null_blocks = True
     releases_blocks = True
-    drops_eagle_block = False  # draft models have no state layers: the hit is kept whole
+    # (A hit is kept whole under EAGLE: MambaSpec.holds_state, see drops_eagle_block.)
 
     def __init__(self, spec: KVCacheSpec, group_id: int, ctx: ManagerContext) -> None:
         super().__init__(spec, group_id, ctx)
@@ -57,9 +57,9 @@ class MambaManager(SingleTypeKVCacheManager):
         return super().get_num_blocks_to_allocate(request_id, num_tokens, new_computed_blocks,
                                                   total_computed_tokens, max_blocks)
 
-    def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
-        before = self.num_cached_block.get(request.request_id, 0)
-        super().cache_blocks(request, num_tokens)
+    def _after_caching(self, request: RequestLike, num_tokens: int, num_cached_before: int) -> None:
+        """States cached now are not written until the step ends (``cached_this_step``)."""
+        before = num_cached_before
         after = self.num_cached_block.get(request.request_id, 0)
         blocks = self.req_to_blocks.get(request.request_id, [])
         for block in blocks[before:after]:
@@ -322,12 +322,11 @@ class MambaAlignManager(MambaManager):
                 mask[index - start_block] = True
         return mask
 
-    def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
-        """Cache the full states (null positions skipped), key the reserved checkpoint block at
-        its boundary, and hand each newly cached state to KV connectors."""
+    def _after_caching(self, request: RequestLike, num_tokens: int, num_cached_before: int) -> None:
+        """After the full states are cached (null positions skipped): key the reserved
+        checkpoint block at its boundary, and hand each newly cached state to KV connectors."""
         rid = request.request_id
-        before = self.num_cached_block.get(rid, 0)
-        SingleTypeKVCacheManager.cache_blocks(self, request, num_tokens)
+        before = num_cached_before
         after = self.num_cached_block.get(rid, 0)
         if rid in self.checkpoints:
             self._cache_checkpoint(request)
