@@ -271,11 +271,6 @@ class BlockPool:
                 batch = rest
         self.policy.on_touch(batch)
 
-    def _touch(self, blocks: Sequence[KVCacheBlock]) -> None:
-        """``touch(blocks, trusted=True)``: the managers' former entry point, kept until they
-        call ``touch`` (to be removed)."""
-        self.touch(blocks, trusted=True)
-
     def pin(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take one more reference on each block *without* recording an access: a free block
         leaves the free side (the policy, or the hint reserve) as it is, so the eviction
@@ -354,11 +349,6 @@ class BlockPool:
                 to_tail = reserve.divert(to_tail, self._maps.cached)
         if to_head or to_tail:
             self.policy.on_free(to_head, to_tail)
-
-    def _free_blocks(self, blocks: list[KVCacheBlock]) -> None:
-        """``free_blocks(blocks, trusted=True)``: the managers' former entry point, kept until
-        they call ``free_blocks`` (to be removed)."""
-        self.free_blocks(blocks, trusted=True)
 
     def set_hints(self, hashes: Sequence[Iterable[BlockHash]]) -> None:
         """Declare the prefixes a scheduler is about to run: per group, the block hashes of its

@@ -233,7 +233,7 @@ class SingleTypeKVCacheManager:
         num_skipped = self.get_num_skipped_tokens(num_total_computed_tokens) // self.block_size
         hits = new_computed_blocks[num_skipped:] if num_skipped else new_computed_blocks
         if hits:
-            self.pool._touch(hits)  # checked by KVCacheManager.allocate_slots
+            self.pool.touch(hits, trusted=True)  # checked by KVCacheManager.allocate_slots
         blocks = [self.null_block] * num_skipped
         blocks.extend(hits)
         self.req_to_blocks[request_id] = blocks
@@ -331,14 +331,14 @@ class SingleTypeKVCacheManager:
             freed.append(block)
             blocks[i] = null
         if freed:
-            self.pool._free_blocks(freed)
+            self.pool.free_blocks(freed, trusted=True)
 
     def free(self, request_id: str) -> None:
         """Release all of the request's blocks, tail first (so its prefix is evicted last)."""
         blocks = self.pop_blocks(request_id)
         if blocks:
             # A reversed copy: a caller may still hold the list (get_blocks) and read it in order.
-            self.pool._free_blocks(blocks[::-1])
+            self.pool.free_blocks(blocks[::-1], trusted=True)
 
     def pop_blocks(self, request_id: str) -> list[KVCacheBlock]:
         """Forget the request and hand back its block list (allocation order, null positions

@@ -280,14 +280,14 @@ class MambaAlignManager(MambaManager):
                         freed.append(blocks[i])
                         blocks[i] = null
                 if freed:
-                    self.pool._free_blocks(freed)
+                    self.pool.free_blocks(freed, trusted=True)
                 self.num_retired_blocks[request_id] = last
         source = self.last_state_block_idx.get(request_id)
         if (source is not None and source < -(-num_computed_tokens // self.block_size) - 1
                 and not blocks[source].is_null):
             block = blocks[source]
             blocks[source] = null
-            self.pool._free_blocks([block])
+            self.pool.free_blocks([block], trusted=True)
 
     def _retained(self, index: int, start_block: int) -> bool:
         """Whether sparse retention keeps the state at table ``index`` by its segment alone."""
