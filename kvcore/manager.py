@@ -21,6 +21,7 @@ Blocks are cached only up to ``request.num_tokens`` (draft/lookahead tokens neve
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, NoReturn, SupportsIndex
@@ -95,6 +96,18 @@ def evictions_since_lookup(hits: object, request: object, pool: BlockPool) -> in
     return pool.num_evicted_blocks - lookup[2] + (pool.num_resets != lookup[3])
 
 
+def lookup_boundary(hits: object, request: object) -> int:
+    """The shared-prefix boundary ``get_computed_blocks`` found along with ``hits`` for
+    ``request`` (vLLM's ``shared_prefix_boundary``: with several groups, the longest prefix one
+    group found cached when it is longer than the hit they all agree on); 0 if there was none, or
+    if ``hits`` is not that lookup's result (another request's, or built by hand)."""
+    if type(hits) is LookupHit:
+        lookup = hits.lookup
+        if lookup[0] is request:
+            return lookup[4]
+    return 0
+
+
 class _Tracked:
     """A running request's record: the request object holding the blocks and how many tokens
     it has slots for (a native attribute read in the compiled build costs no more than
@@ -151,7 +164,7 @@ class KVCacheManager:
 
     # Fixed attributes, as in the compiled build (whose instances have no __dict__): the two
     # builds' objects have the same layout, which kvcore.testing's checked() relies on.
-    __slots__ = ("_admission_caps", "_empty", "_last_looked_up",
+    __slots__ = ("_admission_caps", "_empty",
                  "_requests", "_sparse_retention", "_withheld",
                  "block_hasher", "config", "coordinator", "enable_caching", "fast_path",
                  "hash_block_size", "log_stats", "max_model_len", "max_num_batched_tokens",
@@ -198,9 +211,6 @@ class KVCacheManager:
         # Deferred frees: block id -> references pop_blocks_for_free handed out and
         # free_withheld has not returned yet.
         self._withheld: dict[int, int] = {}
-        # The latest lookup's request, whose shared-prefix boundary the coordinator holds (see
-        # shared_prefix_boundary; sparse retention reads it at the request's admission).
-        self._last_looked_up: KVRequest | None = None
         self._sparse_retention = config.prefix_cache_retention_interval is not None
         self._empty = KVCacheBlocks(() for _ in range(self.num_groups))
         self._admission_caps = tuple(
@@ -235,36 +245,36 @@ class KVCacheManager:
             cap = check_count("max_cache_hit_length", max_cache_hit_length)
             if cap < max_length:
                 max_length = cap
-        if not self.enable_caching:  # (no lookup: the boundary is 0, whatever was looked up)
-            return self._empty, 0
-        if request.skip_reading_prefix_cache:
-            self._last_looked_up = None
+        if not self.enable_caching or request.skip_reading_prefix_cache:
             return self._empty, 0
         self._sync_hashes(request)
-        blocks, num_hit_tokens = self.coordinator.find_longest_cache_hit(
+        blocks, num_hit_tokens, boundary = self.coordinator.find_longest_cache_hit(
             request.block_hashes, max_length,
             HitVerifier(request, self.num_hash_lookahead_tokens) if self.verify_hits else None)
-        self._last_looked_up = request
-        if not any(blocks):
-            return self._empty, num_hit_tokens
+        if not boundary and not any(blocks):
+            return self._empty, num_hit_tokens  # (the common miss: nothing to stamp)
         # Immutable per-group tuples stamped with their lookup (LookupHit): handed back unchanged
         # to allocate_slots for the same request with nothing evicted since, the hit needs no
         # re-check (only eviction or a reset can change what its blocks hold), and one whose
-        # blocks were evicted since is told stale.
+        # blocks were evicted since is told stale.  The stamp carries the lookup's shared-prefix
+        # boundary to the request's admission (an empty hit is stamped for it too): the lookup
+        # itself changes no state.
         hit = LookupHit(map(tuple, blocks))
         pool = self.pool
-        hit.lookup = (request, num_hit_tokens, pool.num_evicted_blocks, pool.num_resets)
+        hit.lookup = (request, num_hit_tokens, pool.num_evicted_blocks, pool.num_resets, boundary)
         return hit, num_hit_tokens
 
     def shared_prefix_boundary(self, request: KVRequest) -> int:
-        """The shared-prefix boundary of ``request``'s latest lookup (vLLM's
-        ``shared_prefix_boundary``, 0 if the latest lookup was another request's): with several
-        groups, the longest prefix one group found cached when it is longer than the hit they
-        all agree on.  Under sparse retention the request, once admitted, keeps its
-        sliding-window blocks before that boundary cached, so a sibling can resume there."""
-        if self._last_looked_up is not request:
-            return 0
-        return self.coordinator.last_shared_prefix_boundary
+        """Deprecated: the boundary travels with the hit ``get_computed_blocks`` returns (read
+        it with :func:`lookup_boundary`).  The shared-prefix boundary of a fresh lookup of
+        ``request`` (vLLM's ``shared_prefix_boundary``): with several groups, the longest prefix
+        one group found cached when it is longer than the hit they all agree on.  Under sparse
+        retention the request, once admitted, keeps its sliding-window blocks before that
+        boundary cached, so a sibling can resume there."""
+        warnings.warn("KVCacheManager.shared_prefix_boundary is deprecated: read the boundary "
+                      "from get_computed_blocks' hit with kvcore.manager.lookup_boundary",
+                      DeprecationWarning, stacklevel=2)
+        return lookup_boundary(self.get_computed_blocks(request)[0], request)
 
     def report_prefix_hit(self, request: KVRequest, hit: Sequence[Sequence[KVCacheBlock]]) -> None:
         """Record a ``BlockStored`` event per group for the hit blocks ``get_computed_blocks``
@@ -302,6 +312,7 @@ class KVCacheManager:
         full_sequence_must_fit: bool = False,
         reserved_blocks: SupportsIndex = 0,
         watermark_blocks: SupportsIndex = 0,
+        shared_prefix_boundary: SupportsIndex | None = None,
     ) -> KVCacheBlocks | None:
         """Slots for ``num_new_tokens`` (+ lookahead) tokens after the computed ones (see the
         module docstring's layout).  Returns the newly allocated blocks per group, or ``None``
@@ -310,7 +321,12 @@ class KVCacheManager:
         ``full_sequence_must_fit`` check does not count them, as in vLLM) and
         ``watermark_blocks`` more (vLLM's admission watermark, which a scheduler passes for a
         waiting or preempted request while others are scheduled; it counts in the
-        ``full_sequence_must_fit`` check too, and also when the call needs no new block)."""
+        ``full_sequence_must_fit`` check too, and also when the call needs no new block).
+        ``shared_prefix_boundary``: the boundary of the lookup behind ``new_computed_blocks``, kept
+        while the request runs under sparse retention (read at admission only); default: the one
+        that hit carries when it is ``get_computed_blocks``' result for this request, else 0 (for
+        a caller that does not hand the hit back as it was returned, e.g. vLLM's scheduler,
+        which keeps the boundary on its request)."""
         rid = request.request_id
         tracked = self._requests.get(rid)
         num_computed = request.num_computed_tokens
@@ -358,7 +374,10 @@ class KVCacheManager:
         if tracked is None:
             new_blocks = self._admit(request, num_slots, hits, num_local_computed,
                                      num_external_computed_tokens, num_encoder_tokens, cache_upto,
-                                     reserved_blocks + watermark_blocks, num_computed_after)
+                                     reserved_blocks + watermark_blocks, num_computed_after,
+                                     None if shared_prefix_boundary is None else
+                                     check_count("shared_prefix_boundary",
+                                                 shared_prefix_boundary))
             if new_blocks is None:
                 return None
             self._requests[rid] = _Tracked(request, num_slots)
@@ -412,11 +431,16 @@ class KVCacheManager:
     def _admit(self, request: RequestLike, num_slots: int,
                hits: Sequence[Sequence[KVCacheBlock]], num_local_computed: int,
                num_external_computed: int, num_encoder_tokens: int, cache_upto: int | None,
-               reserved_blocks: int, num_main_tokens: int) -> GroupBlocks | None:
+               reserved_blocks: int, num_main_tokens: int,
+               boundary: int | None) -> GroupBlocks | None:
         """The coordinator's admission of a request not holding blocks yet; under sparse
-        retention the request keeps its latest lookup's shared-prefix boundary while it runs."""
+        retention the request keeps its lookup's shared-prefix boundary while it runs:
+        ``boundary``, or when None the one ``hits`` carries (see :func:`lookup_boundary`)."""
         rid = request.request_id
-        boundary = self.shared_prefix_boundary(request) if self._sparse_retention else 0
+        if not self._sparse_retention:
+            boundary = 0
+        elif boundary is None:
+            boundary = lookup_boundary(hits, request)
         if boundary:
             self.coordinator.shared_prefix_boundaries[rid] = boundary
         new_blocks = self.coordinator.allocate_new(

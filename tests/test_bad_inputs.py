@@ -166,6 +166,9 @@ CASES = [
     Case("manager", "a fractional watermark", lambda w: w.m.allocate_slots(
         w.waiting, 2, 8, w.hit, watermark_blocks=0.5),  # type: ignore[arg-type]  # deliberately bad
          InvalidArgumentError, "watermark_blocks"),
+    Case("manager", "a negative shared-prefix boundary", lambda w: w.m.allocate_slots(
+        w.waiting, 2, 8, w.hit, shared_prefix_boundary=-4),
+         InvalidArgumentError, "shared_prefix_boundary"),
     Case("manager", "report a hit without its groups", lambda w: w.w.report_prefix_hit(
         w.waiting, w.hit), InvalidArgumentError, "one block list per group (2)",
          f"{M}.report_prefix_hit"),

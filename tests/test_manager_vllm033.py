@@ -20,6 +20,7 @@ from kvcore import CacheSettings, KVCacheManager
 from kvcore.errors import InvalidArgumentError
 from kvcore.events import BlockStored
 from kvcore.hashing import BlockHasher, ExtraKeys, hash_extra_keys
+from kvcore.manager import lookup_boundary
 from kvcore.request import Request, RequestBlockHasher
 from kvcore.specs import KVCacheConfig, KVCacheGroup
 from kvcore.types import BlockHash, MultiModalItem
@@ -146,7 +147,7 @@ def _swa_tail_positions(junction_tail: bool) -> list[int]:
     m.free(a)
     b = m.make_request("b", [*range(24), *[99] * 20])
     hit, n = m.get_computed_blocks(b)
-    assert (n, m.shared_prefix_boundary(b)) == (0, 20)
+    assert (n, lookup_boundary(hit, b)) == (0, 20)
     assert m.allocate_slots(b, b.num_tokens - n, n, hit) is not None
     m.check_invariants()
     return [i for i, blk in enumerate(m.get_blocks("b")[1]) if blk.block_hash is not None]
@@ -160,6 +161,39 @@ def test_eagle_retention_keeps_the_tail_below_a_shared_prefix_junction() -> None
     without = _swa_tail_positions(False)
     assert set(with_tail) - set(without) == {2}
     assert set(without) <= set(with_tail)
+
+
+def test_the_shared_prefix_boundary_travels_with_the_hit_and_lookups_change_nothing() -> None:
+    """A lookup writes no state: its boundary travels with the hit it returns (an empty hit is
+    stamped for a non-zero boundary; the common miss is the shared empty hit), so a later
+    lookup of another request (an admission policy's estimate) cannot change what the request
+    keeps at admission.  A caller that does not hand the hit back as returned passes the
+    boundary itself; the deprecated ``shared_prefix_boundary`` does a lookup of its own."""
+    config = KVCacheConfig(64, (KVCacheGroup(("f",), full_spec(4)),
+                                KVCacheGroup(("s",), swa_spec(8))), 0)
+    m = KVCacheManager(config, 256, use_eagle=True)
+    a = m.make_request("a", list(range(40)))
+    assert m.allocate_slots(a, 40) is not None
+    m.free(a)
+    b = m.make_request("b", [*range(24), *[99] * 20])
+    hit, n = m.get_computed_blocks(b)
+    assert (n, lookup_boundary(hit, b), any(hit)) == (0, 20, False)
+    c = m.make_request("c", [7] * 10)
+    miss, _ = m.get_computed_blocks(c)  # another request's lookup in between
+    assert miss is m.get_computed_blocks(c)[0] and lookup_boundary(miss, c) == 0
+    assert lookup_boundary(hit, c) == 0  # (another request's hit carries nothing for c)
+    with pytest.warns(DeprecationWarning):
+        assert m.shared_prefix_boundary(b) == 20
+    assert m.allocate_slots(b, b.num_tokens - n, n, hit) is not None
+    assert m.coordinator.shared_prefix_boundaries == {"b": 20}
+    d = m.make_request("d", [*range(24), *[98] * 20])
+    with pytest.raises(InvalidArgumentError):
+        m.allocate_slots(d, d.num_tokens, shared_prefix_boundary=-1)
+    assert m.allocate_slots(d, d.num_tokens, shared_prefix_boundary=20) is not None
+    assert m.coordinator.shared_prefix_boundaries == {"b": 20, "d": 20}
+    m.free(b)
+    assert m.coordinator.shared_prefix_boundaries == {"d": 20}
+    m.check_invariants()
 
 
 def test_with_engine_hashes_the_manager_caches_only_what_the_engine_hashed() -> None:

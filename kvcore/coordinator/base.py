@@ -54,9 +54,8 @@ class KVCacheCoordinator:
                              eagle_junction_tail=settings.eagle_junction_tail,
                              mamba_recache_prompt_boundary=settings.mamba_recache_prompt_boundary)
         # Per running request, the shared-prefix boundary of its admission lookup (read by
-        # sparse-retention caching); the latest lookup's, set by find_longest_cache_hit.
+        # sparse-retention caching; written at admission, dropped when the request is freed).
         self.shared_prefix_boundaries = ctx.shared_prefix_boundaries
-        self.last_shared_prefix_boundary = 0
         self.managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
             make_manager(g.spec, i, ctx, overrides=settings.manager_classes)
             for i, g in enumerate(config.groups))
@@ -83,10 +82,10 @@ class KVCacheCoordinator:
 
     # -- hits -------------------------------------------------------------------------------------
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int,
-                               verifier: HitVerifier | None) -> tuple[GroupBlocks, int]:
-        """Per-group hit blocks and the hit length in tokens (at most ``max_length``); sets
-        ``last_shared_prefix_boundary`` (hybrid: the longest hit a group found, when longer
-        than the hit all groups agree on; else 0)."""
+                               verifier: HitVerifier | None) -> tuple[GroupBlocks, int, int]:
+        """Per-group hit blocks, the hit length in tokens (at most ``max_length``) and the
+        shared-prefix boundary (hybrid: the longest hit a group found, when longer than the hit
+        all groups agree on; else 0).  A lookup changes no state."""
         raise NotImplementedError
 
     # -- allocation -------------------------------------------------------------------------------

@@ -55,7 +55,7 @@ class HybridCoordinator(KVCacheCoordinator):
         self._single_round = len(spec_groups) == 2 and spec_groups[0].is_full
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int,
-                               verifier: HitVerifier | None) -> tuple[GroupBlocks, int]:
+                               verifier: HitVerifier | None) -> tuple[GroupBlocks, int, int]:
         n = len(self.managers)
         hit_blocks: list[list[KVCacheBlock] | None] = [None] * n
         hit_lengths = [0] * n
@@ -95,8 +95,8 @@ class HybridCoordinator(KVCacheCoordinator):
                     trimmed = hit_blocks[gid]
                     if trimmed is not None:
                         del trimmed[keep:]
-        self.last_shared_prefix_boundary = longest if longest > hit_length else 0
-        return tuple(b if b is not None else [] for b in hit_blocks), hit_length
+        return (tuple(b if b is not None else [] for b in hit_blocks), hit_length,
+                longest if longest > hit_length else 0)
 
     def _search(self, sg: _SpecGroup, block_hashes: Sequence[BlockHash], max_length: int,
                 verifier: HitVerifier | None, drop: bool) -> tuple[list[list[KVCacheBlock]], int]:

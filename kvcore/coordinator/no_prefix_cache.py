@@ -11,5 +11,5 @@ from kvcore.verify import HitVerifier
 
 class NoPrefixCacheCoordinator(KVCacheCoordinator):
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int,
-                               verifier: HitVerifier | None) -> tuple[GroupBlocks, int]:
-        return tuple([] for _ in self.managers), 0
+                               verifier: HitVerifier | None) -> tuple[GroupBlocks, int, int]:
+        return tuple([] for _ in self.managers), 0, 0

@@ -27,13 +27,13 @@ class UnitaryCoordinator(KVCacheCoordinator):
                                drop_last=self.use_eagle)
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int,
-                               verifier: HitVerifier | None) -> tuple[GroupBlocks, int]:
+                               verifier: HitVerifier | None) -> tuple[GroupBlocks, int, int]:
         m = self._manager
         if not m.enable_caching:
-            return ([],), 0
+            return ([],), 0, 0
         query = self._query
         query.block_hashes = block_hashes
         query.max_length = max_length
         query.verifier = verifier
         blocks, length = m.find_longest_cache_hit(query)
-        return tuple(blocks), length
+        return tuple(blocks), length, 0

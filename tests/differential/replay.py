@@ -275,7 +275,7 @@ class _Impl:
 class KvcoreImpl(_Impl):
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
-        from kvcore.manager import KVCacheManager
+        from kvcore.manager import KVCacheManager, lookup_boundary
         from kvcore.specs import (
             ChunkedLocalAttentionSpec,
             CircularBufferSpec,
@@ -291,6 +291,7 @@ class KvcoreImpl(_Impl):
                    "chunked": ChunkedLocalAttentionSpec, "mamba": MambaSpec,
                    "cross": CrossAttentionSpec, "swa_replay": SlidingWindowSpec,
                    "ring": CircularBufferSpec}
+        self._lookup_boundary = lookup_boundary  # (the boundary travels with the hit)
         specs = _specs(cfg, classes, {})
         groups = [KVCacheGroup((f"layer{i}",), spec) for i, spec in enumerate(specs)]
         config = KVCacheConfig(cfg["num_blocks"], tuple(groups), cfg.get("retention"))
@@ -315,7 +316,7 @@ class KvcoreImpl(_Impl):
 
     def get_computed_blocks(self, req: Any) -> tuple[Any, int, int]:
         blocks, hit = self.m.get_computed_blocks(req)
-        return blocks, hit, self.m.shared_prefix_boundary(req)
+        return blocks, hit, self._lookup_boundary(blocks, req)
 
     def allocate(self, req: Any, n: int, hit: int = 0, blocks: Any = None, look: int = 0,
                  ext: int = 0, delay: bool = False, enc: int = 0, fit: bool = False,

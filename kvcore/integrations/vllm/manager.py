@@ -49,7 +49,7 @@ from kvcore.integrations.vllm.request import VllmRequestView
 from kvcore.integrations.vllm.settings import KvcoreSettings
 from kvcore.integrations.vllm.version import VllmVersion, installed
 from kvcore.integrations.vllm.views import BlockPoolView, coordinator_view
-from kvcore.manager import KVCacheManager
+from kvcore.manager import KVCacheManager, lookup_boundary
 from kvcore.managers import MambaAlignManager
 from kvcore.types import KVCacheBlock
 
@@ -208,8 +208,9 @@ class KVCacheManagerAdapter:
         if (num_hit_tokens and self.enable_kv_cache_events
                 and getattr(request, "kv_cache_report_mode", "incremental") == "full"):
             self.kv.report_prefix_hit(view, hit)
-        # kvcore's own hit object rides along: allocate_slots hands it back unchanged.
-        return self._blocks(hit), num_hit_tokens, self.kv.shared_prefix_boundary(view)
+        # kvcore's own hit object rides along: allocate_slots hands it back unchanged.  The
+        # boundary travels with it; vLLM's scheduler keeps it on the request for the admission.
+        return self._blocks(hit), num_hit_tokens, lookup_boundary(hit, view)
 
     def cached_prefix_tokens(self, request: Any) -> int:
         """The tokens of ``request``'s prefix cached now, as ``get_computed_blocks`` would hit
@@ -262,17 +263,23 @@ class KVCacheManagerAdapter:
         if (new_computed_blocks is not None
                 and new_computed_blocks is not self.empty_kv_cache_blocks):
             hits = new_computed_blocks.blocks
+        # The shared-prefix boundary of the request's latest lookup, which vLLM's scheduler (0.33)
+        # keeps on the request: the hit it hands back may have lost kvcore's stamp (rebuilt,
+        # truncated, or the shared empty one).  None (older vLLM, or 0): the one the hit carries.
+        boundary = None if running else getattr(request, "shared_prefix_boundary", 0) or None
         watermark = self.watermark_blocks
         if watermark and has_scheduled_reqs and request.status in _WATERMARKED:
             new = self.kv.allocate_slots(
                 view, num_new_tokens, num_new_computed_tokens, hits,
                 num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks,
-                num_encoder_tokens, full_sequence_must_fit, reserved_blocks, watermark)
+                num_encoder_tokens, full_sequence_must_fit, reserved_blocks, watermark,
+                boundary)
         else:  # (no watermark argument: kvcore's fast path takes the call)
             new = self.kv.allocate_slots(
                 view, num_new_tokens, num_new_computed_tokens, hits,
                 num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks,
-                num_encoder_tokens, full_sequence_must_fit, reserved_blocks)
+                num_encoder_tokens, full_sequence_must_fit, reserved_blocks,
+                shared_prefix_boundary=boundary)
         if new is None:
             return None
         if self._zeroing:

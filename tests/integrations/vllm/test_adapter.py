@@ -6,6 +6,8 @@ configuration the adapter refuses, by name."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from vllm.lora.request import LoRARequest
@@ -238,6 +240,33 @@ def test_hybrid_sliding_window_under_retention_matches_vllm(retention: int | Non
     theirs, ours = managers(kv_config(full(), swa(32), num_blocks=24,
                                       prefix_cache_retention_interval=retention))
     assert scenario(ours, _make()) == scenario(theirs, _make())
+
+
+def test_the_shared_prefix_boundary_reaches_the_admission_past_other_lookups() -> None:
+    """Full attention + a window under sparse retention: ``b``'s lookup finds full attention
+    holding 96 tokens the window group does not (no hit, boundary 96), and vLLM's scheduler
+    keeps that boundary on the request.  Another request's lookup before ``b``'s admission
+    changes nothing: ``b`` keeps its window tail below the boundary cached, so ``d``, sharing
+    the same prefix, hits it there, as with vLLM's own manager."""
+    def run(m: Any) -> tuple[int, int, int, bytes]:
+        a = request("a", range(160))
+        admit(m, a)
+        m.free(a)
+        b = request("b", [*range(96), *[9999] * 64])
+        blocks, n, boundary = m.get_computed_blocks(b)
+        b.shared_prefix_boundary = boundary  # as vLLM's scheduler does with every lookup
+        m.get_computed_blocks(request("c", [*range(48), *[7] * 40]))  # e.g. an estimate
+        assert m.allocate_slots(b, b.num_tokens - n, n, blocks) is not None
+        b.num_computed_tokens = b.num_tokens
+        m.free(b)
+        _, hit, _ = m.get_computed_blocks(request("d", [*range(96), *[5] * 64]))
+        return n, boundary, hit, event_bytes(m)
+
+    theirs, ours = managers(kv_config(full(), swa(32), num_blocks=64,
+                                      prefix_cache_retention_interval=0))
+    got = run(ours)
+    assert got == run(theirs)
+    assert got[:3] == (0, 96, 96)
 
 
 @pytest.mark.parametrize(("raw", "match"), [
