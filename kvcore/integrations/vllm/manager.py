@@ -273,7 +273,7 @@ class KVCacheManagerAdapter:
                 view, num_new_tokens, num_new_computed_tokens, hits,
                 num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks,
                 num_encoder_tokens, full_sequence_must_fit, reserved_blocks, watermark,
-                boundary)
+                shared_prefix_boundary=boundary)
         else:  # (no watermark argument: kvcore's fast path takes the call)
             new = self.kv.allocate_slots(
                 view, num_new_tokens, num_new_computed_tokens, hits,
