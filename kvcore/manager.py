@@ -43,7 +43,7 @@ from kvcore.hashing import BlockHasher, hashes_at, num_hashable_blocks
 from kvcore.request import Request, RequestBlockHasher, RequestLike
 from kvcore.settings import CacheSettings
 from kvcore.specs import KVCacheConfig
-from kvcore.types import BlockHash, GroupBlocks, KVCacheBlock, KVCacheBlocks, KVRequest, LookupHit
+from kvcore.types import BlockHash, KVCacheBlock, KVCacheBlocks, KVRequest, LookupHit
 from kvcore.validation import check_count, check_counts, check_flag
 from kvcore.verify import HitVerifier
 
@@ -106,18 +106,6 @@ def lookup_boundary(hits: object, request: object) -> int:
         if lookup[0] is request:
             return lookup[4]
     return 0
-
-
-class _Tracked:
-    """A running request's record: the request object holding the blocks and how many tokens
-    it has slots for (a native attribute read in the compiled build costs no more than
-    indexing a list)."""
-
-    __slots__ = ("num_slots", "request")
-
-    def __init__(self, request: RequestLike, num_slots: int) -> None:
-        self.request = request
-        self.num_slots = num_slots
 
 
 # Functions called with every manager KVCacheManager.__init__ has built (add_construction_hook):
@@ -206,8 +194,11 @@ class KVCacheManager:
         self.log_stats = settings.log_stats
         self.prefix_cache_stats: PrefixCacheStats | None = (
             PrefixCacheStats() if settings.log_stats else None)
-        # request id -> the record of the running request holding blocks under it.
-        self._requests: dict[str, _Tracked] = {}
+        # request id -> [request, num_slots]: the request object holding the blocks and how many
+        # tokens it has slots for.  A two-item list, not a __slots__ record: building the record
+        # costs 140 ns in pure Python against 56 ns for the list (timeit, CPython 3.11), about
+        # 2% of a caching-off admission (BENCHMARKS.md 2026-11-27, issue 37).
+        self._requests: dict[str, list[Any]] = {}
         # Deferred frees: block id -> references pop_blocks_for_free handed out and
         # free_withheld has not returned yet.
         self._withheld: dict[int, int] = {}
@@ -240,13 +231,13 @@ class KVCacheManager:
         ``max_cache_hit_length`` tokens when that is given (a caller's own bound, e.g. what a
         side store also holds).
         """
-        max_length = request.num_tokens - 1
-        if max_cache_hit_length is not None:
-            cap = check_count("max_cache_hit_length", max_cache_hit_length)
-            if cap < max_length:
-                max_length = cap
+        cap = (None if max_cache_hit_length is None
+               else check_count("max_cache_hit_length", max_cache_hit_length))
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return self._empty, 0
+        max_length = request.num_tokens - 1
+        if cap is not None and cap < max_length:
+            max_length = cap
         self._sync_hashes(request)
         blocks, num_hit_tokens, boundary = self.coordinator.find_longest_cache_hit(
             request.block_hashes, max_length,
@@ -341,7 +332,7 @@ class KVCacheManager:
                 and not full_sequence_must_fit
                 and (new_computed_blocks is None or new_computed_blocks is self._empty)
                 and (not num_computed if tracked is None else
-                     tracked.request is request and num_computed <= tracked.num_slots)):
+                     tracked[0] is request and num_computed <= tracked[1])):
             (num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
              num_external_computed_tokens, num_encoder_tokens, reserved_blocks, watermark_blocks,
              hits) = self._validated_counts(
@@ -372,25 +363,30 @@ class KVCacheManager:
         if num_slots > self.max_model_len:
             num_slots = self.max_model_len
         if tracked is None:
-            new_blocks = self._admit(request, num_slots, hits, num_local_computed,
-                                     num_external_computed_tokens, num_encoder_tokens, cache_upto,
-                                     reserved_blocks + watermark_blocks, num_computed_after,
-                                     None if shared_prefix_boundary is None else
-                                     check_count("shared_prefix_boundary",
-                                                 shared_prefix_boundary))
+            # Under sparse retention the request keeps its lookup's shared-prefix boundary while
+            # it runs (given, or carried by the hit: see lookup_boundary).
+            boundary = 0
+            if shared_prefix_boundary is not None:
+                boundary = check_count("shared_prefix_boundary", shared_prefix_boundary)
+            elif self._sparse_retention:
+                boundary = lookup_boundary(hits, request)
+            # (Positional, in the coordinator's parameter order: keywords cost ~100 ns a call in
+            # pure Python, 2% of a caching-off admission; BENCHMARKS.md 2026-11-27, issue 37.)
+            new_blocks = self.coordinator.allocate_new(
+                request, num_slots, hits, num_local_computed, num_external_computed_tokens,
+                num_encoder_tokens, cache_upto, reserved_blocks + watermark_blocks,
+                num_computed_after, boundary if self._sparse_retention else 0)
             if new_blocks is None:
                 return None
-            self._requests[rid] = _Tracked(request, num_slots)
+            self._requests[rid] = [request, num_slots]
         else:
-            new_blocks = self.coordinator.allocate_running(
-                request, num_slots=num_slots, num_computed_tokens=total_computed,
-                num_encoder_tokens=num_encoder_tokens, num_tokens_to_cache=cache_upto,
-                reserved_blocks=reserved_blocks + watermark_blocks,
-                num_main_tokens=num_computed_after)
+            new_blocks = self.coordinator.allocate_running(  # (positional: as allocate_new)
+                request, num_slots, total_computed, num_encoder_tokens, cache_upto,
+                reserved_blocks + watermark_blocks, num_computed_after)
             if new_blocks is None:
                 return None
-            if num_slots > tracked.num_slots:
-                tracked.num_slots = num_slots
+            if num_slots > tracked[1]:
+                tracked[1] = num_slots
         if new_blocks is self.coordinator.no_blocks or not any(new_blocks):
             return self._empty
         return KVCacheBlocks(new_blocks)
@@ -428,30 +424,6 @@ class KVCacheManager:
             self._admission_caps, full, max(request.num_prompt_tokens, request.num_tokens - 1))
         return need + watermark_blocks <= self.pool.num_free_blocks
 
-    def _admit(self, request: RequestLike, num_slots: int,
-               hits: Sequence[Sequence[KVCacheBlock]], num_local_computed: int,
-               num_external_computed: int, num_encoder_tokens: int, cache_upto: int | None,
-               reserved_blocks: int, num_main_tokens: int,
-               boundary: int | None) -> GroupBlocks | None:
-        """The coordinator's admission of a request not holding blocks yet; under sparse
-        retention the request keeps its lookup's shared-prefix boundary while it runs:
-        ``boundary``, or when None the one ``hits`` carries (see :func:`lookup_boundary`)."""
-        rid = request.request_id
-        if not self._sparse_retention:
-            boundary = 0
-        elif boundary is None:
-            boundary = lookup_boundary(hits, request)
-        if boundary:
-            self.coordinator.shared_prefix_boundaries[rid] = boundary
-        new_blocks = self.coordinator.allocate_new(
-            request, num_slots=num_slots, hits=hits, num_local_computed_tokens=num_local_computed,
-            num_external_computed_tokens=num_external_computed,
-            num_encoder_tokens=num_encoder_tokens, num_tokens_to_cache=cache_upto,
-            reserved_blocks=reserved_blocks, num_main_tokens=num_main_tokens)
-        if new_blocks is None and self._sparse_retention:
-            self.coordinator.shared_prefix_boundaries.pop(rid, None)
-        return new_blocks
-
     # retain: object, not bool: the compiled build would raise TypeError on entry for a non-bool
     # instead of the InvalidArgumentError below.
     def free(self, request: RequestLike, *, retain: object = False) -> None:
@@ -467,7 +439,7 @@ class KVCacheManager:
             retain = check_flag("retain", retain)
         rid = request.request_id
         tracked = self._requests.get(rid)
-        if tracked is None or tracked.request is not request:
+        if tracked is None or tracked[0] is not request:
             self._tracked(request)  # raises, saying which
         if retain and self.enable_caching:
             self.pool.retain([b for blocks in self.coordinator.get_blocks(rid) for b in blocks])
@@ -485,7 +457,7 @@ class KVCacheManager:
         scheduling); :meth:`free` is the immediate form."""
         rid = request.request_id
         tracked = self._requests.get(rid)
-        if tracked is None or tracked.request is not request:
+        if tracked is None or tracked[0] is not request:
             self._tracked(request)  # raises, saying which
         blocks = self.coordinator.pop_blocks(rid)
         del self._requests[rid]
@@ -692,12 +664,12 @@ class KVCacheManager:
 
     def requests(self) -> dict[str, KVRequest]:
         """The requests holding blocks, by id (a copy)."""
-        return {rid: t.request for rid, t in self._requests.items()}
+        return {rid: t[0] for rid, t in self._requests.items()}
 
     def num_slots(self, request_id: str) -> int:
         """How many tokens the request has slots for (computed tokens never exceed it)."""
         self._known(request_id)
-        return int(self._requests[request_id].num_slots)
+        return int(self._requests[request_id][1])
 
     # -- input checks: is this call one the manager may serve now?  Each raises kvcore's typed
     # error naming the value before anything changes; called off the fast path only.
@@ -757,9 +729,9 @@ class KVCacheManager:
                     "holds no blocks: it was freed (finished, or preempted without resetting "
                     "num_computed_tokens to 0) or never admitted")
             return False
-        if tracked.request is not request:
+        if tracked[0] is not request:
             raise RequestStateError(f"request id {rid!r} is already used by another live request")
-        slots = tracked.num_slots
+        slots = tracked[1]
         if request.num_computed_tokens > slots:
             raise RequestStateError(
                 f"request {rid!r} has num_computed_tokens={request.num_computed_tokens} but slots "
@@ -865,19 +837,19 @@ class KVCacheManager:
         if request_id not in self._requests:
             raise UnknownRequestError(f"request {request_id!r} holds no blocks")
 
-    def _tracked(self, request: KVRequest) -> _Tracked:
+    def _tracked(self, request: KVRequest) -> list[Any]:
         """The record of ``request``, which must be the object holding blocks under its id."""
         rid = request.request_id
         tracked = self._requests.get(rid)
         if tracked is None:
             raise UnknownRequestError(f"request {rid!r} holds no blocks (never allocated, or "
                                       "already freed)")
-        if tracked.request is not request:
+        if tracked[0] is not request:
             raise RequestStateError(f"request id {rid!r} is held by another request object")
         return tracked
 
-    def _check_slots(self, tracked: _Tracked, num_tokens: int) -> None:
-        if num_tokens > tracked.num_slots:
+    def _check_slots(self, tracked: list[Any], num_tokens: int) -> None:
+        if num_tokens > tracked[1]:
             raise RequestStateError(
-                f"request {tracked.request.request_id!r} has slots for {tracked.num_slots} tokens, not "
+                f"request {tracked[0].request_id!r} has slots for {tracked[1]} tokens, not "
                 f"{num_tokens}")

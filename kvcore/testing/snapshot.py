@@ -50,7 +50,7 @@ def manager_snapshot(manager: KVCacheManager) -> tuple[object, ...]:
     stats = manager.prefix_cache_stats
     boundaries = tuple(sorted(coord.shared_prefix_boundaries.items()))
     return (pool_snapshot(coord.pool), tables, cached, mamba, chains, boundaries,
-            tuple(sorted((rid, id(t.request), t.num_slots)
+            tuple(sorted((rid, id(t[0]), t[1])
                          for rid, t in manager._requests.items())),
             tuple(sorted(manager.withheld_blocks().items())),
             None if stats is None else astuple(stats))
