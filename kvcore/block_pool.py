@@ -246,7 +246,8 @@ class BlockPool:
         consistent (kvcore's single-type managers: their hits, checked where they entered the
         manager).
         """
-        batch = blocks if type(blocks) is list else list(blocks)
+        # (A hit's groups are tuples: taken as they are, not copied, ~100 ns of a 6-block hit.)
+        batch = blocks if isinstance(blocks, (tuple, list)) else list(blocks)
         if not trusted:
             self._check_takeable(batch, "touch")
         observer = self._observer
@@ -595,7 +596,7 @@ class BlockPool:
             if not 0 <= bid < n or mine[bid] is not block:
                 raise BlockStateError(f"{op}: {block!r} is not a block of this pool")
 
-    def _check_takeable(self, blocks: list[KVCacheBlock], op: str) -> None:
+    def _check_takeable(self, blocks: Sequence[KVCacheBlock], op: str) -> None:
         """Check that each block is one of this pool's and, if free, on the free side (what
         ``touch`` and ``pin`` take a reference on); raises :class:`BlockStateError`
         otherwise."""

@@ -333,12 +333,15 @@ class KVCacheManager:
                 and (new_computed_blocks is None or new_computed_blocks is self._empty)
                 and (not num_computed if tracked is None else
                      tracked[0] is request and num_computed <= tracked[1])):
+            # Every other call is checked in full: the counts as ints, then the request's state
+            # and the hit (see _check_allocation).
             (num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
-             num_external_computed_tokens, num_encoder_tokens, reserved_blocks, watermark_blocks,
-             hits) = self._validated_counts(
-                request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
-                num_lookahead_tokens, num_external_computed_tokens, num_encoder_tokens,
-                reserved_blocks, watermark_blocks)
+             num_external_computed_tokens, num_encoder_tokens, reserved_blocks,
+             watermark_blocks) = check_counts(
+                num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
+                num_external_computed_tokens, num_encoder_tokens, reserved_blocks, watermark_blocks)
+            hits = self._check_allocation(request, num_new_tokens, num_new_computed_tokens,
+                                          new_computed_blocks, num_external_computed_tokens)
         else:  # the counts the fast path found zero, as ints (for mypy and the compiled build)
             num_new_computed_tokens = num_lookahead_tokens = num_external_computed_tokens = 0
             num_encoder_tokens = reserved_blocks = watermark_blocks = 0
@@ -390,28 +393,6 @@ class KVCacheManager:
         if new_blocks is self.coordinator.no_blocks or not any(new_blocks):
             return self._empty
         return KVCacheBlocks(new_blocks)
-
-    def _validated_counts(self, request: RequestLike, num_new_tokens: SupportsIndex,
-                          num_new_computed_tokens: SupportsIndex, new_computed_blocks: object,
-                          num_lookahead_tokens: SupportsIndex,
-                          num_external_computed_tokens: SupportsIndex,
-                          num_encoder_tokens: SupportsIndex, reserved_blocks: SupportsIndex,
-                          watermark_blocks: SupportsIndex
-                          ) -> tuple[int, int, int, int, int, int, int,
-                                     Sequence[Sequence[KVCacheBlock]]]:
-        """``allocate_slots``' arguments off the fast path, checked in full: its counts as ints
-        (new, new computed, lookahead, external, encoder tokens, reserved and watermark blocks)
-        and the hit blocks per group; raises, changing nothing, unless the manager may serve
-        them for ``request`` now."""
-        (new, new_computed, lookahead, external, encoder) = check_counts(
-            num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
-            num_external_computed_tokens, num_encoder_tokens)
-        hits = self._check_allocation(request, new, new_computed, new_computed_blocks, external)
-        reserved = 0 if reserved_blocks is _ZERO else check_count("reserved_blocks",
-                                                                   reserved_blocks)
-        watermark = 0 if watermark_blocks is _ZERO else check_count("watermark_blocks",
-                                                                     watermark_blocks)
-        return new, new_computed, lookahead, external, encoder, reserved, watermark, hits
 
     def _full_sequence_fits(self, request: RequestLike, hits: Sequence[Sequence[KVCacheBlock]],
                             num_encoder_tokens: int, total_computed: int,

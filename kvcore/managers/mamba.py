@@ -24,6 +24,7 @@ from kvcore.types import BlockHash, KVCacheBlock, KVRequest
 class MambaManager(SingleTypeKVCacheManager):
     allows_null_blocks = True
     releases_blocks = True
+    follows_caching = True
     # (A hit is kept whole under EAGLE: MambaSpec.holds_state, see drops_eagle_block.)
 
     def __init__(self, spec: KVCacheSpec, group_id: int, ctx: ManagerContext) -> None:
