@@ -53,7 +53,8 @@ class ManagerState(Protocol):
 
     def withheld_blocks(self) -> dict[int, int]: ...
 
-BlockLists = Iterable[KVCacheBlock] | Iterable[Iterable[KVCacheBlock]]
+OwnerBlocks = Iterable[KVCacheBlock] | Iterable[Iterable[KVCacheBlock]]
+"""What one owner holds references on: a block list, or one per group (a request's table)."""
 
 
 def _fail(rule: str, message: str, block: KVCacheBlock | None = None,
@@ -62,7 +63,7 @@ def _fail(rule: str, message: str, block: KVCacheBlock | None = None,
                           observed=observed)
 
 
-def _count_references(pool: BlockPool, owners: Mapping[object, BlockLists]) -> Counter[int]:
+def _count_references(pool: BlockPool, owners: Mapping[object, OwnerBlocks]) -> Counter[int]:
     refs: Counter[int] = Counter()
     blocks = pool.blocks
     for owner, lists in owners.items():
@@ -168,7 +169,7 @@ def _check_maps(pool: BlockPool) -> None:
                         "partial entries", block)
 
 
-def check_invariants(pool: BlockPool, owners: Mapping[object, BlockLists] | None = None) -> None:
+def check_invariants(pool: BlockPool, owners: Mapping[object, OwnerBlocks] | None = None) -> None:
     """Raise :class:`InvariantError` if any pool invariant is broken.
 
     ``owners`` maps each owner (e.g. a request id) to its block lists (one list, or one list per

@@ -102,9 +102,14 @@ class NullBlock(KVCacheBlock):
                 f"the null block's reference count is not tracked (tried to set {value})")
 
 
+# The per-group block lists, one shape under three names by who holds them:
 GroupBlocks = tuple[list[KVCacheBlock], ...]
-"""Internal per-group block lists (``blocks[g]``: group ``g``'s list), what the coordinator
-builds; :class:`KVCacheBlocks` is the same shape handed to a scheduler."""
+"""Per KV-cache group, its block list (``blocks[g]``): what the coordinator builds and returns;
+:class:`KVCacheBlocks` is the same shape handed to a scheduler (immutable, vLLM's methods)."""
+
+HitBlocks = list[list[KVCacheBlock]]
+"""A hit under construction: one block list per group of a lookup query (the groups that share
+a spec), which the single-type managers build and the coordinator turns into ``GroupBlocks``."""
 
 
 @mypyc_attr(native_class=False)  # a tuple subclass (compiled build: a regular Python class)

@@ -22,10 +22,9 @@ from kvcore.block_pool import BlockPool
 from kvcore.hashing import hashes_at
 from kvcore.request import RequestLike
 from kvcore.specs import KVCacheSpec
-from kvcore.types import BlockHash, KVCacheBlock, KVRequest
+from kvcore.types import BlockHash, HitBlocks, KVCacheBlock, KVRequest
 from kvcore.verify import HitVerifier, PrefixChains
 
-HitBlocks = list[list[KVCacheBlock]]
 """One list of hit blocks per group id of a :class:`HitQuery`."""
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from kvcore._mypyc import mypyc_attr
 from kvcore.errors import InvalidArgumentError
-from kvcore.managers.base import HitBlocks, HitQuery, ManagerContext, SingleTypeKVCacheManager
+from kvcore.managers.base import HitQuery, ManagerContext, SingleTypeKVCacheManager
 from kvcore.specs import ChunkedLocalAttentionSpec, KVCacheSpec
-from kvcore.types import KVCacheBlock
+from kvcore.types import HitBlocks, KVCacheBlock
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # see SingleTypeKVCacheManager

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvcore._mypyc import mypyc_attr
-from kvcore.managers.base import HitBlocks, HitQuery, SingleTypeKVCacheManager
-from kvcore.types import KVCacheBlock
+from kvcore.managers.base import HitQuery, SingleTypeKVCacheManager
+from kvcore.types import HitBlocks, KVCacheBlock
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # see SingleTypeKVCacheManager

@@ -5,8 +5,8 @@ from __future__ import annotations
 from itertools import islice
 
 from kvcore._mypyc import mypyc_attr
-from kvcore.managers.base import HitBlocks, HitQuery, SingleTypeKVCacheManager
-from kvcore.types import KVCacheBlock, KVRequest
+from kvcore.managers.base import HitQuery, SingleTypeKVCacheManager
+from kvcore.types import HitBlocks, KVCacheBlock, KVRequest
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # see SingleTypeKVCacheManager

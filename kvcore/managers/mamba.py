@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from kvcore._mypyc import mypyc_attr
 from kvcore.errors import UnsupportedFeatureError
 from kvcore.hashing import hashes_at
-from kvcore.managers.base import HitBlocks, HitQuery, ManagerContext, SingleTypeKVCacheManager
+from kvcore.managers.base import HitQuery, ManagerContext, SingleTypeKVCacheManager
 from kvcore.request import RequestLike
 from kvcore.specs import KVCacheSpec, MambaSpec
-from kvcore.types import BlockHash, KVCacheBlock, KVRequest
+from kvcore.types import BlockHash, HitBlocks, KVCacheBlock, KVRequest
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # see SingleTypeKVCacheManager

@@ -10,9 +10,9 @@ retention interval (``KVCacheConfig.prefix_cache_retention_interval``).
 from __future__ import annotations
 
 from kvcore._mypyc import mypyc_attr
-from kvcore.managers.base import HitBlocks, HitQuery, ManagerContext, SingleTypeKVCacheManager, cdiv
+from kvcore.managers.base import HitQuery, ManagerContext, SingleTypeKVCacheManager, cdiv
 from kvcore.specs import KVCacheSpec, SlidingWindowSpec
-from kvcore.types import KVRequest
+from kvcore.types import HitBlocks, KVRequest
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # see SingleTypeKVCacheManager
