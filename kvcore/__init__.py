@@ -7,9 +7,6 @@ manager; everything else is imported from the module that holds it (errors from
 :mod:`kvcore.eviction`, inspection and checks from :mod:`kvcore.testing`).
 """
 
-from importlib import import_module as _import_module
-from warnings import warn as _warn
-
 from kvcore import _moved
 from kvcore.errors import KVCoreError
 from kvcore.manager import KVCacheManager
@@ -64,12 +61,7 @@ _FORMER: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> object:
-    home = _FORMER.get(name)
-    if home is None:
-        raise AttributeError(f"module 'kvcore' has no attribute {name!r}")
-    _warn(f"kvcore.{name} is deprecated: import it from {home}", DeprecationWarning, stacklevel=2)
-    return getattr(_import_module(home), name)
+__getattr__ = _moved.former_names("kvcore", _FORMER)
 
 
 __all__ = [

@@ -82,8 +82,9 @@ class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                       DeprecationWarning, stacklevel=2)
 
 
-def _former_names(module: str, names: dict[str, str]) -> Callable[[str], object]:
-    """A module ``__getattr__`` serving the names that left ``module``."""
+def former_names(module: str, names: dict[str, str]) -> Callable[[str], object]:
+    """A module ``__getattr__`` serving the names that left ``module`` (``names``: name -> its
+    new home), each with a :class:`DeprecationWarning`."""
 
     def __getattr__(name: str) -> object:
         home = names.get(name)
@@ -104,4 +105,4 @@ def install() -> None:
         # A module's own __getattr__ (PEP 562) answers names it does not hold; the compiled
         # build's extension modules honour it too.
         namespace: dict[str, object] = vars(importlib.import_module(module))
-        namespace["__getattr__"] = _former_names(module, names)
+        namespace["__getattr__"] = former_names(module, names)
