@@ -101,10 +101,8 @@ def lookup_boundary(hits: object, request: object) -> int:
     ``request`` (vLLM's ``shared_prefix_boundary``: with several groups, the longest prefix one
     group found cached when it is longer than the hit they all agree on); 0 if there was none, or
     if ``hits`` is not that lookup's result (another request's, or built by hand)."""
-    if type(hits) is LookupHit:
-        lookup = hits.lookup
-        if lookup[0] is request:
-            return lookup[4]
+    if type(hits) is LookupHit and hits.lookup[0] is request:
+        return hits.shared_prefix_boundary
     return 0
 
 
@@ -252,7 +250,9 @@ class KVCacheManager:
         # itself changes no state.
         hit = LookupHit(map(tuple, blocks))
         pool = self.pool
-        hit.lookup = (request, num_hit_tokens, pool.num_evicted_blocks, pool.num_resets, boundary)
+        hit.lookup = (request, num_hit_tokens, pool.num_evicted_blocks, pool.num_resets)
+        if boundary:
+            hit.shared_prefix_boundary = boundary
         return hit, num_hit_tokens
 
     def shared_prefix_boundary(self, request: KVRequest) -> int:
@@ -336,12 +336,15 @@ class KVCacheManager:
             # Every other call is checked in full: the counts as ints, then the request's state
             # and the hit (see _check_allocation).
             (num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
-             num_external_computed_tokens, num_encoder_tokens, reserved_blocks,
-             watermark_blocks) = check_counts(
+             num_external_computed_tokens, num_encoder_tokens) = check_counts(
                 num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
-                num_external_computed_tokens, num_encoder_tokens, reserved_blocks, watermark_blocks)
+                num_external_computed_tokens, num_encoder_tokens)
             hits = self._check_allocation(request, num_new_tokens, num_new_computed_tokens,
                                           new_computed_blocks, num_external_computed_tokens)
+            if reserved_blocks is not _ZERO:
+                reserved_blocks = check_count("reserved_blocks", reserved_blocks)
+            if watermark_blocks is not _ZERO:
+                watermark_blocks = check_count("watermark_blocks", watermark_blocks)
         else:  # the counts the fast path found zero, as ints (for mypy and the compiled build)
             num_new_computed_tokens = num_lookahead_tokens = num_external_computed_tokens = 0
             num_encoder_tokens = reserved_blocks = watermark_blocks = 0

@@ -142,15 +142,20 @@ class KVCacheBlocks(tuple):
 @mypyc_attr(native_class=False)  # as KVCacheBlocks
 class LookupHit(KVCacheBlocks):
     """A prefix hit as ``get_computed_blocks`` returns it, stamped with its lookup: ``lookup`` is
-    the request looked up, the hit tokens, the pool's ``num_evicted_blocks`` and
-    ``num_resets`` then, and the lookup's shared-prefix boundary (see
-    :func:`kvcore.manager.lookup_boundary`; an empty hit is stamped only for a non-zero one).  Only an eviction or a reset changes what a cached block holds, so the
+    the request looked up, the hit tokens, and the pool's ``num_evicted_blocks`` and
+    ``num_resets`` then.  Only an eviction or a reset changes what a cached block holds, so the
     manager need not check again a hit handed back for its request with nothing evicted since,
     and a hit whose blocks were evicted since went stale after the lookup (see
-    :func:`kvcore.manager.evictions_since_lookup`)."""
+    :func:`kvcore.manager.evictions_since_lookup`).  ``shared_prefix_boundary`` is the lookup's
+    shared-prefix boundary (read it with :func:`kvcore.manager.lookup_boundary`; an empty hit is
+    stamped only for a non-zero one)."""
 
     # No __slots__: a tuple subclass can keep other data only in an instance dict.
-    lookup: tuple[KVRequest, int, int, int, int]
+    lookup: tuple[KVRequest, int, int, int]
+    # Set on the instance only when non-zero (sparse retention), and kept out of ``lookup``: a
+    # fifth item costs every stamped compiled admission ~45 instructions to unbox where the
+    # stamp is checked (issue 37's instruction counts).
+    shared_prefix_boundary: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -120,11 +120,6 @@ class SingleTypeKVCacheManager:
     """The most blocks a request's table of this type ever holds, whatever its length (a
     circular buffer: 1); ``None``: its tokens decide."""
 
-    follows_caching: ClassVar[bool] = False
-    """Whether ``cache_blocks`` ends with the type's ``_after_caching`` (Mamba: states cached
-    this step, checkpoints, hand-offs).  A flag, not an unconditional call: a call to the empty
-    base hook costs ~60 ns of every caching step in pure Python."""
-
     def __init__(self, spec: KVCacheSpec, group_id: int, ctx: ManagerContext) -> None:
         self.spec = spec
         self.block_size = spec.block_size
@@ -149,6 +144,12 @@ class SingleTypeKVCacheManager:
         # Whether cache_blocks may register something although no block became full.
         self.caches_partial_tail = (self.registers_partial_tail and self.enable_caching
                                     and self.block_size != self.hash_block_size)
+        # Whether cache_blocks ends with the type's _after_caching (Mamba, which sets it in its
+        # __init__: states cached this step, checkpoints, hand-offs).  A flag, not a call: the
+        # empty base hook costs ~60 ns of every caching step in pure Python.  An instance
+        # attribute, not a class one: the compiled build reads a class attribute by a generic
+        # lookup, ~60 instructions of every caching step (issue 37's instruction counts).
+        self.follows_caching = False
 
     # -- the attention type's rules ---------------------------------------------------------------
     @classmethod

@@ -24,11 +24,11 @@ from kvcore.types import BlockHash, HitBlocks, KVCacheBlock, KVRequest
 class MambaManager(SingleTypeKVCacheManager):
     allows_null_blocks = True
     releases_blocks = True
-    follows_caching = True
     # (A hit is kept whole under EAGLE: MambaSpec.holds_state, see drops_eagle_block.)
 
     def __init__(self, spec: KVCacheSpec, group_id: int, ctx: ManagerContext) -> None:
         super().__init__(spec, group_id, ctx)
+        self.follows_caching = True  # _after_caching records the states cached this step
         self.cached_this_step: set[BlockHash] = set()  # hashes cached since new_step()
 
     @classmethod
