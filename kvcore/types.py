@@ -153,8 +153,8 @@ class LookupHit(KVCacheBlocks):
     # No __slots__: a tuple subclass can keep other data only in an instance dict.
     lookup: tuple[KVRequest, int, int, int]
     # Set on the instance only when non-zero (sparse retention), and kept out of ``lookup``: a
-    # fifth item costs every stamped compiled admission ~45 instructions to unbox where the
-    # stamp is checked (issue 37's instruction counts).
+    # fifth item costs every stamped compiled admission ~105 instructions, to box it at the
+    # lookup and unbox it where the stamp is checked (BENCHMARKS.md, issue 37's compiled residual).
     shared_prefix_boundary: int = 0
 
 

@@ -35,8 +35,8 @@ def check_counts(num_new_tokens: object, num_new_computed_tokens: object,
                  num_encoder_tokens: object) -> tuple[int, int, int, int, int]:
     """``allocate_slots``' token counts as plain ints (see :func:`check_count`).  Its block
     counts (``reserved_blocks``, ``watermark_blocks``) are checked by the caller only when they
-    are not 0: two more counts here cost ~65 instructions of every checked compiled call
-    (issue 37's instruction counts)."""
+    are not 0: two more counts here cost ~100 instructions of every checked compiled call
+    (BENCHMARKS.md 2026-11-27, issue 37's compiled residual)."""
     # (type(x): one pointer comparison in the compiled build, where x.__class__ is an attribute
     # lookup.)
     if (type(num_new_tokens) is int and num_new_tokens >= 0

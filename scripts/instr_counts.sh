@@ -45,7 +45,7 @@ decode=(CPyPy_kvcore___request___Request___append_output_token_ids)
 hasher=(CPyPy_kvcore___request___RequestBlockHasher_____call__
         CPyPy_hashing___RequestBlockHasher_____call__)
 
-count_one() {  # python index -> "instructions<TAB>what the loop did"
+count_one() {  # python index -> "instructions<TAB>scenario<TAB>what the loop did"
     local py=$1 i=$2 toggles=() f extra=()
     local kind
     kind=$("$py" -c "import sys; sys.path.insert(0, '$work')
@@ -65,8 +65,8 @@ printf 'this tree: %s\nbaseline:  %s\n\n' "$new_py" "$base_py"
 printf '%3s  %14s  %14s  %7s  %s\n' "#" "this tree" "baseline" "ratio" "scenario"
 zero=0
 for i in "${indexes[@]}"; do
-    IFS=$'\t' read -r n_new did_new name_new < <(count_one "$new_py" "$i" | awk -F'\t' '{print $1 "\t" $3 "\t" $2}')
-    IFS=$'\t' read -r n_base did_base _ < <(count_one "$base_py" "$i" | awk -F'\t' '{print $1 "\t" $3 "\t" $2}')
+    IFS=$'\t' read -r n_new name_new did_new < <(count_one "$new_py" "$i")
+    IFS=$'\t' read -r n_base _ did_base < <(count_one "$base_py" "$i")
     [ "$n_new" != 0 ] && [ "$n_base" != 0 ] || zero=1
     ratio=$(awk -v a="$n_new" -v b="$n_base" 'BEGIN {printf (b > 0 ? "%.4f" : "n/a"), a / b}')
     note=""

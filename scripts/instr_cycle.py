@@ -12,29 +12,16 @@ two interpreters.
 from __future__ import annotations
 
 import gc
-import random
 import sys
 
 
 def main() -> None:
     workloads_dir, index, requests = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     sys.path.insert(0, workloads_dir)
-    from workloads.manager_cycle import (  # a copy of this tree's, on sys.path above
-        SCENARIOS,
-        make_prompts,
-        make_side,
-        preempting_loop,
-        serial_loop,
-    )
+    from workloads.manager_cycle import SCENARIOS, build_loop  # this tree's copy, path above
 
     sc = SCENARIOS[index]
-    n = sc.num_requests(requests)
-    side = make_side("kvcore", sc.groups, sc.num_blocks, sc.max_model_len, sc.caching, sc.verify,
-                     sc.eviction_policy)
-    rng = random.Random(f"{sc.seed or sc.name}/0/False")
-    reqs = [side.make_request(f"r{j}", p, hashed=not sc.hash_timed)
-            for j, p in enumerate(make_prompts(sc, n, rng))]
-    loop = (preempting_loop if sc.max_running else serial_loop)(side, reqs, sc)
+    loop = build_loop("kvcore", sc, sc.num_requests(requests))
     gc.collect()
     gc.disable()
     did = loop()

@@ -148,7 +148,8 @@ class SingleTypeKVCacheManager:
         # __init__: states cached this step, checkpoints, hand-offs).  A flag, not a call: the
         # empty base hook costs ~60 ns of every caching step in pure Python.  An instance
         # attribute, not a class one: the compiled build reads a class attribute by a generic
-        # lookup, ~60 instructions of every caching step (issue 37's instruction counts).
+        # lookup, ~140 instructions of every caching step (BENCHMARKS.md, issue 37's compiled
+        # residual).
         self.follows_caching = False
 
     # -- the attention type's rules ---------------------------------------------------------------

@@ -293,12 +293,22 @@ def measure(impl: str, case: str, params: dict[str, Any], repeat: int,
     if warmup:
         n = max(2, n // 8)
     try:
-        side = make_side(impl, sc.groups, sc.num_blocks, sc.max_model_len, sc.caching,
-                         sc.verify, sc.eviction_policy)
+        run = build_loop(impl, sc, n, repeat, warmup)
     except Unsupported as exc:
         return skipped_sample(str(exc))
+    return cpu_timed(run, n)
+
+
+def build_loop(impl: str, sc: Scenario, n: int, repeat: int = 0,
+               warmup: bool = False) -> Callable[[], dict[str, Any]]:
+    """A fresh manager of ``impl`` and ``n`` requests of ``sc`` (drawn from the scenario's seed,
+    ``repeat`` and ``warmup``), built now; returns the loop to time over them.  Raises
+    :class:`Unsupported` when this kvcore cannot build the scenario's manager.  Also used by
+    ``scripts/instr_cycle.py``, which counts the loop's instructions instead."""
+    side = make_side(impl, sc.groups, sc.num_blocks, sc.max_model_len, sc.caching, sc.verify,
+                     sc.eviction_policy)
     rng = random.Random(f"{sc.seed or sc.name}/{repeat}/{warmup}")
     reqs = [side.make_request(f"r{i}", p, hashed=not sc.hash_timed)
             for i, p in enumerate(make_prompts(sc, n, rng))]
     loop = preempting_loop if sc.max_running else serial_loop
-    return cpu_timed(loop(side, reqs, sc), n)
+    return loop(side, reqs, sc)
