@@ -44,7 +44,7 @@ spec.loader.exec_module(lifeline)
 
 def start():
     cmd = lifeline.guarded([sys.executable, "-c", {LISTENER!r}])
-    print("mode", cmd[3], flush=True)
+    print("mode", cmd[cmd.index("--") - 1], flush=True)
     subprocess.Popen(cmd)
 
 if sys.argv[1] == "thread":

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 LIFELINE = os.path.abspath(__file__)
-"""This file: ``python LIFELINE PARENT_PID exec|watch -- COMMAND...``."""
+"""This file: ``python -I -S LIFELINE PARENT_PID exec|watch -- COMMAND...``."""
 
 POLL_S = 0.2
 """How often a watching lifeline (or thread) checks that the parent is alive."""
@@ -52,7 +52,8 @@ ORPHANED = 1
 
 def guarded(cmd: Sequence[str], python: str | None = None) -> list[str]:
     """``cmd`` run through the lifeline, so that it ends when this process ends (module
-    docstring); ``python`` runs the lifeline (default: this interpreter).  Raises
+    docstring); ``python`` runs the lifeline (default: this interpreter).  Start it on the
+    thread that called this (the mode depends on the thread).  Raises
     :class:`FileNotFoundError`, as ``subprocess.Popen`` would, when ``cmd``'s program is not
     found (else the lifeline would start and then fail to run it)."""
     if not cmd or shutil.which(cmd[0]) is None:
@@ -61,7 +62,8 @@ def guarded(cmd: Sequence[str], python: str | None = None) -> list[str]:
     if os.name != "posix":
         return list(cmd)
     mode = "exec" if _pdeathsig_usable() else "watch"
-    return [python or sys.executable, LIFELINE, str(os.getpid()), mode, "--", *cmd]
+    # -I -S: the standard library only, whatever PYTHONPATH or site-packages hold (and faster)
+    return [python or sys.executable, "-I", "-S", LIFELINE, str(os.getpid()), mode, "--", *cmd]
 
 
 def die_with_parent(parent_pid: int, from_main_thread: bool = True) -> None:
