@@ -78,7 +78,7 @@ from runner.distributed import TPGroup
 from runner.errors import EngineDeadError, NonFiniteLogitsError
 from runner.inputs import default_tokenizer, prompt_token_ids, sampling_params_list
 from runner.models import load_config
-from runner.ranks import RankSpec, Workers, free_port, init_distributed
+from runner.ranks import RankSpec, Workers, init_distributed, store_listener
 from runner.ranks import build_runner as _build_runner
 from runner.sampler import NON_FINITE, SampledTokens, Sampler, SamplingParams
 from runner.threads import apply_cpu_threads, resolve_cpu_threads
@@ -127,8 +127,6 @@ class LLM:
             device = "cuda:0"
         threads = (resolve_cpu_threads(c.cpu_threads, c.tensor_parallel_size)
                    if device.startswith("cpu") else None)
-        spec = RankSpec(model if isinstance(model, (str, Path)) else hf_config, c, groups,
-                        max_len, device, dtype, port=free_port(), cpu_threads=threads)
         self.config = c
         self.hf_config = hf_config
         self.device = torch.device(device)
@@ -138,16 +136,25 @@ class LLM:
         # Made first: a bad endpoint fails before the model is loaded.
         self._publisher = ZmqEventPublisher(c.kv_events) if c.kv_events is not None else None
         apply_cpu_threads(threads)
+        # The tensor-parallel ranks' rendezvous: a socket on loopback, taken over by the store.
+        listener = store_listener() if c.tensor_parallel_size > 1 else None
+        spec = RankSpec(model if isinstance(model, (str, Path)) else hf_config, c, groups,
+                        max_len, device, dtype, port=listener.getsockname()[1] if listener else 0,
+                        cpu_threads=threads)
         try:
-            if c.tensor_parallel_size > 1:
+            if listener is not None:
                 self._workers.start(spec)
-                self.tp = init_distributed(0, c.tensor_parallel_size, spec.port, device)
+                self.tp = init_distributed(0, c.tensor_parallel_size, spec.port, device,
+                                           listener)
             self.runner = _build_runner(spec, self.tp)
         except BaseException:
             # The workers may be stuck in the rendezvous or in a broadcast: terminate them.
             self._dead = "the engine failed to start"
             self.close()
             raise
+        finally:
+            if listener is not None:
+                listener.close()  # nothing left to close once the store took it over
         self.kv_config = KVCacheConfig(self.runner.num_blocks, groups)
         self.manager = KVCacheManager(
             self.kv_config, max_len, max_num_batched_tokens=c.max_num_batched_tokens,

@@ -4,15 +4,25 @@ Rank 0 is the engine's own process; ranks 1..N-1 are spawned processes (:func:`w
 that build their shard of the model and then run every forward whose inputs rank 0 broadcasts;
 NCCL on GPU, gloo on CPU.  :class:`Workers` is rank 0's side of them: it starts them, sends each
 step's inputs, notices a worker that died (then it shuts the others down, so a dead rank never
-leaves the engine waiting in a collective for ever) and stops them.
+leaves the engine waiting in a collective for ever) and stops them.  A worker ends with rank 0's
+process however that ends, SIGKILL included (:func:`kvcore.proc.lifeline.die_with_parent`).
+
+Every rank runs on this machine, so what they listen on is loopback: rank 0's rendezvous store
+(:class:`torch.distributed.TCPStore`) serves on a socket rank 0 bound to 127.0.0.1
+(:func:`store_listener`), and gloo's connections use the loopback interface unless
+``GLOO_SOCKET_IFNAME`` says otherwise.  NCCL (GPU) chooses its own bootstrap interface
+(``NCCL_SOCKET_IFNAME``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import sys
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -21,6 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from kvcore.proc.lifeline import die_with_parent
 from kvcore.specs import KVCacheConfig
 from runner.attention import get_backend
 from runner.config import EngineConfig
@@ -94,18 +105,62 @@ def _profile_sampling(device: torch.device) -> Any:
     return sample
 
 
-def init_distributed(rank: int, world: int, port: int, device: str) -> TPGroup:
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(port)
+LOOPBACK = "127.0.0.1"
+
+
+def store_listener() -> socket.socket:
+    """Rank 0's listening socket for the rendezvous store: loopback, a port the OS chose (the
+    ranks' :attr:`RankSpec.port`)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((LOOPBACK, 0))
+        sock.listen()
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+@contextlib.contextmanager
+def _loopback_gloo() -> Iterator[None]:
+    """``GLOO_SOCKET_IFNAME`` set to the loopback interface while gloo starts, unless the user
+    set it (gloo otherwise listens on the address the host name resolves to)."""
+    names = {name for _, name in socket.if_nameindex()} if hasattr(socket, "if_nameindex") \
+        else set()
+    loopback = next((n for n in ("lo", "lo0") if n in names), None)
+    if "GLOO_SOCKET_IFNAME" in os.environ or loopback is None:
+        yield
+        return
+    os.environ["GLOO_SOCKET_IFNAME"] = loopback
+    try:
+        yield
+    finally:
+        os.environ.pop("GLOO_SOCKET_IFNAME", None)
+
+
+def init_distributed(rank: int, world: int, port: int, device: str,
+                     listener: socket.socket | None = None) -> TPGroup:
+    """Join the tensor-parallel group: rank 0 serves the rendezvous store on ``listener`` (from
+    :func:`store_listener`; the store takes it over), the other ranks reach it on
+    127.0.0.1:``port``."""
+    if (rank == 0) != (listener is not None):
+        raise ValueError("rank 0, and only rank 0, serves the store on its listener")
     backend = "nccl" if device.startswith("cuda") else "gloo"
     if device.startswith("cuda"):
         torch.cuda.set_device(rank)
-    dist.init_process_group(backend, rank=rank, world_size=world)
+    store = dist.TCPStore(LOOPBACK, port, world, is_master=rank == 0,
+                          master_listen_fd=listener.detach() if listener is not None else None)
+    with _loopback_gloo() if backend == "gloo" else contextlib.nullcontext():
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world)
     return TPGroup(rank, world, None)
 
 
-def worker_main(rank: int, spec: RankSpec) -> None:
-    """Ranks >= 1: build the shard, then run each forward rank 0 broadcasts (None: stop)."""
+def worker_main(rank: int, spec: RankSpec, parent_pid: int | None = None,
+                from_main_thread: bool = True) -> None:
+    """Ranks >= 1: build the shard, then run each forward rank 0 broadcasts (None: stop).
+    With ``parent_pid`` (rank 0's process, which started it), the worker ends when it ends."""
+    if parent_pid is not None:
+        die_with_parent(parent_pid, from_main_thread)
     device = f"cuda:{rank}" if spec.device.startswith("cuda") else "cpu"
     spec = replace(spec, device=device)
     if device == "cpu":
@@ -129,12 +184,6 @@ def worker_main(rank: int, spec: RankSpec) -> None:
     os._exit(0)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Workers:
     """Rank 0's handle on the spawned ranks 1..N-1 (empty without tensor parallelism)."""
 
@@ -146,8 +195,10 @@ class Workers:
 
     def start(self, spec: RankSpec) -> None:
         ctx = mp.get_context("spawn")
+        from_main_thread = threading.current_thread() is threading.main_thread()
         for rank in range(1, spec.config.tensor_parallel_size):
-            proc = ctx.Process(target=worker_main, args=(rank, spec), daemon=True)
+            proc = ctx.Process(target=worker_main,
+                               args=(rank, spec, os.getpid(), from_main_thread), daemon=True)
             proc.start()
             self.procs.append(proc)
 

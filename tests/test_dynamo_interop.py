@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
+import kvcore.cluster.dynamo.indexer as indexer_module
 from kvcore.cli import main as kvcore_main
 from kvcore.cluster import EventChannel, KVRoutingIndex, request_keys
 from kvcore.cluster.dynamo import (
@@ -25,6 +26,7 @@ from kvcore.cluster.dynamo import (
     DynamoSemantics,
     dynamo_available,
 )
+from kvcore.errors import InvalidArgumentError
 from kvcore.events import AllBlocksCleared, BlockRemoved, KVCacheEvent
 from kvcore.events.publisher import ZmqEventPublisher, to_external
 from kvcore.sim.cluster import ClusterConfig, replay_cluster
@@ -34,6 +36,7 @@ from kvcore.sim.workloads import multi_turn
 from tests.conftest import DYNAMO_INSTALL
 from tests.dynamo_scenarios import BLOCK_SIZE, KEYS, SCENARIOS, TOKENS
 from tests.factories import admit, full_spec, make_manager, run_main
+from tests.proc_tree import LINUX_ONLY, descendants, listening
 from tests.test_publisher import LOCAL, wait_until_published
 
 
@@ -245,5 +248,28 @@ def test_an_indexer_that_cannot_start_is_reported(monkeypatch: pytest.MonkeyPatc
     ix = DynamoIndexer()
     monkeypatch.setattr(sys, "executable", "/bin/false")  # exits at once
     with pytest.raises(DynamoIndexerError, match="did not start"):
+        ix.start()
+    assert not ix.running
+
+
+@LINUX_ONLY
+def test_the_indexer_listens_on_loopback_unless_asked_otherwise(indexer: DynamoIndexer) -> None:
+    assert indexer._proc is not None
+    processes = {indexer._proc.pid} | descendants(indexer._proc.pid)
+    assert listening(processes) == {("127.0.0.1", indexer.port)}
+    with DynamoIndexer(host="0.0.0.0") as everywhere:  # asked for: every interface
+        assert everywhere._proc is not None and everywhere.workers() == []
+        processes = {everywhere._proc.pid} | descendants(everywhere._proc.pid)
+        assert listening(processes) == {("0.0.0.0", everywhere.port)}
+    with pytest.raises(InvalidArgumentError, match="host must be an IPv4 address"):
+        DynamoIndexer(host="localhost")
+
+
+def test_an_indexer_that_cannot_be_kept_on_loopback_is_not_started(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(indexer_module, "NATIVE_MODULE", "math")  # no bind() to redirect
+    ix = DynamoIndexer()
+    with pytest.raises(DynamoIndexerError, match=r"was not started: .*no reference to bind\(\).*"
+                                                 r"DynamoIndexer\(host='0.0.0.0'\)"):
         ix.start()
     assert not ix.running

@@ -262,6 +262,88 @@ def test_shutdown_sends_what_is_queued_then_refuses_more() -> None:
         pub.publish([AllBlocksCleared()])
 
 
+def _port(endpoint: str) -> int:
+    return int(endpoint.rsplit(":", 1)[1])
+
+
+def _bindable(port: int) -> bool:
+    """Whether a fresh socket can bind ``port`` on loopback now (ZeroMQ closes sockets on its
+    own thread: give it a moment)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return True
+            except OSError:
+                threading.Event().wait(0.02)
+    return False
+
+
+@pytest.fixture
+def stalled(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[threading.Event, threading.Event]]:
+    """Publishers whose sender stalls in its first batch until ``release`` is set (``entered``
+    says it got there)."""
+    entered, release = threading.Event(), threading.Event()
+    original = ZmqEventPublisher._encode
+
+    def slow_encode(self: ZmqEventPublisher, *args: object) -> bytes:
+        entered.set()
+        release.wait(10)
+        return original(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ZmqEventPublisher, "_encode", slow_encode)
+    yield entered, release
+    release.set()
+
+
+def test_shutdown_without_time_still_closes_the_sockets(
+        stalled: tuple[threading.Event, threading.Event]) -> None:
+    entered, release = stalled
+    pub = ZmqEventPublisher(LOCAL, LOCAL)
+    assert pub.replay_endpoint is not None
+    ports = [_port(pub.endpoint), _port(pub.replay_endpoint)]
+    assert pub.publish([AllBlocksCleared()]) and entered.wait(5)
+    threading.Timer(0.2, release.set).start()  # the batch being sent ends a little later
+    pub.shutdown(timeout=0)
+    assert all(_bindable(port) for port in ports)  # both addresses are free again
+    assert not pub._thread.is_alive()
+
+
+def test_shutdown_counts_and_reports_the_batches_it_drops(
+        stalled: tuple[threading.Event, threading.Event],
+        caplog: pytest.LogCaptureFixture) -> None:
+    entered, release = stalled
+    pub = ZmqEventPublisher(LOCAL)
+    assert pub.publish([AllBlocksCleared()]) and entered.wait(5)  # being sent
+    for _ in range(3):
+        assert pub.publish([AllBlocksCleared()])  # queued behind it
+    threading.Timer(0.2, release.set).start()
+    with caplog.at_level("WARNING", logger="kvcore.events.publisher"):
+        pub.shutdown(timeout=0)
+    assert [r.getMessage() for r in caplog.records] == [
+        "kvcore publisher: 3 queued batches not sent within 0.0s: dropped"]
+    assert (pub.num_published, pub.num_dropped) == (1, 3)  # nothing unaccounted for
+
+
+def test_the_default_endpoint_binds_loopback_and_a_named_one_is_honoured(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvcore.events.publisher as publisher
+
+    assert publisher.DEFAULT_ENDPOINT == "tcp://127.0.0.1:5557"
+    with socket.socket() as s:  # 5557 may be taken on this machine: the same rule, a free port
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    monkeypatch.setattr(publisher, "DEFAULT_ENDPOINT", f"tcp://127.0.0.1:{free}")
+    with ZmqEventPublisher() as pub:
+        assert (pub.mode, pub.endpoint) == ("bind", f"tcp://127.0.0.1:{free}")
+    with ZmqEventPublisher(f"tcp://127.0.0.1:{free}") as pub:  # vLLM's rule: connects
+        assert pub.mode == "connect"
+    with ZmqEventPublisher(f"tcp://127.0.0.1:{free}", bind=True) as pub:
+        assert (pub.mode, pub.endpoint) == ("bind", f"tcp://127.0.0.1:{free}")
+    with ZmqEventPublisher("tcp://*:*") as pub:  # asked for: every interface
+        assert pub.mode == "bind" and pub.endpoint.startswith("tcp://0.0.0.0:")
+
+
 @pytest.mark.parametrize(("kwargs", "words"), [
     ({"endpoint": "localhost:5557"}, ("endpoint", "localhost:5557")),
     ({"endpoint": LOCAL, "replay_endpoint": 5}, ("replay_endpoint", "5")),
@@ -271,6 +353,7 @@ def test_shutdown_sends_what_is_queued_then_refuses_more() -> None:
     ({"endpoint": LOCAL, "topic": b"kv"}, ("topic",)),
     ({"endpoint": LOCAL, "int_block_hashes": 1}, ("int_block_hashes",)),
     ({"endpoint": LOCAL, "encoding": "json"}, ("encoding", "json")),
+    ({"endpoint": LOCAL, "bind": "yes"}, ("bind", "'yes'")),
     ({"endpoint": "tcp://127.0.0.1:notaport"}, ("endpoint", "notaport")),
     ({"endpoint": "tcp://*:notaport"}, ("endpoint", "notaport")),
     ({"endpoint": "tcp://*:99999"}, ("endpoint", "99999")),  # would wrap to another port

@@ -27,6 +27,7 @@ from kvcore.cluster import EventChannel, KVRoutingIndex, request_keys
 from kvcore.cluster.dynamo.indexer import free_port
 from kvcore.events.publisher import ZmqEventPublisher
 from kvcore.manager import KVCacheManager
+from kvcore.proc.lifeline import guarded
 from tests.conftest import ROUTER_BUILD
 from tests.factories import admit, full_spec, make_manager
 
@@ -99,7 +100,9 @@ def cluster(tmp_path: Path) -> Iterator[tuple[str, list[FakeWorker], list[ZmqEve
         cmd += ["--kv-event-source", f"{w.url}={p.endpoint}",
                 "--kv-event-replay-source", f"{w.url}={p.replay_endpoint}"]
     log = (tmp_path / "router.log").open("wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    # Ends with this test's process however that ends (a killed pytest leaves no router).
+    proc = subprocess.Popen(guarded(cmd), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60

@@ -11,7 +11,8 @@ side of a case on request and return samples (``workloads/timing.py``).
 repeat 2: B, C, A; ...), so a slow phase of a shared machine hits every column alike; figures
 are then compared as medians over repeats (:func:`spread`).  A worker that dies, hangs past its
 timeout, fails a start-up check or raises while measuring surfaces as a :class:`WorkerError`
-naming the worker, what it was doing, and the tail of its stderr.
+naming the worker, what it was doing, and the tail of its stderr.  A worker ends with the driver,
+however the driver ends (:mod:`kvcore.proc.lifeline`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
+
+from kvcore.proc.lifeline import guarded
 
 
 def _repo_root() -> Path:
@@ -99,7 +102,7 @@ class Worker:
         # its tail explains a failure.  Closed in close().
         self._stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115
         try:
-            self.proc = subprocess.Popen(spec.command(), stdin=subprocess.PIPE,
+            self.proc = subprocess.Popen(guarded(spec.command()), stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=self._stderr,
                                          env=spec.env(), text=True, bufsize=1)
         except OSError as exc:

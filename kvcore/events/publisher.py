@@ -18,12 +18,17 @@ unchanged.
   (big-endian) as an int (``int_block_hashes=False`` keeps the bytes).
 * ``encoding="array"`` sends events as positional arrays (``[tag, field, ...]``), the encoding
   vLLM used before tagged maps; the default ``"map"`` is vLLM 0.32's.
-* ``shutdown`` sends what is queued (up to ``timeout``), then closes the sockets.
+* ``shutdown`` sends what is queued (up to ``timeout``), then closes the sockets, always: what
+  is still queued when the time is up is dropped and counted (``num_dropped``).
 * Bind or connect, as vLLM decides: a wildcard host (``tcp://*:5557``), ``ipc://`` and
   ``inproc://`` bind (subscribers connect to the publisher); any other address connects (a
-  subscriber must bind it).  ``mode`` says which; ``peer_connected`` says whether a peer was ever
-  there (a subscriber accepted on a bound socket, the bound peer reached by a connecting one), so a
-  connecting publisher whose peer also connects, and thus delivers nothing, can be told apart.
+  subscriber must bind it); ``bind=True``/``False`` decides instead.  ``mode`` says which;
+  ``peer_connected`` says whether a peer was ever there (a subscriber accepted on a bound socket,
+  the bound peer reached by a connecting one), so a connecting publisher whose peer also
+  connects, and thus delivers nothing, can be told apart.
+* Without an endpoint, the PUB socket binds :data:`DEFAULT_ENDPOINT`, on loopback: only this
+  machine can subscribe.  An endpoint the caller names is used as named (``tcp://*:5557`` listens
+  on every interface, as vLLM's default does).
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 """The replay socket's end-of-replay sequence frame."""
 
 ENCODINGS = ("map", "array")
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:5557"
+"""Where the PUB socket binds when no endpoint is given (vLLM's port, on loopback only)."""
 PEER_WAIT_MS = 500
 """How long ``shutdown`` waits for a connecting publisher's first peer, if none came yet."""
 
@@ -105,6 +112,10 @@ def encode_payload(events: Sequence[KVCacheEvent], ts: float, *, int_block_hashe
     return msgspec.msgpack.encode([ts, [as_array(e) for e in external], data_parallel_rank])
 
 
+def _ms_left(deadline: float) -> int:
+    return max(0, int((deadline - time.monotonic()) * 1000))
+
+
 def _check_int(name: str, value: object, minimum: int) -> int:
     if type(value) is not int or value < minimum:
         raise InvalidArgumentError(f"{name} must be an int >= {minimum}, got {value!r}")
@@ -150,8 +161,10 @@ class ZmqEventPublisher:
     Args:
         endpoint: PUB address; ``tcp://*:5557`` binds, ``tcp://host:5557`` connects (``mode``).
             A bound wildcard port (``tcp://127.0.0.1:*``) resolves to the port chosen:
-            ``endpoint``.
+            ``endpoint``.  ``None``: bind :data:`DEFAULT_ENDPOINT` (loopback).
         replay_endpoint: ROUTER address for replay requests (always bound), or ``None``.
+        bind: bind (``True``) or connect (``False``) ``endpoint``, whatever its form; ``None``
+            decides as vLLM does (see the module docstring).
         buffer_steps: batches kept for replay.
         hwm: the PUB socket's send high-water mark (ZeroMQ drops beyond it, per subscriber).
         max_queue_size: batches waiting for the sender before ``publish`` drops them.
@@ -161,10 +174,14 @@ class ZmqEventPublisher:
         encoding: ``"map"`` (tagged maps, vLLM 0.32) or ``"array"`` (positional arrays).
     """
 
-    def __init__(self, endpoint: str = "tcp://*:5557", replay_endpoint: str | None = None, *,
-                 buffer_steps: int = 10_000, hwm: int = 100_000, max_queue_size: int = 100_000,
-                 topic: str = "", data_parallel_rank: int = 0, int_block_hashes: bool = True,
-                 encoding: str = "map") -> None:
+    def __init__(self, endpoint: str | None = None, replay_endpoint: str | None = None, *,
+                 bind: bool | None = None, buffer_steps: int = 10_000, hwm: int = 100_000,
+                 max_queue_size: int = 100_000, topic: str = "", data_parallel_rank: int = 0,
+                 int_block_hashes: bool = True, encoding: str = "map") -> None:
+        if bind is not None and not isinstance(bind, bool):
+            raise InvalidArgumentError(f"bind must be a bool or None, got {bind!r}")
+        if endpoint is None:
+            endpoint, bind = DEFAULT_ENDPOINT, True if bind is None else bind
         endpoint = check_endpoint("endpoint", endpoint)
         if replay_endpoint is not None:
             replay_endpoint = check_endpoint("replay_endpoint", replay_endpoint)
@@ -186,11 +203,12 @@ class ZmqEventPublisher:
         self.encoding = encoding
         self.num_published = 0
         self.num_dropped = 0
-        self._queue: queue.Queue[tuple[float, list[KVCacheEvent]] | None] = queue.Queue(
-            max_queue_size)
+        self._queue: queue.Queue[tuple[float, list[KVCacheEvent]]] = queue.Queue(max_queue_size)
+        self._stopping = threading.Event()  # the sender ends once the queue is empty
+        self._abandon = threading.Event()  # the sender ends before its next batch
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=self.buffer_steps)
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self.mode = "bind" if _binds(endpoint) else "connect"
+        self.mode = "bind" if (_binds(endpoint) if bind is None else bind) else "connect"
         self.peer_connected = False  # set from the socket's monitor (see _watch_peers)
         self._pub = self._ctx.socket(zmq.PUB)
         self._replay: zmq.Socket[bytes] | None = None
@@ -244,26 +262,31 @@ class ZmqEventPublisher:
         return True
 
     def shutdown(self, timeout: float = 5.0) -> None:
-        """Send what is queued (for at most ``timeout`` seconds), stop the thread, close the
-        sockets.  Idempotent."""
+        """Send what is queued for at most ``timeout`` seconds, stop the thread and close the
+        sockets, whatever the timeout (0 included).  Batches still queued when the time is up
+        are dropped, counted in ``num_dropped`` and logged; the batch the sender is handing to
+        ZeroMQ then is finished first.  Idempotent."""
         if self._closed:
             return
         self._closed = True
-        deadline = time.monotonic() + timeout
-        self._queue.put(None)  # the sender drains the queue up to this sentinel
-        self._thread.join(timeout)
+        deadline = time.monotonic() + max(timeout, 0.0)
+        self._stopping.set()
+        self._thread.join(max(timeout, 0.0))
         if self._thread.is_alive():
-            logger.warning("kvcore publisher: %d batches still queued after %.1fs",
-                           self._queue.qsize(), timeout)
-        else:
-            # The sender has stopped: the monitor is this thread's now.  A connection may still
-            # be on its way (a short run): wait for it a little.
-            waiting = self.mode == "connect" and not self.peer_connected
-            self._watch_peers(wait_ms=min(PEER_WAIT_MS, max(0, int(
-                (deadline - time.monotonic()) * 1000))) if waiting else 0)
-            # What the sender handed to ZeroMQ may still be on its way (a connecting PUB
-            # socket's peer may not even be reached yet): give it the rest of the timeout.
-            self._close_sockets(linger_ms=max(0, int((deadline - time.monotonic()) * 1000)))
+            self._abandon.set()
+            self._thread.join()  # at most the batch being sent
+        left = self._queue.qsize()  # the sender has stopped: exact
+        if left:
+            self.num_dropped += left
+            logger.warning("kvcore publisher: %d queued batches not sent within %.1fs: dropped",
+                           left, timeout)
+        # The monitor is this thread's now.  A connection may still be on its way (a short
+        # run): wait for it a little, within the timeout.
+        if self.mode == "connect" and not self.peer_connected:
+            self._watch_peers(wait_ms=min(PEER_WAIT_MS, _ms_left(deadline)))
+        # What the sender handed to ZeroMQ may still be on its way (a connecting PUB socket's
+        # peer may not even be reached yet): give it the rest of the timeout.
+        self._close_sockets(linger_ms=_ms_left(deadline))
 
     def __enter__(self) -> ZmqEventPublisher:
         return self
@@ -307,18 +330,19 @@ class ZmqEventPublisher:
     def _run(self) -> None:
         topic = self.topic.encode()
         seq = 0
-        while True:
+        while not self._abandon.is_set():
             if not self.peer_connected:
                 self._watch_peers()
             if self._replay is not None and self._replay.poll(0):
                 self._serve_replay(topic)
+            stopping = self._stopping.is_set()
             try:
-                item = self._queue.get(timeout=0.02)
+                ts, events = self._queue.get_nowait() if stopping else self._queue.get(
+                    timeout=0.02)
             except queue.Empty:
+                if stopping:  # drained
+                    return
                 continue
-            if item is None:
-                return
-            ts, events = item
             try:
                 payload = self._encode(ts, events)
                 self._pub.send_multipart((topic, seq.to_bytes(8, "big"), payload))

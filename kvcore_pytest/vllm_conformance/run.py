@@ -283,6 +283,13 @@ def draft_exceptions(v: Verdict) -> str:
 
 # --- running pytest ---------------------------------------------------------------------------
 
+def _guarded(cmd: list[str]) -> list[str]:
+    """``cmd`` made to end with this process, however it ends (a run takes minutes)."""
+    from kvcore.proc.lifeline import guarded  # kvcore's import is slow: only when running
+
+    return guarded(cmd)
+
+
 def _pytest(python: Path, src: Path, args: list[str], env: Mapping[str, str], log: Path,
             json_path: Path) -> float:
     """One pytest run in vLLM's tree; returns its wall time.  Test failures are results;
@@ -294,7 +301,7 @@ def _pytest(python: Path, src: Path, args: list[str], env: Mapping[str, str], lo
            "-o", "asyncio_default_fixture_loop_scope=function", *args]
     start = time.monotonic()
     with log.open("w") as out:
-        rc = subprocess.call(cmd, cwd=src, env={**os.environ, **env}, stdout=out,
+        rc = subprocess.call(_guarded(cmd), cwd=src, env={**os.environ, **env}, stdout=out,
                              stderr=subprocess.STDOUT)
     elapsed = time.monotonic() - start
     if rc not in (0, 1) or not json_path.is_file():
@@ -353,8 +360,8 @@ def main(argv: list[str] | None = None) -> int:
         files = expand(read_patterns(), src)
         exceptions = read_exceptions(exceptions_path)
         results.mkdir(parents=True, exist_ok=True)
-        subprocess.run([str(python), "-m", "kvcore_pytest.vllm_conformance.hf_cache",
-                        str(hf_home)], check=True)
+        subprocess.run(_guarded([str(python), "-m", "kvcore_pytest.vllm_conformance.hf_cache",
+                                 str(hf_home)]), check=True)
         env = {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "VLLM_TARGET_DEVICE": "cpu", "VLLM_LOGGING_LEVEL": "ERROR",
                "PYTHONDONTWRITEBYTECODE": "1"}

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from kvcore.proc.lifeline import guarded
+
 H100_MAX_SHARED_BYTES = 227 * 1024
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -64,8 +66,8 @@ def _ptxas_stats(ptx: str) -> tuple[int, int]:
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(ptx)
     try:
-        proc = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", f.name, "-o", os.devnull],
-                              capture_output=True, text=True, check=True)
+        proc = subprocess.run(guarded([get_ptxas(90).path, "-arch=sm_90a", "-v", f.name, "-o",
+                                       os.devnull]), capture_output=True, text=True, check=True)
     finally:
         os.unlink(f.name)
     regs = re.search(r"Used (\d+) registers", proc.stderr)

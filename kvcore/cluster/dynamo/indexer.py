@@ -12,18 +12,29 @@ vLLM's format, and answers over HTTP:
   holds: ``{"scores": {"<worker>": {"<dp rank>": tokens}}, ...}``.
 * ``GET /workers`` lists the registered workers.
 
-:class:`DynamoIndexer` finds a free port, starts the process in its own session (a Ctrl-C in the
-terminal reaches kvcore, which then stops it; the indexer never dies under a replay still
-querying it), waits until it answers, and always stops it on ``stop``/``__exit__`` (terminate,
-then kill).  Its output goes to a temporary file whose tail is quoted when it fails.  Version
-1.6.1 listens on every interface (it has no host option) and is queried on 127.0.0.1.
+:class:`DynamoIndexer` finds a free port, starts the process, waits until it answers, and always
+stops it on ``stop``/``__exit__`` (terminate, then kill).  The process
+
+* listens on ``host``, 127.0.0.1 unless the caller asks otherwise.  Version 1.6.1 has no option
+  for it and binds ``0.0.0.0``: it runs under :mod:`kvcore.proc.loopback`, which moves its
+  wildcard binds to ``host`` (Linux; elsewhere it refuses to start, and ``host="0.0.0.0"`` runs
+  it on every interface, as it comes);
+* ends with kvcore however kvcore ends, SIGKILL included (:mod:`kvcore.proc.lifeline`);
+* runs in its own session: a Ctrl-C in the terminal reaches kvcore, which then stops it (the
+  indexer never dies under a replay still querying it).
+
+Its output goes to a temporary file whose tail is quoted when it fails.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import importlib.util
+import ipaddress
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -33,11 +44,16 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from kvcore.errors import InvalidArgumentError, KVCoreError
+from kvcore.proc import loopback
+from kvcore.proc.lifeline import guarded
 
 PACKAGE = "ai-dynamo-runtime"
 INSTALL_HINT = "pip install 'kvcore[dynamo]'"
 MODULE = "dynamo.indexer"
+NATIVE_MODULE = "dynamo._core"
+"""The extension module whose code binds the indexer's HTTP socket."""
 HOST = "127.0.0.1"
+EVERY_INTERFACE = "0.0.0.0"
 
 
 class DynamoUnavailableError(KVCoreError, ImportError):
@@ -88,16 +104,27 @@ class DynamoIndexer:
         model_name: the model name workers are registered and queried under.
         start_timeout: seconds to wait for the process to answer.
         request_timeout: seconds for one HTTP request.
+        host: the IPv4 address the indexer listens on (default 127.0.0.1, this machine only);
+            ``"0.0.0.0"`` exposes it on every interface.
     """
 
     START_ATTEMPTS = 3
 
     def __init__(self, *, threads: int = 1, model_name: str = "default",
-                 start_timeout: float = 60.0, request_timeout: float = 30.0) -> None:
+                 start_timeout: float = 60.0, request_timeout: float = 30.0,
+                 host: str = HOST) -> None:
         if type(threads) is not int or threads < 1:
             raise InvalidArgumentError(f"threads must be a positive int, got {threads!r}")
         if not isinstance(model_name, str) or not model_name:
             raise InvalidArgumentError(f"model_name must be a non-empty str, got {model_name!r}")
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            raise InvalidArgumentError(
+                f"host must be an IPv4 address (127.0.0.1, or 0.0.0.0 for every interface), "
+                f"got {host!r}") from None
+        self.host = host
+        self._connect_host = HOST if host == EVERY_INTERFACE else host
         self.threads = threads
         self.model_name = model_name
         self.start_timeout = start_timeout
@@ -120,13 +147,11 @@ class DynamoIndexer:
         t0 = time.perf_counter()
         last = ""
         for _ in range(self.START_ATTEMPTS):
-            self.port = free_port()
+            self.port = free_port(self.host)
             self._log = tempfile.TemporaryFile()  # noqa: SIM115 (closed by stop)
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", MODULE, "--port", str(self.port),
-                 "--threads", str(self.threads), "--model-name", self.model_name],
-                stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                start_new_session=True)
+                self.command(self.port), stdin=subprocess.DEVNULL, stdout=self._log,
+                stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 if self._wait_until_up():
                     self.start_s = time.perf_counter() - t0
@@ -135,10 +160,25 @@ class DynamoIndexer:
                 self.stop()
                 raise
             last = _tail(self._log)
+            refused = self._proc.returncode == loopback.REFUSED
             self.stop()
+            if refused:
+                raise DynamoIndexerError(
+                    f"python -m {MODULE} was not started: {last}; DynamoIndexer(host="
+                    f"{EVERY_INTERFACE!r}) runs it on every interface")
             if "in use" not in last:  # anything but a port taken meanwhile: do not retry
                 break
         raise DynamoIndexerError(f"python -m {MODULE} did not start: {last}")
+
+    def command(self, port: int) -> list[str]:
+        """The command line that runs the indexer on ``port``: under the lifeline, and under
+        the loopback launcher unless it listens on every interface."""
+        args = ["--port", str(port), "--threads", str(self.threads),
+                "--model-name", self.model_name]
+        if self.host == EVERY_INTERFACE:
+            return guarded([sys.executable, "-m", MODULE, *args])
+        return guarded([sys.executable, loopback.LAUNCHER, self.host, NATIVE_MODULE, MODULE,
+                        *args])
 
     def _wait_until_up(self) -> bool:
         """True once ``GET /workers`` answers; False if the process exited first."""
@@ -160,7 +200,8 @@ class DynamoIndexer:
                                  f"{self.start_timeout:.0f}s: {_tail(self._log)}")
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop the process (SIGTERM, then SIGKILL after ``timeout``); idempotent."""
+        """Stop the process (SIGTERM, then SIGKILL to its process group after ``timeout``);
+        idempotent."""
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -170,7 +211,9 @@ class DynamoIndexer:
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                # Its own session, so its own group: a watching lifeline and the indexer.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         if self._log is not None:
             self._log.close()
@@ -200,7 +243,7 @@ class DynamoIndexer:
         for attempt in (0, 1):
             if self._conn is None:
                 self._conn = http.client.HTTPConnection(
-                    HOST, self.port, timeout=timeout or self.request_timeout)
+                    self._connect_host, self.port, timeout=timeout or self.request_timeout)
             try:
                 self._conn.request(method, path, body=data, headers=headers)
                 response = self._conn.getresponse()
