@@ -434,14 +434,16 @@ class BlockPool:
         counts it keeps, whose inputs were checked where they entered it (kvcore's single-type
         managers: this runs every time a block fills).
         """
-        if trusted is not True and trusted is not False:
-            check_flag("trusted", trusted)
         if not self.enable_caching:
+            if trusted is not True and trusted is not False:
+                check_flag("trusted", trusted)
             return
         hashes = request.block_hashes if block_hashes is None else block_hashes
         if trusted is True:
             new_blocks = blocks[num_cached_blocks:num_full_blocks]
         else:
+            if trusted is not False:
+                check_flag("trusted", trusted)
             new_blocks = self._blocks_to_cache(blocks, hashes, num_cached_blocks, num_full_blocks,
                                                group_id, block_mask, prefix_nodes)
         if not new_blocks:
