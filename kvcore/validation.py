@@ -74,9 +74,12 @@ def check_collection(what: str, items: Iterable[T]) -> list[T]:
     The items themselves are the caller's to check."""
     if type(items) is list:
         return items
-    if isinstance(items, (str, bytes, KVCacheBlock)) or not isinstance(items, Iterable):
+    # (Tested as an object: typed Iterable, a value that is none would be narrowed to the
+    # excluded types, and the compiled build would cast it to them, raising its own TypeError.)
+    value: object = items
+    if isinstance(value, (str, bytes, KVCacheBlock)) or not isinstance(value, Iterable):
         raise InvalidArgumentError(f"{what} must be a collection (a list or a tuple), got "
-                                   f"{items!r:.80}")
+                                   f"{value!r:.80}")
     return list(items)
 
 
