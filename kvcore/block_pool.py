@@ -27,6 +27,7 @@ from kvcore.errors import (
     DoubleFreeError,
     InvalidArgumentError,
     InvalidGroupError,
+    KVCoreError,
     NoFreeBlocksError,
     NullBlockError,
 )
@@ -39,12 +40,24 @@ from kvcore.pool.maps import PrefixMaps
 from kvcore.pool.observer import PoolObserver, check_observer
 from kvcore.settings import CacheSettings
 from kvcore.types import BlockHash, KVCacheBlock, NullBlock
-from kvcore.validation import check_count, check_hashes
+from kvcore.validation import check_collection, check_count, check_flag, check_hashes
 
 if TYPE_CHECKING:
     from kvcore.types import KVRequest, PrefixNode
 
 __all__ = ["HINT_RESERVE_SHARE", "BlockPool"]
+
+
+def _group_ids_error(group_ids: object) -> KVCoreError | None:
+    """The typed error naming what is wrong with ``group_ids`` (not a collection, or holding a
+    group id that is not an int), or ``None``."""
+    if isinstance(group_ids, (str, bytes)) or not isinstance(group_ids, Iterable):
+        return InvalidArgumentError(f"group_ids must be a collection of group ids, got "
+                                    f"{group_ids!r:.80}")
+    for g in group_ids:
+        if type(g) is not int:
+            return InvalidGroupError(f"a group id must be an int, got {g!r}")
+    return None
 
 
 class BlockPool:
@@ -167,13 +180,19 @@ class BlockPool:
         out = []
         maps = self._maps.cached
         n = self.num_groups
-        for g in group_ids:
-            if not 0 <= g < n:
-                raise InvalidGroupError(f"group id {g} out of range [0, {n})")
-            block = maps[g].get(block_hash)
-            if block is None:
-                return None
-            out.append(block)
+        try:  # (no cost until it raises: the managers' lookups call this per block)
+            for g in group_ids:
+                if not 0 <= g < n:
+                    raise InvalidGroupError(f"group id {g} out of range [0, {n})")
+                block = maps[g].get(block_hash)
+                if block is None:
+                    return None
+                out.append(block)
+        except TypeError:  # a group id that is not an int, or group_ids not a collection
+            error = _group_ids_error(group_ids)
+            if error is None:
+                raise
+            raise error from None
         return out
 
     def cached_blocks_map(self, group_id: int) -> dict[BlockHash, KVCacheBlock]:
@@ -234,7 +253,9 @@ class BlockPool:
                 f"cannot allocate {num_blocks} blocks: only {self.num_free_blocks} are free")
         self._hint_reserve.release(short)
 
-    def touch(self, blocks: Iterable[KVCacheBlock], *, trusted: bool = False) -> None:
+    # trusted: object, not bool: the compiled build would raise TypeError on entry for a
+    # non-bool instead of the InvalidArgumentError of check_flag (here and below).
+    def touch(self, blocks: Iterable[KVCacheBlock], *, trusted: object = False) -> None:
         """Take one more reference on each block; a free (cached) block leaves the free side
         (the policy, which records the hit, or the hint reserve).
 
@@ -242,14 +263,16 @@ class BlockPool:
         or a free block that is not on the free side, raises :class:`BlockStateError` before
         anything changes.
 
-        ``trusted`` skips those checks, for a caller passing blocks known to be this pool's and
-        consistent (kvcore's single-type managers: their hits, checked where they entered the
-        manager).
+        ``trusted`` (a bool) skips those checks, for a caller passing blocks known to be this
+        pool's and consistent (kvcore's single-type managers: their hits, checked where they
+        entered the manager).
         """
         # (A hit's groups are tuples: taken as they are, not copied, ~100 ns of a 6-block hit.)
         batch: Sequence[KVCacheBlock] = (blocks if isinstance(blocks, (tuple, list))
-                                         else list(blocks))
-        if not trusted:
+                                         else check_collection("touch's blocks", blocks))
+        if trusted is not True:
+            if trusted is not False:
+                check_flag("trusted", trusted)
             self._check_takeable(batch, "touch")
         observer = self._observer
         if observer is not None:
@@ -282,7 +305,7 @@ class BlockPool:
         Null blocks are skipped.  A block of another pool, or a free block that is not on the
         free side, raises :class:`BlockStateError` before anything changes.
         """
-        batch = blocks if type(blocks) is list else list(blocks)
+        batch = check_collection("pin's blocks", blocks)
         self._check_takeable(batch, "pin")
         reserved = self._hint_reserve.held
         for block in batch:
@@ -300,7 +323,7 @@ class BlockPool:
         would, through the policy's ``on_hit``) without taking a reference.  Free, uncached and
         null blocks are skipped; a block of another pool raises :class:`BlockStateError` before
         anything changes."""
-        batch = blocks if type(blocks) is list else list(blocks)
+        batch = check_collection("retain's blocks", blocks)
         self._check_owned(batch, "retain")
         if self.enable_caching:
             cached = [b for b in batch if b.ref_cnt > 0 and b.block_hash is not None]
@@ -308,7 +331,7 @@ class BlockPool:
                 self.policy.on_hit(cached)
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock], *,
-                    trusted: bool = False) -> None:
+                    trusted: object = False) -> None:
         """Drop one reference on each block, ``ordered_blocks`` being in eviction priority order
         (first = evict first).  Null blocks are skipped.  Blocks reaching zero return to the free
         side in that order, the uncached ones apart from the cached ones: the policy places
@@ -317,14 +340,17 @@ class BlockPool:
 
         Freeing a block more often than it is referenced raises :class:`DoubleFreeError`, and a
         block of another pool :class:`BlockStateError`; either leaves everything unchanged.
-        ``trusted`` skips the ownership check (not the double-free one), for a caller freeing
-        blocks of its own tables (kvcore's single-type managers).
+        ``trusted`` (a bool) skips the ownership check (not the double-free one), for a caller
+        freeing blocks of its own tables (kvcore's single-type managers).
         """
         # (Typed list: the compiled build then iterates and indexes it natively; as an Iterable
         # it took the generic protocol, 1.7x the time of a compiled free, issue 37's bench.)
-        blocks: list[KVCacheBlock] = (ordered_blocks if isinstance(ordered_blocks, list)
-                                      else list(ordered_blocks))
-        if not trusted:
+        blocks: list[KVCacheBlock] = (
+            ordered_blocks if isinstance(ordered_blocks, list)
+            else check_collection("free_blocks' ordered_blocks", ordered_blocks))
+        if trusted is not True:
+            if trusted is not False:
+                check_flag("trusted", trusted)
             self._check_owned(blocks, "free_blocks")
         to_head: list[KVCacheBlock] = []
         to_tail: list[KVCacheBlock] = []
@@ -387,7 +413,7 @@ class BlockPool:
         block_mask: Sequence[bool] | None = None,
         prefix_nodes: Sequence[PrefixNode] | None = None,
         *,
-        trusted: bool = False,
+        trusted: object = False,
     ) -> None:
         """Register ``blocks[num_cached_blocks:num_full_blocks]`` (now full) in group
         ``group_id``'s map under their hashes.
@@ -404,16 +430,20 @@ class BlockPool:
         With ``verify_hits``, ``prefix_nodes`` (aligned with ``block_hashes``) give each block the
         exact prefix its KV belongs to.
 
-        ``trusted`` skips the checks, for a caller passing its own block table and the counts it
-        keeps, whose inputs were checked where they entered it (kvcore's single-type managers:
-        this runs every time a block fills).
+        ``trusted`` (a bool) skips the checks, for a caller passing its own block table and the
+        counts it keeps, whose inputs were checked where they entered it (kvcore's single-type
+        managers: this runs every time a block fills).
         """
         if not self.enable_caching:
+            if trusted is not True and trusted is not False:
+                check_flag("trusted", trusted)
             return
         hashes = request.block_hashes if block_hashes is None else block_hashes
-        if trusted:
+        if trusted is True:
             new_blocks = blocks[num_cached_blocks:num_full_blocks]
         else:
+            if trusted is not False:
+                check_flag("trusted", trusted)
             new_blocks = self._blocks_to_cache(blocks, hashes, num_cached_blocks, num_full_blocks,
                                                group_id, block_mask, prefix_nodes)
         if not new_blocks:
@@ -542,7 +572,7 @@ class BlockPool:
         the null block raises before anything changes.
         """
         ids: list[int] = []
-        for block_id in block_ids:
+        for block_id in check_collection("evict_blocks' block_ids", block_ids):
             if type(block_id) is not int or not 0 <= block_id < self.num_blocks:
                 raise InvalidArgumentError(f"block id {block_id!r} out of range [0, {self.num_blocks})")
             if block_id == self.null_block.block_id:

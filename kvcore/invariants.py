@@ -30,6 +30,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
+from kvcore import _moved
 from kvcore.block_pool import BlockPool
 from kvcore.coordinator import KVCacheCoordinator
 from kvcore.errors import InvariantError
@@ -55,6 +56,10 @@ class ManagerState(Protocol):
 
 OwnerBlocks = Iterable[KVCacheBlock] | Iterable[Iterable[KVCacheBlock]]
 """What one owner holds references on: a block list, or one per group (a request's table)."""
+
+# Its former name, served one release with a DeprecationWarning.
+__getattr__ = _moved.former_names("kvcore.invariants",
+                                  {"BlockLists": "kvcore.invariants:OwnerBlocks"})
 
 
 def _fail(rule: str, message: str, block: KVCacheBlock | None = None,

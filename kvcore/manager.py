@@ -44,7 +44,7 @@ from kvcore.request import Request, RequestBlockHasher, RequestLike
 from kvcore.settings import CacheSettings
 from kvcore.specs import KVCacheConfig
 from kvcore.types import BlockHash, KVCacheBlock, KVCacheBlocks, KVRequest, LookupHit
-from kvcore.validation import check_count, check_counts, check_flag
+from kvcore.validation import check_collection, check_count, check_counts, check_flag
 from kvcore.verify import HitVerifier
 
 _ZERO: Final = 0  # the default count; see the fast path of allocate_slots
@@ -270,10 +270,20 @@ class KVCacheManager:
     def report_prefix_hit(self, request: KVRequest, hit: Sequence[Sequence[KVCacheBlock]]) -> None:
         """Record a ``BlockStored`` event per group for the hit blocks ``get_computed_blocks``
         returned for ``request`` (null positions included), as vLLM does for a request with
-        ``kv_cache_report_mode="full"``; nothing without events."""
-        if len(hit) != self.num_groups:
+        ``kv_cache_report_mode="full"``; nothing without events.  A ``hit`` that is not one
+        list of this pool's blocks per group raises, recording nothing."""
+        if not isinstance(hit, (tuple, list)) or len(hit) != self.num_groups:
             raise InvalidArgumentError(f"hit must hold one block list per group "
-                                       f"({self.num_groups}), got {len(hit)}")
+                                       f"({self.num_groups}), got {hit!r:.80}")
+        for g, (m, blocks) in enumerate(zip(self.coordinator.managers, hit)):
+            if not isinstance(blocks, (tuple, list)):
+                raise InvalidArgumentError(f"hit must hold one block list per group, got "
+                                           f"{blocks!r:.80} for group {g}")
+            self._own_blocks("report_prefix_hit", blocks)  # raises naming a stranger
+            hashes = hashes_at(request.block_hashes, self.hash_block_size, m.block_size)
+            if len(blocks) > len(hashes):  # (checked for every group before any is reported)
+                raise InvalidArgumentError(f"hit: {len(blocks)} blocks for group {g} exceed the "
+                                           f"request's {len(hashes)} block hashes")
         self.coordinator.report_prefix_hit(request, hit)
 
     def record_prefix_cache_stats(self, request: RequestLike,
@@ -298,9 +308,9 @@ class KVCacheManager:
         new_computed_blocks: Sequence[Sequence[KVCacheBlock]] | None = None,
         num_lookahead_tokens: SupportsIndex = 0,
         num_external_computed_tokens: SupportsIndex = 0,
-        delay_cache_blocks: bool = False,
+        delay_cache_blocks: object = False,
         num_encoder_tokens: SupportsIndex = 0,
-        full_sequence_must_fit: bool = False,
+        full_sequence_must_fit: object = False,
         reserved_blocks: SupportsIndex = 0,
         watermark_blocks: SupportsIndex = 0,
         shared_prefix_boundary: SupportsIndex | None = None,
@@ -317,19 +327,23 @@ class KVCacheManager:
         while the request runs under sparse retention (read at admission only); default: the one
         that hit carries when it is ``get_computed_blocks``' result for this request, else 0 (for
         a caller that does not hand the hit back as it was returned, e.g. vLLM's scheduler,
-        which keeps the boundary on its request)."""
+        which keeps the boundary on its request).  ``delay_cache_blocks`` and
+        ``full_sequence_must_fit`` are bools (anything else raises, see
+        :mod:`kvcore.validation`): flags are typed ``object`` so that both builds refuse a
+        non-bool with the same typed error."""
         rid = request.request_id
         tracked = self._requests.get(rid)
         num_computed = request.num_computed_tokens
         hits: Sequence[Sequence[KVCacheBlock]] = self._empty
         # A call that only adds tokens to a running request, or starts a fresh one from nothing,
         # cannot fail validation (`is _ZERO`, identity with the int 0, keeps this cheap: a bool,
-        # float, None or numpy zero is not that object).  Every other call is validated in full.
+        # float, None or numpy zero is not that object; `is False` likewise admits only the
+        # bool).  Every other call is validated in full.
         if not (self.fast_path and type(num_new_tokens) is int and num_new_tokens > 0
                 and num_new_computed_tokens is _ZERO and num_lookahead_tokens is _ZERO
                 and num_external_computed_tokens is _ZERO and num_encoder_tokens is _ZERO
                 and reserved_blocks is _ZERO and watermark_blocks is _ZERO
-                and not full_sequence_must_fit
+                and full_sequence_must_fit is False and delay_cache_blocks is False
                 and (new_computed_blocks is None or new_computed_blocks is self._empty)
                 and (not num_computed if tracked is None else
                      tracked[0] is request and num_computed <= tracked[1])):
@@ -345,6 +359,10 @@ class KVCacheManager:
                 reserved_blocks = check_count("reserved_blocks", reserved_blocks)
             if watermark_blocks is not _ZERO:
                 watermark_blocks = check_count("watermark_blocks", watermark_blocks)
+            if full_sequence_must_fit is not False and full_sequence_must_fit is not True:
+                check_flag("full_sequence_must_fit", full_sequence_must_fit)
+            if delay_cache_blocks is not False and delay_cache_blocks is not True:
+                check_flag("delay_cache_blocks", delay_cache_blocks)
         else:  # the counts the fast path found zero, as ints (for mypy and the compiled build)
             num_new_computed_tokens = num_lookahead_tokens = num_external_computed_tokens = 0
             num_encoder_tokens = reserved_blocks = watermark_blocks = 0
@@ -354,11 +372,11 @@ class KVCacheManager:
         num_computed_after = total_computed + num_new_tokens  # computed once this step ran
         if num_computed_after > self.max_model_len:
             self._too_long(request, total_computed, num_new_tokens)
-        if full_sequence_must_fit and not self._full_sequence_fits(
+        if full_sequence_must_fit is True and not self._full_sequence_fits(
                 request, hits, num_encoder_tokens, total_computed, watermark_blocks):
             return None
         cache_upto = None  # cache up to the request's real tokens (never draft slots)
-        if self.enable_caching and not delay_cache_blocks:
+        if self.enable_caching and delay_cache_blocks is False:
             # (Inline, not a helper: a call costs ~50 ns of a ~1.5 µs pure-Python decode step.)
             num_tokens = len(request.all_token_ids)
             if ((len(request.block_hashes) + 1) * self.hash_block_size
@@ -455,10 +473,11 @@ class KVCacheManager:
         """The non-null blocks of ``blocks``, each one of this pool's, or
         :class:`~kvcore.errors.BlockStateError` naming the first that is not (anything, not
         only blocks: ``object``, as the compiled build would raise its own ``TypeError`` for a
-        list typed by its elements)."""
+        list typed by its elements); :class:`~kvcore.errors.InvalidArgumentError` if ``blocks``
+        is not a collection (a single block, ``None``)."""
         mine = self.pool.blocks
         out: list[KVCacheBlock] = []
-        for block in blocks:
+        for block in check_collection(f"{what}'s blocks", blocks):
             if isinstance(block, KVCacheBlock):
                 if block.is_null:
                     continue
@@ -682,6 +701,8 @@ class KVCacheManager:
                 f"new_computed_blocks must hold one block list per group ({self.num_groups}), "
                 f"got {new_computed_blocks!r}")
         has_hits = any(hits)
+        if not has_hits and hits is not self._empty:
+            self._check_groups(hits)  # (a hit with blocks is checked by _check_hits)
         if running:
             if has_hits or num_new_computed_tokens:
                 raise RequestStateError(f"request {rid!r} is running: it cannot take a new "
@@ -699,6 +720,13 @@ class KVCacheManager:
                 self._check_hits(request, hits, num_new_computed_tokens,
                                  num_external_computed_tokens)
         return hits
+
+    def _check_groups(self, hits: Sequence[object]) -> None:
+        """Raise :class:`InvalidHitError` unless each group of ``hits`` is a list or a tuple."""
+        for g, blocks in enumerate(hits):
+            if not isinstance(blocks, (tuple, list)):
+                raise InvalidHitError(f"new_computed_blocks must hold a list or tuple of blocks "
+                                      f"per group, got {blocks!r:.80} for group {g}")
 
     def _check_request(self, request: RequestLike) -> bool:
         """Whether ``request`` is running; raises if another object holds its id, if it claims
@@ -734,6 +762,7 @@ class KVCacheManager:
         if not self.enable_caching:
             raise InvalidHitError(f"request {rid!r}: prefix caching is disabled, so "
                                   f"new_computed_blocks / num_new_computed_tokens must be empty")
+        self._check_groups(hits)
         self._sync_hashes(request)
         mine = self.pool.blocks
         null = self.pool.null_block

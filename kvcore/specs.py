@@ -12,7 +12,7 @@ tensor: block ids are disjoint across groups because they come from one pool.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -176,6 +176,37 @@ class ChunkedLocalAttentionSpec(KVCacheSpec):
         return _cdiv(min(self.attention_chunk_size + step, max_model_len), self.block_size)
 
 
+def _collection(value: object) -> bool:
+    """Whether ``value`` is a collection of items (an iterable other than a str or bytes)."""
+    return isinstance(value, Iterable) and not isinstance(value, (str, bytes))
+
+
+def _check_states(spec: MambaSpec) -> None:
+    """Check a :class:`MambaSpec`'s ``shapes`` (a non-empty collection of shapes, each a
+    collection of positive ints) and ``dtypes`` (one ``torch.dtype`` per shape), storing both as
+    tuples; raises :class:`InvalidArgumentError` naming the bad value."""
+    if not _collection(spec.shapes) or not _collection(spec.dtypes):
+        raise InvalidArgumentError(f"MambaSpec.shapes and dtypes must be sequences (one dtype per "
+                                   f"state shape), got {spec.shapes!r} and {spec.dtypes!r}")
+    shapes: list[tuple[int, ...]] = []
+    for shape in spec.shapes:
+        dims = tuple(shape) if _collection(shape) else None
+        if dims is None or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0
+                                   for d in dims):  # (the rule of _positive)
+            raise InvalidArgumentError(f"a MambaSpec state shape must be a sequence of positive "
+                                       f"ints, got {shape!r}")
+        shapes.append(dims)
+    dtypes = tuple(spec.dtypes)
+    if not shapes or len(dtypes) != len(shapes):
+        raise InvalidArgumentError(f"MambaSpec needs one dtype per state shape, got shapes "
+                                   f"{spec.shapes!r} and dtypes {spec.dtypes!r}")
+    for dtype in dtypes:
+        if not isinstance(dtype, torch.dtype):
+            raise InvalidArgumentError(f"a MambaSpec dtype must be a torch.dtype, got {dtype!r}")
+    object.__setattr__(spec, "shapes", tuple(shapes))
+    object.__setattr__(spec, "dtypes", dtypes)
+
+
 @dataclass(frozen=True, kw_only=True)
 class MambaSpec(KVCacheSpec):
     """A recurrent state: a block holds the state after its last token, so only the most recent
@@ -203,8 +234,7 @@ class MambaSpec(KVCacheSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.shapes or len(self.shapes) != len(self.dtypes):
-            raise InvalidArgumentError("MambaSpec needs one dtype per state shape")
+        _check_states(self)
         if self.mamba_cache_mode not in ("none", "align"):
             raise InvalidArgumentError(f"mamba_cache_mode must be 'none' or 'align', got "
                                        f"{self.mamba_cache_mode!r}")
@@ -273,7 +303,7 @@ class KVCacheGroup:
     spec: KVCacheSpec
 
     def __post_init__(self) -> None:
-        if isinstance(self.layer_names, str) or not self.layer_names:
+        if not _collection(self.layer_names) or not self.layer_names:
             raise InvalidArgumentError(
                 f"a KV-cache group needs a non-empty sequence of layer names, got "
                 f"{self.layer_names!r}")
@@ -307,6 +337,9 @@ class KVCacheConfig:
         if self.num_blocks.__class__ is not int or self.num_blocks < 2:
             raise InvalidArgumentError(
                 f"num_blocks must be an int >= 2 (block 0 is the null block), got {self.num_blocks!r}")
+        if not _collection(self.groups):
+            raise InvalidArgumentError(f"KVCacheConfig.groups must be a collection of KVCacheGroup "
+                                       f"objects, got {self.groups!r}")
         object.__setattr__(self, "groups", tuple(self.groups))
         if not self.groups:
             raise InvalidArgumentError("a KV-cache config needs at least one group")

@@ -6,15 +6,23 @@ Public entry points (the manager's, the pool's, the settings') annotate counts a
 Annotated ``int``, the compiled build would take ``True`` as 1 and refuse ``numpy.int64`` with
 its own ``TypeError``, where the pure build accepts the integer and refuses the bool
 (``tests/test_bad_inputs.py`` pins the rule for both).  Internal signatures say ``int``.
+
+The rule for flags: a flag is a real ``bool`` (:func:`check_flag`); ``1``, ``"no"``, ``None``
+and ``numpy.bool_`` are refused, never read for their truth.  Where a flag is on a hot path the
+caller tests ``flag is False`` / ``flag is True`` (one pointer comparison in both builds) and
+calls :func:`check_flag` only when it is neither.
 """
 
 from __future__ import annotations
 
 import numbers
 from collections.abc import Iterable
+from typing import TypeVar
 
 from kvcore.errors import InvalidArgumentError
-from kvcore.types import BlockHash
+from kvcore.types import BlockHash, KVCacheBlock
+
+T = TypeVar("T")
 
 
 def check_count(name: str, value: object) -> int:
@@ -58,6 +66,21 @@ def check_flag(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise InvalidArgumentError(f"{name} must be a bool, got {value!r}")
     return value
+
+
+def check_collection(what: str, items: Iterable[T]) -> list[T]:
+    """``items`` as a list if it is a collection (a list, a tuple, any other iterable but a str,
+    bytes or a single block), else :class:`InvalidArgumentError` naming ``what`` and the value.
+    The items themselves are the caller's to check."""
+    if type(items) is list:
+        return items
+    # (Tested as an object: typed Iterable, a value that is none would be narrowed to the
+    # excluded types, and the compiled build would cast it to them, raising its own TypeError.)
+    value: object = items
+    if isinstance(value, (str, bytes, KVCacheBlock)) or not isinstance(value, Iterable):
+        raise InvalidArgumentError(f"{what} must be a collection (a list or a tuple), got "
+                                   f"{value!r:.80}")
+    return list(items)
 
 
 def check_share(name: str, value: object, low: float = 0.0, high: float = 1.0) -> float:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from kvcore import KVCacheManager, Request
-from kvcore.errors import InvalidArgumentError
+from kvcore.errors import BlockStateError, InvalidArgumentError
 from kvcore.events import BlockStored
 from kvcore.specs import FullAttentionSpec, KVCacheConfig, KVCacheGroup, SlidingWindowSpec
 from tests.factories import admit, decode, full_spec, make_manager, manager_snapshot, swa_spec
@@ -118,7 +118,15 @@ def test_report_prefix_hit_records_stored_events_and_changes_no_block() -> None:
     assert (e.block_size, e.group_id, e.session_id) == (4, 0, "s2")
     with pytest.raises(InvalidArgumentError, match="one block list per group"):
         m.report_prefix_hit(b, ())
+    with pytest.raises(BlockStateError, match="not a block of this pool"):
+        make_manager(num_blocks=16, enable_events=True).report_prefix_hit(b, hit)  # m's blocks
     quiet = make_manager(num_blocks=16)
+    a = quiet.make_request("a", list(range(13)), session_id="s1")
+    admit(quiet, a)
+    quiet.free(a)
+    b = quiet.make_request("b", [*range(12), 99], session_id="s2")
+    hit, n = quiet.get_computed_blocks(b)
+    assert n == 12
     quiet.report_prefix_hit(b, hit)  # no events recorded without events
     assert quiet.take_events() == []
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from kvcore.errors import InvalidArgumentError
 from kvcore.events.wire import (
     MEDIUM_GPU,
     AllBlocksCleared,
@@ -20,10 +21,10 @@ from kvcore.events.wire import (
     untag_extra_keys,
 )
 from kvcore.hashing import block_extra_keys
+from kvcore.specs import KVCacheConfig
 from kvcore.types import BlockHash
 
 if TYPE_CHECKING:
-    from kvcore.specs import KVCacheConfig
     from kvcore.types import KVRequest
 
 GroupStamp = tuple[str | None, int | None]
@@ -42,12 +43,17 @@ class EventRecorder:
         stamps: per group, the spec kind and sliding window its ``BlockStored`` events carry
             (default: none, for a pool without a model config).
         medium: ``"GPU"`` for the device pool, ``"CPU"`` for a host tier.
+        lookahead: the hash lookahead (an int >= 0, see :class:`~kvcore.settings.CacheSettings`).
     """
 
     __slots__ = ("_pending", "_stamps", "lookahead", "medium")
 
     def __init__(self, stamps: Sequence[GroupStamp] = (), medium: str = MEDIUM_GPU,
                  lookahead: int = 0) -> None:
+        if not isinstance(medium, str):
+            raise InvalidArgumentError(f"medium must be a str, got {medium!r}")
+        if type(lookahead) is not int or lookahead < 0:
+            raise InvalidArgumentError(f"lookahead must be an int >= 0, got {lookahead!r}")
         self._stamps = tuple(stamps)
         self.medium = medium
         self.lookahead = lookahead
@@ -59,6 +65,8 @@ class EventRecorder:
                    lookahead: int = 0) -> EventRecorder:
         """A recorder stamping each group's events with its spec's kind and window
         (``lookahead``: the hash lookahead, see :class:`~kvcore.settings.CacheSettings`)."""
+        if not isinstance(config, KVCacheConfig):
+            raise InvalidArgumentError(f"config must be a KVCacheConfig, got {config!r}")
         return cls(tuple(g.spec.event_stamp() for g in config.groups), medium, lookahead)
 
     @property
