@@ -17,7 +17,8 @@ from kvcore.errors import InvalidArgumentError
 from kvcore.manager import KVCacheManager
 from kvcore.specs import KVCacheConfig, KVCacheGroup, KVCacheSpec, MambaSpec
 from kvcore.testing.checked import assert_no_leak, checked
-from kvcore.testing.setups import full, mamba_align, swa
+from kvcore.testing.driver import HostileDriver
+from kvcore.testing.setups import SETUPS, Setup, full, mamba_align, swa
 from tests.factories import manager_snapshot
 
 
@@ -118,3 +119,30 @@ def test_a_checkpoint_block_needs_an_export_alignment() -> None:
     with pytest.raises(InvalidArgumentError, match="prefill_checkpoint_alignment"):
         MambaSpec(block_size=4, shapes=((2, 4),), dtypes=(torch.float32,),
                   mamba_cache_mode="align", num_prefill_checkpoint_blocks=1)
+
+
+def test_the_hostile_overrun_counts_slots_past_a_mamba_align_table() -> None:
+    """A Mamba "align" table has no lookahead slots: the driver's overrun must claim past the
+    slots of the other tables, or it reports its own call as a violation."""
+    setup = next(s for s in SETUPS if s.name == "full+mamba-align")
+    d = HostileDriver(setup)
+    d.add(0, 0, [1, 2, 0, 1, 2, 0], 0, 0, False)
+    d.admit(0, 4, lookahead=2)  # 4 tokens (one Mamba block) with 6 slots (two full blocks)
+    [req] = d.running.values()
+    assert d.m.num_slots(req.request_id) == 6
+    assert [len(t) for t in d.m.get_blocks(req.request_id)] == [2, 1]
+    for extra in range(4):
+        d.overrun(0, extra)
+    d.check()
+
+
+def test_every_layout_of_mixed_block_sizes_runs_each_policy_lookahead_and_retention() -> None:
+    mixed = [s for s in SETUPS if s.name.startswith("mixed-bs ")]
+    assert {s.eviction_policy for s in mixed} == {"lru", "slru", "s3fifo", "arc"}
+    assert {s.hash_lookahead for s in mixed} == {0, 3}
+    assert {s.retention for s in mixed} == {None, 0, 16}
+    layouts = {s.specs for s in mixed}
+    assert len(layouts) == 5
+    assert all(len({x.block_size for x in specs}) > 1 for specs in layouts)
+    built = Setup("x", mixed[-1].specs, hash_lookahead=3, eviction_policy="arc").build()
+    assert built.num_hash_lookahead_tokens == 3 and built.pool.eviction_policy == "arc"
