@@ -246,6 +246,10 @@ class MambaSpec(KVCacheSpec):
                                        f"'align', got {self.mamba_cache_mode!r}")
         if self.prefill_checkpoint_alignment is not None:
             _positive("prefill_checkpoint_alignment", self.prefill_checkpoint_alignment)
+        elif n:  # (vLLM's models pair them: a checkpoint without it is never exported)
+            raise InvalidArgumentError("num_prefill_checkpoint_blocks=1 needs "
+                                       "prefill_checkpoint_alignment (the token granularity "
+                                       "the backend exports the checkpoint at), got None")
 
     def needed_positions(self, num_tokens: int) -> range:
         return range(num_tokens - 1, num_tokens) if num_tokens > 0 else range(0)

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
+from pathlib import Path
 from typing import SupportsIndex
 
 import pytest
@@ -40,3 +43,35 @@ def test_fuzz_command(capsys: pytest.CaptureFixture[str]) -> None:
                  "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "300 operations" in out and "0 violations" in out
+
+
+def test_fuzz_command_runs_a_family_and_reports_each_setup(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--ops", "120", "--round-ops", "10", "--match", "mixed-bs full4+mamba-align8 la3",
+                 "--per-setup", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if "mixed-bs full4+mamba-align8" in line]
+    assert len(rows) == 12  # dense, ret0 and ret16, each with the 4 policies
+    assert {row[-2] for row in rows} == {"10"} and {row[-1] for row in rows} == {"0"}
+    assert "120 operations in 12 rounds over 12 setups" in out
+
+
+class EvictionFails(KVCacheManager):
+    """A manager whose evict_blocks breaks."""
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        raise RuntimeError("planted")
+
+
+def test_a_violation_names_the_operation_that_raised_it() -> None:
+    report = fuzz(400, seed=0, round_ops=400,
+                  setups=(Setup("full", (full(4),), manager_class=EvictionFails),))
+    assert report.violations and "(evict): RuntimeError: planted" in report.violations[0]
+    assert report.setup_violations == {"full": len(report.violations)}
+    assert report.setup_ops == {"full": report.ops}
+
+
+def test_the_readme_counts_the_setups_ci_runs() -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    counts = re.findall(r"a seeded run of all (\d+) setups", readme)
+    assert counts == [str(len(SETUPS))]

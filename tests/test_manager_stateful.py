@@ -8,8 +8,9 @@ blocks where KV is needed, bad counts).  After every step: ``check_invariants()`
 table holds its request's KV (content oracle), refused calls changed nothing, no leak once idle.
 
 The machines cover full, sliding-window and chunked-local attention (chunk sizes that are not
-multiples of the block size), hybrids with different block sizes, Mamba and cross attention,
-caching off, and colliding hashers under ``verify_hits``.  The seeded fuzz in test_fuzz.py runs
+multiples of the block size), hybrids with different block sizes (Mamba in both modes among
+them, with lookahead hashes, sparse retention and each eviction policy), Mamba and cross
+attention, caching off, and colliding hashers under ``verify_hits``.  The seeded fuzz in test_fuzz.py runs
 every setup of ``kvcore.testing.driver.SETUPS``.
 """
 
@@ -160,3 +161,13 @@ TestTwoSlidingGroupsTruncatedHash = _machine("full+swa5+swa5 truncated").TestCas
 TestNoPrefixCache = _machine("nocache full+swa").TestCase
 TestPartialTailEntriesEagleVerify = _machine("full8+swa4 eagle verify").TestCase
 TestHybridThreeTypesEagleColliding = _machine("full+swa7+mamba eagle tokens").TestCase
+# Different block sizes per group (the hit alignment larger than the Mamba group's blocks, or
+# the hashes finer than the Mamba group's), crossed with lookahead hashes, sparse retention and
+# each eviction policy: the content oracle proves every hit and table.
+TestMixedAlignCheckpointLookahead = _machine("mixed-bs full8+mamba-align4 la3 dense lru").TestCase
+TestMixedAlignRetentionSLRU = _machine("mixed-bs full8+mamba-align4 la0 ret0 slru").TestCase
+TestMixedThreeTypesS3FIFO = _machine("mixed-bs full8+swa6/4+mamba-align4 la3 ret16 s3fifo"
+                                     ).TestCase
+TestMixedLargerMambaBlocksARC = _machine("mixed-bs full4+mamba-align8 la3 ret0 arc").TestCase
+TestMixedMambaNoneLookaheadSLRU = _machine("mixed-bs full8+mamba4 la3 dense slru").TestCase
+TestMixedSlidingRetentionARC = _machine("mixed-bs full4+swa12/8 la0 ret16 arc").TestCase

@@ -1,8 +1,11 @@
 """Long hostile fuzzing of the KV-cache manager: ``python -m kvcore.bench fuzz``.
 
 Runs :class:`kvcore.testing.driver.HostileDriver` over every setup of
-:data:`~kvcore.testing.driver.SETUPS` (full, sliding window, odd chunk sizes, hybrids, Mamba,
-cross attention, EAGLE, caching off, colliding hashers under ``verify_hits``), mixing valid and
+:data:`~kvcore.testing.setups.SETUPS` (full, sliding window, odd chunk sizes, hybrids, Mamba,
+cross attention, EAGLE, caching off, colliding hashers under ``verify_hits``, and the
+``mixed-bs`` family: groups of different block sizes crossed with lookahead hashes, sparse
+retention and every eviction policy; ``--setup``/``--match`` choose some, ``--per-setup``
+prints each one's operations and violations), mixing valid and
 hostile calls with parameters from a seeded generator, and checks after every operation:
 invariants, the content of every running table and adopted hit (no wrong KV), that refused and
 ``None`` calls changed nothing, and no leak once idle.  Each setup runs in rounds of
@@ -24,7 +27,7 @@ from typing import Any
 from kvcore.cmdline import OneLineParser
 from kvcore.testing.driver import HostileDriver
 from kvcore.testing.operations import random_operation
-from kvcore.testing.setups import SETUPS, Setup
+from kvcore.testing.setups import MIXED, SETUPS, Setup
 
 
 @dataclass
@@ -34,29 +37,33 @@ class FuzzReport:
     seconds: float = 0.0
     counts: Counter[str] = field(default_factory=Counter)
     violations: list[str] = field(default_factory=list)
+    setup_ops: Counter[str] = field(default_factory=Counter)  # operations per setup name
+    setup_violations: Counter[str] = field(default_factory=Counter)
 
 
 def run_round(setup: Setup, seed: int, num_ops: int, report: FuzzReport) -> None:
     """``num_ops`` random operations on a fresh manager; a violation is recorded, not raised."""
     rng = random.Random(seed)
     driver = HostileDriver(setup)
-    done, op = 0, "start"
+    done = 0
     try:
         while done < num_ops:
-            op = random_operation(driver, rng)
+            random_operation(driver, rng)
             driver.check()
             done += 1
-        op = "drain"
+        driver.operation = "drain"
         driver.drain()
     except Exception as exc:
         where = traceback.extract_tb(exc.__traceback__)[-1]
         report.violations.append(
-            f"{setup.name!r} seed {seed} op {done} ({op}): {type(exc).__name__}: {exc} "
-            f"[{where.filename.rsplit('/', 1)[-1]}:{where.lineno}]")
+            f"{setup.name!r} seed {seed} op {done} ({driver.operation}): "
+            f"{type(exc).__name__}: {exc} [{where.filename.rsplit('/', 1)[-1]}:{where.lineno}]")
+        report.setup_violations[setup.name] += 1
         done += 1
     report.ops += done
     report.rounds += 1
     report.counts.update(driver.counts)
+    report.setup_ops[setup.name] += done
 
 
 def fuzz(num_ops: int, seed: int = 0, round_ops: int = 2000,
@@ -94,11 +101,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--round-ops", type=int, default=2000,
                     help="operations per fresh manager (2,000)")
     ap.add_argument("--setup", action="append", help="only these setups (repeatable)")
+    ap.add_argument("--match", action="append",
+                    help="only the setups whose name contains this text (repeatable; e.g. "
+                         f"{MIXED!r}: different block sizes per group)")
+    ap.add_argument("--per-setup", action="store_true",
+                    help="print the operations and violations of every setup")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
-    setups = SETUPS if not args.setup else tuple(s for s in SETUPS if s.name in args.setup)
+    setups = tuple(s for s in SETUPS
+                   if (not args.setup or s.name in args.setup)
+                   and (not args.match or any(text in s.name for text in args.match)))
     if not setups:
-        ap.error(f"no setup named {args.setup}; choose from: {', '.join(s.name for s in SETUPS)}")
+        ap.error(f"no setup named {args.setup} or matching {args.match}; choose from: "
+                 f"{', '.join(s.name for s in SETUPS)}")
     report = fuzz(args.ops, args.seed, args.round_ops, setups, progress=not args.no_progress)
     print(f"{report.ops:,} operations in {report.rounds} rounds over {len(setups)} setups, "
           f"{report.seconds:.0f} s ({report.ops / report.seconds:,.0f} ops/s), "
@@ -109,6 +124,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{report.counts['hit tokens']:,}")
     for name, n in sorted(report.counts.items()):
         print(f"  {name:40s} {n:>12,}")
+    if args.per_setup:
+        width = max(len(s.name) for s in setups)
+        print(f"  {'setup':{width}s} {'operations':>10s} {'violations':>10s}")
+        for s in setups:
+            print(f"  {s.name:{width}s} {report.setup_ops[s.name]:>10,} "
+                  f"{report.setup_violations[s.name]:>10,}")
     for v in report.violations[:20]:
         print(f"VIOLATION {v}")
     return 1 if report.violations else 0

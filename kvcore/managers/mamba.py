@@ -88,7 +88,9 @@ class MambaAlignManager(MambaManager):
     hold the state after ``(i+1)*block_size`` tokens) but holds only the running state block,
     the previous one (the kernel copies the state from it; released once the step that read
     it is processed) and, on the prompt's last chunk with ``num_prefill_checkpoint_blocks``,
-    the checkpoint block for the prompt's last block boundary; every other position is null.
+    the checkpoint block for the prompt's last hit-aligned boundary, in that boundary's slot
+    (the hit alignment, the lcm of every group's block size, may span several of this group's
+    blocks); every other position is null.
     A step therefore needs at most one new block (two with a checkpoint) whatever its length,
     which is why the coordinator asks this type for its count on every allocation
     (``counts_own_growth``), over the main model's tokens (draft tokens never reach a state
@@ -135,21 +137,25 @@ class MambaAlignManager(MambaManager):
     # -- counting ---------------------------------------------------------------------------------
     def _needs_checkpoint(self, blocks: Sequence[KVCacheBlock], query_start: int,
                           query_end: int, position: int, prefill_end: int) -> bool:
-        """Whether this chunk exports the prompt's checkpoint state from inside the step."""
+        """Whether this chunk exports the checkpoint state at ``position`` (a multiple of the
+        hit alignment, so of the block size) from inside the step, into table slot
+        ``position // block_size - 1``: the slot that holds the state at ``position``, wholly
+        inside the chunk (after the slot its initial state is read from, at or after the end
+        of the table ``blocks``) and before the running state's slot.  That is vLLM's
+        ``cdiv(query_end, mamba_block_size) - 2`` when the hit alignment is the Mamba block
+        size (vLLM's align mode sets them equal); with a larger alignment (another group's
+        larger blocks) the slot is further back and null positions lie between the two."""
         alignment = self.checkpoint_alignment
         if not self.has_checkpoints or alignment is None or query_end < prefill_end:
             return False
-        bs = self.block_size
-        index = -(-query_end // bs) - 2
-        if index < 0:
-            return False
-        if not (query_start % self.hash_block_size == 0
-                and index > (query_start - 1) // bs
+        index = position // self.block_size - 1
+        return (index >= 0
+                and query_start % self.hash_block_size == 0
+                and index > (query_start - 1) // self.block_size
                 and query_start + self.hash_block_size <= position
                 and query_start < position < query_end
-                and (position - query_start) % alignment == 0):
-            return False
-        return index >= len(blocks) or blocks[index].is_null
+                and (position - query_start) % alignment == 0
+                and index >= len(blocks))
 
     def count_state_blocks(self, request_id: str, num_tokens: int,
                            new_computed_blocks: Sequence[KVCacheBlock], total_computed_tokens: int,
@@ -166,18 +172,22 @@ class MambaAlignManager(MambaManager):
             prefill_end = 0  # dense or interval retention: every chunk may export a checkpoint
         bs = self.block_size
         blocks = self.req_to_blocks.get(request_id, ())
+        # The running state's block when the table grows (none when the table already covers
+        # the tokens: it may be longer, never a negative count that hides another group's
+        # need), plus the checkpoint's.
         num_new = -(-num_tokens // bs) - len(new_computed_blocks) - len(blocks)
+        if num_new > 1:
+            num_new = 1
+        elif num_new < 0:
+            num_new = 0
         position = checkpoint_position(num_tokens, self.alignment_tokens)
-        if not self._needs_checkpoint(blocks, total_computed_tokens, num_tokens, position,
-                                      prefill_end):
+        if self._needs_checkpoint(blocks, total_computed_tokens, num_tokens, position,
+                                  prefill_end):
+            num_new += 1  # (the table then grows by two slots at least: see _needs_checkpoint)
+        else:
             position = 0
         if record:
-            self._staged = (request_id,
-                            (position, -(-num_tokens // bs) - 2) if position else None)
-        if num_new > 0:
-            cap = 2 if position else 1
-            if num_new > cap:
-                num_new = cap
+            self._staged = (request_id, (position, position // bs - 1) if position else None)
         hit_tokens = len(new_computed_blocks) * bs
         if record:
             self.shortfall = 0
@@ -218,8 +228,9 @@ class MambaAlignManager(MambaManager):
 
     # -- mutation ---------------------------------------------------------------------------------
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
-        """Grow the table to ``cdiv(num_tokens, block_size)`` positions: nulls, then (with a
-        checkpoint reserved) the checkpoint block, then the new running state block."""
+        """Grow the table to ``cdiv(num_tokens, block_size)`` positions: the new running state
+        block last, null positions before it except, with a checkpoint reserved, the
+        checkpoint block at its slot (always past the table's old end and before the last)."""
         staged = self._staged
         if staged is not None and staged[0] == request_id:
             self._staged = None
@@ -230,21 +241,25 @@ class MambaAlignManager(MambaManager):
         blocks = self.req_to_blocks.get(request_id)
         if blocks is None:
             blocks = self.req_to_blocks[request_id] = []
-        bs = self.block_size
-        required = -(-num_tokens // bs)
-        checkpoint = 1 if request_id in self.checkpoints else 0
+        required = -(-num_tokens // self.block_size)
         prev = len(blocks)
-        if required <= prev and not checkpoint:
+        if required <= prev:  # (a reserved checkpoint lies past the old end: none here)
             return []
         if prev > 0:
             self.last_state_block_idx[request_id] = prev - 1
-        null_end = required - 1 - checkpoint
-        if prev < null_end:
-            blocks.extend([self.null_block] * (null_end - prev))
-        num_new = required - len(blocks)
-        if num_new <= 0:
-            return blocks[prev:]
-        blocks.extend(self.pool.get_new_blocks(num_new))
+        null = self.null_block
+        checkpoint = self.checkpoints.get(request_id)
+        if checkpoint is None:
+            if prev < required - 1:
+                blocks.extend([null] * (required - 1 - prev))
+            blocks.extend(self.pool.get_new_blocks(1))
+        else:
+            index = checkpoint[1]
+            new = self.pool.get_new_blocks(2)  # one call, in table order (vLLM's block ids)
+            blocks.extend([null] * (index - prev))
+            blocks.append(new[0])
+            blocks.extend([null] * (required - 2 - index))
+            blocks.append(new[1])
         return blocks[prev:]  # the new positions, null ones included (as vLLM returns them)
 
     def _released_by(self, request_id: str, blocks: Sequence[KVCacheBlock],
@@ -352,8 +367,7 @@ class MambaAlignManager(MambaManager):
         if block.is_null:
             return
         kept = (position == checkpoint_position(request.num_prompt_tokens, self.alignment_tokens)
-                or (position % self.block_size == 0
-                    and self._retained(position // self.block_size - 1, 0))
+                or self._retained(index, 0)
                 or position == self.shared_prefix_boundaries.get(rid, 0))
         if not kept:
             # Also when it caches nothing: the pool's observer hears of it, as vLLM reports it.
@@ -362,7 +376,7 @@ class MambaAlignManager(MambaManager):
         if block.block_hash is not None:
             return
         hashes = hashes_at(request.block_hashes, self.hash_block_size, self.block_size)
-        if position // self.block_size > len(hashes):
+        if index >= len(hashes):  # not hashed yet (lookahead hashes wait for later tokens)
             return
         self.pool.cache_full_blocks(request, self.req_to_blocks[rid], index, index + 1,
                                     self.block_size, self.group_id, hashes, trusted=True)

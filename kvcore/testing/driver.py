@@ -63,6 +63,7 @@ class HostileDriver:
 
     setup: Setup
     counts: Counter[str] = field(default_factory=Counter)
+    operation: str = "start"  # the operation under way (random_operation names it)
 
     def __post_init__(self) -> None:
         self.m = self.setup.build()
@@ -388,9 +389,12 @@ class HostileDriver:
         if req is None:
             return
         saved = req.num_computed_tokens
-        capacity = min(len(t) * s.block_size for t, s in
-                       zip(self.m.get_blocks(req.request_id), self.setup.specs)
-                       if not s.reads_encoder)
+        # The slots every table sized by them holds (not encoder groups, sized by the encoder's
+        # tokens, nor Mamba "align" groups, sized by the main model's: no lookahead slots).
+        capacity = min((len(t) * m.block_size for t, m in
+                        zip(self.m.get_blocks(req.request_id), self.m.coordinator.managers)
+                        if not m.uses_encoder_tokens and not m.counts_own_growth),
+                       default=self.m.num_slots(req.request_id))
         req.num_computed_tokens = capacity + 1 + extra % 4
         try:
             self._refused(RequestStateError, lambda: self.m.allocate_slots(req, 1), "slots")

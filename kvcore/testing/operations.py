@@ -24,11 +24,13 @@ _CUM_WEIGHTS = list(itertools.accumulate(_WEIGHTS.get(op, 1) for op in OPERATION
 
 def random_operation(driver: HostileDriver, rng: random.Random) -> str:
     """Apply one operation with parameters drawn from ``rng`` (valid operations weighted so that
-    requests keep flowing through a small pool); returns its name."""
+    requests keep flowing through a small pool); returns its name, also left in
+    ``driver.operation`` (a violation it raises is reported under its name)."""
     r = rng.randrange
     op = rng.choices(OPERATIONS, cum_weights=_CUM_WEIGHTS)[0]
     if op == "add" and len(driver.waiting) >= 6:
         op = "admit"
+    driver.operation = op
     if op == "add":
         driver.add(r(3), r(41), [r(VOCAB) for _ in range(r(1, 24))], r(4), r(4), r(5) == 0)
     elif op == "admit":

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvcore.eviction.registry import REGISTRY
 from kvcore.manager import KVCacheManager
 from kvcore.specs import (
     ChunkedLocalAttentionSpec,
@@ -67,6 +68,8 @@ class Setup:
     use_eagle: bool = False
     fast_path: bool = True  # False: every allocate_slots call takes the validated path
     retention: int | None = None  # KVCacheConfig.prefix_cache_retention_interval
+    hash_lookahead: int = 0  # CacheSettings.num_hash_lookahead_tokens
+    eviction_policy: str = "lru"  # CacheSettings.eviction_policy
     # The class to build: a subclass of KVCacheManager drives your own manager (or one with a
     # planted bug, to see the driver catch it).
     manager_class: type[KVCacheManager] = KVCacheManager
@@ -78,7 +81,9 @@ class Setup:
         return self.manager_class(config, self.max_model_len,
                               enable_caching=self.enable_caching, verify_hits=self.verify_hits,
                               block_hasher=hasher, enable_events=True, use_eagle=self.use_eagle,
-                              fast_path=self.fast_path)
+                              fast_path=self.fast_path,
+                              num_hash_lookahead_tokens=self.hash_lookahead,
+                              eviction_policy=self.eviction_policy)
 
 
 def _setups() -> tuple[Setup, ...]:
@@ -114,7 +119,40 @@ def _setups() -> tuple[Setup, ...]:
                           use_eagle=s.use_eagle, enable_caching=s.enable_caching, fast_path=False)
                     for s in base if s.name in ("full", "full+swa5+swa5", "full+cross",
                                                 "nocache full+swa", "full8+swa4 eagle"))
-    return base + verified + colliding + general
+    return base + verified + colliding + general + _mixed_block_sizes()
+
+
+MIXED = "mixed-bs"
+"""The name prefix of the setups whose groups have different block sizes crossed with
+lookahead hashes, sparse retention and every eviction policy (``--match mixed-bs`` in
+``python -m kvcore.bench fuzz``)."""
+
+
+def _mixed_block_sizes() -> tuple[Setup, ...]:
+    """Layouts whose groups have different block sizes (the hit alignment, their lcm, larger
+    than some group's block; hashes at their gcd, finer than some group's), each with
+    lookahead hashes off and on (3 tokens), dense and sparse retention where the layout takes
+    it (none, 0, one per 16 tokens), and every eviction policy the pool runs."""
+    layouts: tuple[tuple[str, tuple[KVCacheSpec, ...], bool], ...] = (
+        # (name, groups, takes sparse retention)
+        ("full8+mamba-align4", (full(8), mamba_align(4, checkpoint=True)), True),
+        ("full4+mamba-align8", (full(4), mamba_align(8, checkpoint=True)), True),
+        ("full8+swa6/4+mamba-align4", (full(8), swa(6, 4), mamba_align(4, checkpoint=True)),
+         True),
+        ("full8+mamba4", (full(8), mamba(4)), False),
+        ("full4+swa12/8", (full(4), swa(12, 8)), True),
+    )
+    out = []
+    for name, specs, sparse in layouts:
+        for lookahead in (0, 3):
+            for retention in ((None, 0, 16) if sparse else (None,)):
+                for policy in REGISTRY.names(offline=False):
+                    out.append(Setup(
+                        f"{MIXED} {name} la{lookahead} "
+                        f"{'dense' if retention is None else f'ret{retention}'} {policy}", specs,
+                        num_blocks=64, hash_lookahead=lookahead, retention=retention,
+                        eviction_policy=policy))
+    return tuple(out)
 
 
 SETUPS: tuple[Setup, ...] = _setups()
@@ -122,4 +160,5 @@ SETUPS: tuple[Setup, ...] = _setups()
 size, hybrids (different block sizes, partial prompt-tail entries, Mamba in both modes — "align"
 with a prefill checkpoint, and under sparse retention — cross attention),
 EAGLE, caching off; each again with ``verify_hits`` and with each colliding hasher; a few with
-``fast_path`` off."""
+``fast_path`` off; and the ``mixed-bs`` family: hybrids of different block sizes per group
+crossed with lookahead hashes, sparse retention and every eviction policy."""
