@@ -9,7 +9,8 @@
 #
 # The venv (default .venv-compiled, or $KVCORE_COMPILED_VENV) gets the compiled kvcore from
 # `KVCORE_COMPILE=1 pip install --no-deps .` (a wheel; the build needs setuptools and mypy, which
-# pip installs into its isolated build environment).  Its dependencies (torch, pytest, ...) are
+# pip installs into its isolated build environment), or installs the wheel $KVCORE_COMPILED_WHEEL
+# (scripts/compiled_wheel.sh) when it is set.  Its dependencies (torch, pytest, ...) are
 # the dev venv's (default .venv, or $KVCORE_BASE_VENV; built by the README's install line),
 # reached through a .pth file rather than installed twice; the compiled kvcore comes first on
 # sys.path, the dev venv's editable kvcore is not visible.
@@ -44,9 +45,14 @@ if [ -d "$site/setuptools" ]; then
     "$py" -m pip uninstall -y -q setuptools
 fi
 
-echo "::: compiled build (KVCORE_COMPILE=1 pip install --no-deps .)"
 start=$(date +%s)
-KVCORE_COMPILE=1 "$py" -m pip install --quiet --no-deps --force-reinstall .
+if [ -n "${KVCORE_COMPILED_WHEEL:-}" ]; then  # built once by scripts/compiled_wheel.sh
+    echo "::: compiled build: $KVCORE_COMPILED_WHEEL"
+    "$py" -m pip install --quiet --no-deps --force-reinstall "$KVCORE_COMPILED_WHEEL"
+else
+    echo "::: compiled build (KVCORE_COMPILE=1 pip install --no-deps .)"
+    KVCORE_COMPILE=1 "$py" -m pip install --quiet --no-deps --force-reinstall .
+fi
 echo "::: build and install took $(( $(date +%s) - start ))s"
 
 export PYTHONSAFEPATH=1 KVCORE_EXPECT_BUILD=compiled  # (tests/test_build.py checks it)
