@@ -5,7 +5,11 @@
 #   bash scripts/test_compiled.sh [--core] [PYTEST_ARGS...]
 #
 #   --core   only kvcore's own tests: everything but tests/runner (the paged-attention engine,
-#            which the compiled build does not change) and the notebook test.
+#            which the compiled build does not change), the notebook test, and the tests whose
+#            outcome does not depend on the build: they read the source tree (layering, the
+#            README, the conformance runner's inputs), build and install their own package from
+#            it (test_package, test_install_with_vllm), or check the text of the pytest summary
+#            of a run without the vLLM peer (test_peer_summary).
 #
 # The venv (default .venv-compiled, or $KVCORE_COMPILED_VENV) gets the compiled kvcore from
 # `KVCORE_COMPILE=1 pip install --no-deps .` (a wheel; the build needs setuptools and mypy, which
@@ -69,7 +73,10 @@ EOF
 echo "::: tests against the compiled build"
 args=(-p no:cacheprovider --import-mode=append -n 2)
 if [ "$core" = 1 ]; then
-    args+=(tests --ignore=tests/runner --deselect tests/test_notebook.py)
+    args+=(tests --ignore=tests/runner --deselect tests/test_notebook.py
+           --ignore=tests/test_layering.py --ignore=tests/test_readme.py
+           --ignore=tests/test_vllm_conformance.py --ignore=tests/test_package.py
+           --ignore=tests/test_install_with_vllm.py --ignore=tests/test_peer_summary.py)
 else
     args+=(tests)
 fi
