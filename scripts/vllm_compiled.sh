@@ -7,7 +7,8 @@
 #
 # builds VENV-compiled (default .vllm-venv-compiled: the full vLLM venv's interpreter and
 # packages, or those of $KVCORE_VLLM_VENV, reached through a .pth file, plus
-# `KVCORE_COMPILE=1 pip install --no-deps .` of this tree), checks that it
+# `KVCORE_COMPILE=1 pip install --no-deps .` of this tree, or the wheel $KVCORE_COMPILED_WHEEL
+# that scripts/compiled_wheel.sh built), checks that it
 # imports the compiled build, then runs `python -m kvcore.integrations.vllm.replay REPLAY_ARGS`
 # in it (outside the repository and with PYTHONSAFEPATH=1, so the sources do not shadow it).
 set -euo pipefail
@@ -23,9 +24,14 @@ py="$venv/bin/python"
 site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 "$base/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
     > "$site/_kvcore_vllm_dependencies.pth"
-echo "::: compiled build (KVCORE_COMPILE=1 pip install --no-deps .)"
-(cd "$root" && KVCORE_COMPILE=1 "$py" -m pip install --quiet --no-deps --force-reinstall . 2>&1 \
-    | { grep -v "is ignored: it is neither a file nor a directory" || true; })
+if [ -n "${KVCORE_COMPILED_WHEEL:-}" ]; then  # built once by scripts/compiled_wheel.sh
+    echo "::: compiled build: $KVCORE_COMPILED_WHEEL"
+    "$py" -m pip install --quiet --no-deps --force-reinstall "$KVCORE_COMPILED_WHEEL"
+else
+    echo "::: compiled build (KVCORE_COMPILE=1 pip install --no-deps .)"
+    (cd "$root" && KVCORE_COMPILE=1 "$py" -m pip install --quiet --no-deps --force-reinstall . 2>&1 \
+        | { grep -v "is ignored: it is neither a file nor a directory" || true; })
+fi
 export PYTHONSAFEPATH=1
 cd /
 "$py" -c 'import kvcore, sys; assert kvcore.__compiled__, kvcore.__file__; print("compiled kvcore:", kvcore.__file__, file=sys.stderr)'

@@ -4,6 +4,8 @@ made-up results: no vLLM needed.  The plugin itself is tested in the vLLM venv
 
 from __future__ import annotations
 
+import fnmatch
+import json
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from kvcore_pytest.vllm_conformance.run import (
     EXCEPTIONS,
     FILES,
+    STOCK,
     ConformanceError,
     Result,
     RunResults,
@@ -19,9 +22,12 @@ from kvcore_pytest.vllm_conformance.run import (
     draft_exceptions,
     expand,
     read_exceptions,
+    read_fixture,
     read_patterns,
+    recheck,
     summary,
     to_run_with_kvcore,
+    write_fixture,
 )
 
 VLLM = {"KVCacheManager": 1}
@@ -148,3 +154,71 @@ def test_the_committed_lists_read() -> None:
         for test, reason in read_exceptions(path).items():
             assert test.startswith("tests/") and "::" in test, (path, test)
             assert reason.strip(), (path, test)
+
+
+# --- the stock fixture ---------------------------------------------------------------------------
+
+def test_a_fixture_round_trips_the_stock_outcomes(tmp_path: Path) -> None:
+    stock = RunResults({"t.py::a": Result("passed", VLLM), "t.py::b": Result("failed", {})},
+                       {"t.py": "boom"})
+    path = tmp_path / "0.32.0.json"
+    write_fixture(path, "0.32.0", ["t.py"], stock)
+    back = read_fixture(path, "0.32.0", ["t.py"])
+    assert {k: (r.outcome, dict(r.managers)) for k, r in back.tests.items()} == {
+        "t.py::a": ("passed", VLLM), "t.py::b": ("failed", {})}
+    assert back.collection_errors == {"t.py": "boom"}
+
+
+@pytest.mark.parametrize("version, files, says", [
+    ("0.33.0", ["t.py"], "vLLM 0.32.0's, not 0.33.0's"),
+    ("0.32.0", ["t.py", "u.py"], "other test files (now also ['u.py']"),
+])
+def test_a_fixture_for_another_version_or_file_list_is_refused(
+        tmp_path: Path, version: str, files: list[str], says: str) -> None:
+    path = tmp_path / "f.json"
+    write_fixture(path, "0.32.0", ["t.py"], run(a=("passed", VLLM)))
+    with pytest.raises(ConformanceError, match="regenerate it: bash scripts/"
+                       f"vllm_stock_fixture.sh {version}") as e:
+        read_fixture(path, version, files)
+    assert says in str(e.value)
+
+
+def test_a_broken_fixture_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "f.json"
+    path.write_text('{"format": 1, "version": "0.32.0"}')
+    with pytest.raises(ConformanceError, match="not a stock fixture"):
+        read_fixture(path, "0.32.0", [])
+
+
+def test_the_stock_rerun_confirms_a_regression_or_finds_the_fixture_stale() -> None:
+    stock = run(a=("passed", VLLM), b=("passed", VLLM), c=("passed", VLLM))
+    kvcore = run(a=("passed", KVCORE), b=("failed", {}), c=("failed", {}))
+    fresh = run(b=("passed", VLLM), c=("failed", {}))  # b still passes stock, c no longer does
+    selected = to_run_with_kvcore(stock)
+    corrected, stale = recheck(stock, kvcore, ["t.py::b", "t.py::c"], fresh)
+    assert stale == {"t.py::c": "the fixture says passed, the rerun failed"}
+    v = compare(corrected, kvcore, {}, selected)
+    v.stale_fixture = stale
+    assert v.regressions == {"t.py::b": "failed: boom"}  # a real regression
+    assert "t.py::c" not in v.regressions  # fails stock now: not kvcore's
+    assert not v.ok
+    assert "STALE STOCK FIXTURE" in summary(v, "0.32.0")
+    # With the fixture right, only the regression fails the suite.
+    v = compare(*recheck(stock, kvcore, ["t.py::b"], fresh)[:1], kvcore, {}, ["t.py::a", "t.py::b"])
+    assert not v.ok and not v.stale_fixture and list(v.regressions) == ["t.py::b"]
+
+
+def test_the_committed_fixtures_match_the_file_list_and_the_exceptions() -> None:
+    patterns = read_patterns()
+    versions = sorted(p.stem for p in EXCEPTIONS.glob("*.toml"))
+    assert versions == sorted(p.stem for p in STOCK.glob("*.json"))
+    for version in versions:
+        data = json.loads((STOCK / f"{version}.json").read_text())
+        files = data["files"]
+        assert data["version"] == version
+        assert all(any(fnmatch.fnmatchcase(f, p) for p in patterns) for f in files)
+        assert all(any(fnmatch.fnmatchcase(f, p) for f in files) for p in patterns)
+        stock = read_fixture(STOCK / f"{version}.json", version, files)
+        selected = set(to_run_with_kvcore(stock))
+        # Every excepted test passes stock and builds a scheduler (else the entry is stale).
+        assert set(read_exceptions(EXCEPTIONS / f"{version}.toml")) <= selected

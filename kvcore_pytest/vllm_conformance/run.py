@@ -6,7 +6,13 @@
 (``scripts/vllm_conformance.sh VERSION`` builds the venv, fetches the tests and runs this.)
 
 The files are :data:`FILES` (globs over vLLM's source tree, extracted by
-``scripts/vllm_tests.sh`` into ``.vllm-tests/VERSION/src``).  The stock run runs them all; the
+``scripts/vllm_tests.sh`` into ``.vllm-tests/VERSION/src``).  The stock run runs them all, once
+per vLLM version and file list: its outcomes are committed as the version's *stock fixture*
+(``stock/VERSION.json``, written by ``--write-stock-fixture``, i.e.
+``scripts/vllm_stock_fixture.sh VERSION``), and a run with the fixture runs only the kvcore
+side, then reruns stock just for the tests whose kvcore outcome differs from the fixture's (a
+fixture entry that no longer holds fails the suite: regenerate it).  Without a fixture (or with
+``--rerun-stock``) the stock run is made here, its results kept for the same inputs.  The
 kvcore run (``--kvcore-schedulers``, :mod:`~kvcore_pytest.vllm_conformance.plugin`) runs the
 tests that pass stock and build a vLLM scheduler in the test's process (the scheduler tests;
 ``--kvcore-all``: every test that passes stock).  The verdict (:func:`compare`) fails when
@@ -44,6 +50,8 @@ if sys.version_info >= (3, 11):
 HERE = Path(__file__).resolve().parent
 FILES = HERE / "files.txt"
 EXCEPTIONS = HERE / "exceptions"
+STOCK = HERE / "stock"
+FIXTURE_FORMAT = 1
 PLUGIN = "kvcore_pytest.vllm_conformance.plugin"
 ADAPTER = "KVCacheManagerAdapter"  # kvcore's manager class inside vLLM's scheduler
 
@@ -135,6 +143,70 @@ class RunResults:
         return cls(tests, data["collection_errors"])
 
 
+def write_fixture(path: Path, version: str, files: list[str], stock: RunResults) -> None:
+    """The stock run's outcomes as the version's fixture: the vLLM version, the test files it
+    ran, and per test its outcome and the KV-cache managers of the schedulers it built (one
+    test per line, sorted, so a regenerated fixture diffs line by line)."""
+    lines = [f'{{"format": {FIXTURE_FORMAT}, "version": {json.dumps(version)},',
+             f' "files": {json.dumps(files)},',
+             f' "collection_errors": {json.dumps(dict(sorted(stock.collection_errors.items())))},',
+             ' "tests": {']
+    tests = sorted(stock.tests.items())
+    for i, (nodeid, r) in enumerate(tests):
+        comma = "," if i + 1 < len(tests) else ""
+        entry = [r.outcome, dict(sorted(r.managers.items()))]
+        lines.append(f"  {json.dumps(nodeid)}: {json.dumps(entry)}{comma}")
+    lines.append("}}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def read_fixture(path: Path, version: str, files: list[str]) -> RunResults:
+    """The stock outcomes a fixture holds; raises :class:`ConformanceError` when it is for
+    another version or another file list (it is stale: regenerate it)."""
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format") != FIXTURE_FORMAT:
+            raise ConformanceError(f"{path}: format {data.get('format')!r}, expected "
+                                   f"{FIXTURE_FORMAT}")
+        tests = {nodeid: Result(entry[0], entry[1]) for nodeid, entry in data["tests"].items()}
+        collection_errors = dict(data["collection_errors"])
+        fixture_version, fixture_files = data["version"], data["files"]
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+        raise ConformanceError(f"{path} is not a stock fixture: {e}") from e
+    regenerate = f"regenerate it: bash scripts/vllm_stock_fixture.sh {version}"
+    if fixture_version != version:
+        raise ConformanceError(f"{path} is vLLM {fixture_version}'s, not {version}'s: "
+                               f"{regenerate}")
+    if fixture_files != files:
+        added = sorted(set(files) - set(fixture_files))
+        removed = sorted(set(fixture_files) - set(files))
+        raise ConformanceError(f"{path} was made for other test files (now also {added}, no "
+                               f"longer {removed}): {regenerate}")
+    return RunResults(tests, collection_errors)
+
+
+def recheck(stock: RunResults, kvcore: RunResults, selected: Iterable[str],
+            fresh: RunResults) -> tuple[RunResults, dict[str, str]]:
+    """Fold a stock rerun of the tests that did not pass with kvcore (``fresh``) into the
+    fixture's outcomes; returns the corrected stock results and the fixture entries that no
+    longer hold (test -> what the rerun gave)."""
+    tests = dict(stock.tests)
+    stale: dict[str, str] = {}
+    for test in selected:
+        k = kvcore.tests.get(test)
+        if k is not None and k.outcome == "passed":
+            continue
+        now = fresh.tests.get(test)
+        if now is None:
+            stale[test] = "not collected in the stock rerun"
+            tests[test] = Result("error", {}, "not collected in the stock rerun")
+        elif now.outcome != stock.tests[test].outcome:
+            stale[test] = f"the fixture says {stock.tests[test].outcome}, the rerun {now.outcome}"
+            tests[test] = now
+    return RunResults(tests, stock.collection_errors), stale
+
+
 # --- the verdict ------------------------------------------------------------------------------
 
 def to_run_with_kvcore(stock: RunResults, everything: bool = False) -> list[str]:
@@ -156,13 +228,14 @@ class Verdict:
     excepted: dict[str, str] = dataclasses.field(default_factory=dict)  # test -> reason
     regressions: dict[str, str] = dataclasses.field(default_factory=dict)  # test -> what kvcore did
     stale: dict[str, str] = dataclasses.field(default_factory=dict)  # exception -> why stale
+    stale_fixture: dict[str, str] = dataclasses.field(default_factory=dict)  # test -> rerun
     bypassed: dict[str, str] = dataclasses.field(default_factory=dict)  # test -> what it built
     uncounted_run: list[str] = dataclasses.field(default_factory=list)  # build none, run anyway
     uncounted_passed: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not (self.regressions or self.stale or self.bypassed)
+        return not (self.regressions or self.stale or self.bypassed or self.stale_fixture)
 
 
 def _describe(result: Result | None) -> str:
@@ -259,6 +332,8 @@ def summary(v: Verdict, version: str) -> str:
     section("STALE EXCEPTIONS", v.stale)
     section("BYPASSED (passed with kvcore, but not on a kvcore-managed scheduler alone)",
             v.bypassed)
+    section(f"STALE STOCK FIXTURE (stock/{version}.json; regenerate: bash "
+            f"scripts/vllm_stock_fixture.sh {version})", v.stale_fixture)
     lines.append(f"  verdict: {'PASS' if v.ok else 'FAIL'}")
     return "\n".join(lines)
 
@@ -324,6 +399,23 @@ def _inputs_key(python: Path, src: Path, files: list[str], hf_home: Path,
     return h.hexdigest()
 
 
+def _stock_run(python: Path, src: Path, files: list[str], hf_home: Path, common: list[str],
+               env: Mapping[str, str], results: Path, fresh: bool) -> RunResults:
+    """The stock run of every file (its results kept for the same inputs unless ``fresh``)."""
+    key = _inputs_key(python, src, files, hf_home, common)
+    stock_json, key_file = results / "stock.json", results / "stock.key"
+    if (not fresh and stock_json.is_file() and key_file.is_file()
+            and key_file.read_text() == key):
+        print("  stock run: results kept from a run with the same inputs "
+              f"({stock_json}; --rerun-stock to run it again)", flush=True)
+    else:
+        key_file.unlink(missing_ok=True)
+        t = _pytest(python, src, [*common, *files], env, results / "stock.log", stock_json)
+        key_file.write_text(key)
+        print(f"  stock run took {t:.0f}s", flush=True)
+    return RunResults.load(stock_json)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vllm-version", required=True, help="e.g. 0.32.0")
@@ -340,7 +432,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="also write the current failures, grouped by kvcore's error, as "
                         "an exceptions file to this path (each cause still needs a reason)")
     parser.add_argument("--rerun-stock", action="store_true",
-                        help="run stock even when results for the same inputs are kept")
+                        help="run stock (every test) instead of reading the stock fixture, even "
+                        "when results for the same inputs are kept")
+    parser.add_argument("--stock-fixture", type=Path, default=None,
+                        help="the stock outcomes (default: this package's stock/VERSION.json; "
+                        "without one, stock is run)")
+    parser.add_argument("--write-stock-fixture", action="store_true",
+                        help="run stock and write its outcomes as the stock fixture, then stop")
     parser.add_argument("--kvcore-all", action="store_true",
                         help="run every test that passes stock with kvcore, not only those "
                         "that build a scheduler")
@@ -368,20 +466,21 @@ def main(argv: list[str] | None = None) -> int:
         common = ["-n", str(args.jobs)] if args.jobs else ["-p", "no:xdist"]
         if not args.vllm_cleanup:
             common.append("--light-cleanup")
-        key = _inputs_key(python, src, files, hf_home, common)
-        stock_json, key_file = results / "stock.json", results / "stock.key"
+        fixture = args.stock_fixture or STOCK / f"{version}.json"
+        use_fixture = not (args.rerun_stock or args.write_stock_fixture) and fixture.is_file()
         print(f"vLLM {version}: {len(files)} test files, {len(exceptions)} excepted tests",
               flush=True)
-        if (not args.rerun_stock and stock_json.is_file() and key_file.is_file()
-                and key_file.read_text() == key):
-            print("  stock run: results kept from a run with the same inputs "
-                  f"({stock_json}; --rerun-stock to run it again)", flush=True)
+        if use_fixture:
+            stock = read_fixture(fixture, version, files)
+            print(f"  stock outcomes from the fixture {fixture} ({len(stock.tests)} tests; "
+                  "--rerun-stock runs stock instead)", flush=True)
         else:
-            key_file.unlink(missing_ok=True)
-            t = _pytest(python, src, [*common, *files], env, results / "stock.log", stock_json)
-            key_file.write_text(key)
-            print(f"  stock run took {t:.0f}s", flush=True)
-        stock = RunResults.load(stock_json)
+            stock = _stock_run(python, src, files, hf_home, common, env, results,
+                               fresh=args.rerun_stock or args.write_stock_fixture)
+        if args.write_stock_fixture:
+            write_fixture(fixture, version, files, stock)
+            print(f"  stock fixture written to {fixture} ({len(stock.tests)} tests)")
+            return 0
         selected = to_run_with_kvcore(stock, args.kvcore_all)
         if not selected:
             raise ConformanceError("no test passed stock and built a scheduler: see "
@@ -392,8 +491,22 @@ def main(argv: list[str] | None = None) -> int:
         t = _pytest(python, src, [*common, "--kvcore-schedulers", f"@{ids}"], env,
                     results / "kvcore.log", results / "kvcore.json")
         print(f"  kvcore run ({len(selected)} tests) took {t:.0f}s", flush=True)
-        verdict = compare(stock, RunResults.load(results / "kvcore.json"), exceptions,
-                          selected)
+        kvcore = RunResults.load(results / "kvcore.json")
+        stale_fixture: dict[str, str] = {}
+        if use_fixture:
+            differ = [test for test in selected if kvcore.tests.get(test) is None
+                      or kvcore.tests[test].outcome != "passed"]
+            if differ:  # do they still pass stock?  Rerun stock for those alone
+                recheck_ids = results / "stock-recheck-tests.txt"
+                recheck_ids.write_text("\n".join(differ) + "\n")
+                t = _pytest(python, src, [*common, f"@{recheck_ids}"], env,
+                            results / "stock-recheck.log", results / "stock-recheck.json")
+                print(f"  stock rerun of the {len(differ)} tests that did not pass with kvcore "
+                      f"took {t:.0f}s", flush=True)
+                stock, stale_fixture = recheck(stock, kvcore, differ,
+                                               RunResults.load(results / "stock-recheck.json"))
+        verdict = compare(stock, kvcore, exceptions, selected)
+        verdict.stale_fixture = stale_fixture
     except (ConformanceError, subprocess.CalledProcessError) as e:
         print(f"vllm_conformance: error: {e}", file=sys.stderr)
         return 2
