@@ -28,8 +28,8 @@ victim is the head (least recently freed block) of the category with the lowest 
 where ``p(c)`` is the learned reuse probability and the age counts blocks allocated since the
 head was freed: a category twice as likely to be reused keeps its blocks ``tau * capacity * ln
 2`` allocations longer.  That is an exponential model of the reuse probability in age with the
-same rate for every category (:mod:`docs/eviction.md` in the repository explains the choice and
-what it leaves out).  Uncached blocks are reused first, as under every policy.
+same rate for every category (docs/eviction.md in the repository explains the choice, what was
+measured and what it leaves out).  Uncached blocks are reused first, as under every policy.
 
 Cost: O(1) per freed or hit block; a victim costs one comparison per non-empty category (at most
 :data:`NUM_CATEGORIES`), done once per ``pick_victims`` call and once more per category a victim
@@ -186,21 +186,22 @@ class LearnedPolicy(SegmentedPolicy):
             kind = _PER_KIND if g else 0
             prompt = kind + 2 + 3 * turn + length  # category(...) of a prompt block not hit
             generated = kind + GENERATED
+            last = last_prompt = -1  # the last cached block, and the last cached prompt block
             for j in range(full_blocks):
                 block = blocks[j]
+                if block.block_hash is None:  # not cached (null, or not computed yet)
+                    continue
                 bid = block.block_id
+                last = bid
                 if j >= prompt_blocks:
                     pending[bid] = generated
-                elif marks[bid]:
-                    pending[bid] = prompt + 9
                 else:
-                    pending[bid] = prompt
-            if full_blocks:  # the request's last full block, and its prompt's
-                tail[blocks[full_blocks - 1].block_id] = 1
-                if 0 < prompt_blocks < full_blocks:
-                    tail[blocks[prompt_blocks - 1].block_id] = 1
-        pending[0] = tail[0] = 0  # the null block (id 0): never freed, never a tail
-        pending[0] = -1
+                    last_prompt = bid
+                    pending[bid] = prompt + 9 if marks[bid] else prompt
+            if last >= 0:  # where a later turn continues: after the answer, or the prompt
+                tail[last] = 1
+            if last_prompt >= 0:
+                tail[last_prompt] = 1
 
     def on_free(self, uncached: Sequence[KVCacheBlock], cached: Sequence[KVCacheBlock]) -> None:
         if uncached:
