@@ -86,7 +86,7 @@ def test_bad_options_are_refused_naming_them(spec: str, word: str) -> None:
 def test_a_release_sorts_prompt_and_generated_blocks_by_turn_and_output_length() -> None:
     m = manager(num_blocks=300)
     # A fresh request with a short answer: 3 full prompt blocks, 2 generated ones.
-    a = serve(m, "a", tokens(1, 6) + [9], output_tokens=4)
+    a = serve(m, "a", [*tokens(1, 6), 9], output_tokens=4)
     prompt_cat = category(False, False, False, FRESH, 4)
     assert describe_category(prompt_cat) == "group 0, prompt, not hit, fresh, short output"
     assert sorted(c for c in categories(m, m.pool.policy) if c is not None) == sorted(
@@ -120,9 +120,9 @@ def test_categories_are_distinct_and_named() -> None:
 def _train(m: KVCacheManager, rounds: int) -> None:
     """Short answers come back (their prompts are hit again while free), long ones never do."""
     for r in range(rounds):
-        serve(m, f"s{r}", tokens(100 + r, 4) + [1], output_tokens=2)
-        serve(m, f"s{r}'", tokens(100 + r, 4) + [2], output_tokens=2)  # the hit
-        serve(m, f"l{r}", tokens(500 + r, 4) + [1], output_tokens=300)
+        serve(m, f"s{r}", [*tokens(100 + r, 4), 1], output_tokens=2)
+        serve(m, f"s{r}'", [*tokens(100 + r, 4), 2], output_tokens=2)  # the hit
+        serve(m, f"l{r}", [*tokens(500 + r, 4), 1], output_tokens=300)
 
 
 def test_it_learns_which_categories_are_reused_and_evicts_the_others_first() -> None:
@@ -133,8 +133,8 @@ def test_it_learns_which_categories_are_reused_and_evicts_the_others_first() -> 
     long_ = category(False, False, False, FRESH, 300)
     assert policy.reuse_probability(short) > 0.5 > 0.1 > policy.reuse_probability(long_)
     # Under pressure, a long answer's prompt goes before a short answer's freed earlier.
-    old_short = serve(m, "old-short", tokens(900, 4) + [1], output_tokens=2)
-    newer_long = serve(m, "newer-long", tokens(901, 4) + [1], output_tokens=300)
+    old_short = serve(m, "old-short", [*tokens(900, 4), 1], output_tokens=2)
+    newer_long = serve(m, "newer-long", [*tokens(901, 4), 1], output_tokens=300)
 
     def cached(req: Request) -> bool:
         return m.pool.get_cached_block(req.block_hashes[0], [0]) is not None
@@ -182,13 +182,13 @@ def test_age_wins_over_value_in_the_end() -> None:
 
 def test_a_ghost_return_counts_as_a_reuse_and_ranks_the_block_as_hit() -> None:
     m = manager(num_blocks=10)
-    a = serve(m, "a", tokens(1, 4) + [9], output_tokens=0)
+    a = serve(m, "a", [*tokens(1, 4), 9], output_tokens=0)
     cat = category(False, False, False, FRESH, 0)
     before = learned(m)._reused[cat]
     for r in range(6):  # push a's blocks out
-        serve(m, f"x{r}", tokens(50 + r, 4) + [9])
+        serve(m, f"x{r}", [*tokens(50 + r, 4), 9])
     assert m.pool.get_cached_block(a.block_hashes[0], [0]) is None
-    serve(m, "a-again", tokens(1, 4) + [8])  # recomputed: its hashes return from the ghost
+    serve(m, "a-again", [*tokens(1, 4), 8])  # recomputed: its hashes return from the ghost
     assert learned(m)._reused[cat] > before
     hit_cat = category(False, False, True, FRESH, 0)
     block = m.pool.get_cached_block(a.block_hashes[0], [0])
@@ -230,7 +230,7 @@ def test_the_manager_tells_a_policy_that_reads_releases_and_no_other() -> None:
 
     m = KVCacheManager(make_config(full_spec(BS), full_spec(4), num_blocks=30), 64,
                        eviction_policy=factory)
-    req = serve(m, "a", tokens(1, 8) + [5], output_tokens=3, free=False)
+    req = serve(m, "a", [*tokens(1, 8), 5], output_tokens=3, free=False)
     table = [[b.block_id for b in g] for g in m.get_blocks("a")]
     m.free(req)
     assert made[0].seen == [(table, Release(9, 3, (2, 4)))]
@@ -242,7 +242,7 @@ def test_the_manager_tells_a_policy_that_reads_releases_and_no_other() -> None:
     # lru does not read releases: the manager does not gather the blocks at all.
     assert not REGISTRY.info("lru").cls.reads_releases
     plain = manager(policy="lru")
-    assert plain._reads_releases is False  # noqa: SLF001 (the flag the free path reads)
+    assert plain._reads_releases is False  # (the flag the free path reads)
 
 
 def test_the_simulator_reproduces_the_manager_at_concurrency_one() -> None:
