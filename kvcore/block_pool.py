@@ -32,7 +32,7 @@ from kvcore.errors import (
     NullBlockError,
 )
 from kvcore.events import EventRecorder, KVCacheEvent
-from kvcore.eviction.base import EvictionPolicy
+from kvcore.eviction.base import EvictionPolicy, Release
 from kvcore.eviction.lru import FreeBlockQueue
 from kvcore.eviction.registry import make_policy
 from kvcore.pool.hints import HINT_RESERVE_SHARE, HintReserve
@@ -329,6 +329,12 @@ class BlockPool:
             cached = [b for b in batch if b.ref_cnt > 0 and b.block_hash is not None]
             if cached:
                 self.policy.on_hit(cached)
+
+    def note_release(self, groups: Sequence[Sequence[KVCacheBlock]], release: Release) -> None:
+        """A request is about to free (or hand back) the blocks of ``groups`` (one list per
+        group, table order): passed to the policy's ``on_release`` (what the policy reads of a
+        request, :class:`~kvcore.eviction.base.Release`).  Changes no reference count."""
+        self.policy.on_release(groups, release)
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock], *,
                     trusted: object = False) -> None:

@@ -39,6 +39,7 @@ from kvcore.errors import (
     UnknownRequestError,
 )
 from kvcore.events import EventRecorder, KVCacheEvent
+from kvcore.eviction.base import Release
 from kvcore.hashing import BlockHasher, hashes_at, num_hashable_blocks
 from kvcore.request import Request, RequestBlockHasher, RequestLike
 from kvcore.settings import CacheSettings
@@ -150,7 +151,7 @@ class KVCacheManager:
 
     # Fixed attributes, as in the compiled build (whose instances have no __dict__): the two
     # builds' objects have the same layout, which kvcore.testing's checked() relies on.
-    __slots__ = ("_admission_caps", "_empty",
+    __slots__ = ("_admission_caps", "_block_sizes", "_empty", "_reads_releases",
                  "_requests", "_sparse_retention", "_withheld",
                  "block_hasher", "config", "coordinator", "enable_caching", "fast_path",
                  "hash_block_size", "log_stats", "max_model_len", "max_num_batched_tokens",
@@ -187,6 +188,10 @@ class KVCacheManager:
         self.pool = BlockPool(config.num_blocks, num_groups=config.num_groups, settings=settings,
                               events=events)
         self.coordinator: KVCacheCoordinator = make_coordinator(config, self.pool, settings)
+        # A policy that reads releases (EvictionPolicy.reads_releases) is told each request's
+        # blocks before they are freed; the others cost nothing more on the free path.
+        self._reads_releases = self.pool.policy.reads_releases and settings.enable_caching
+        self._block_sizes = tuple(m.block_size for m in self.coordinator.managers)
         self.hash_block_size = config.hash_block_size
         self.num_groups = config.num_groups
         self.log_stats = settings.log_stats
@@ -445,8 +450,16 @@ class KVCacheManager:
             self._tracked(request)  # raises, saying which
         if retain and self.enable_caching:
             self.pool.retain([b for blocks in self.coordinator.get_blocks(rid) for b in blocks])
+        if self._reads_releases:
+            self._note_release(request)
         self.coordinator.free(rid)
         del self._requests[rid]
+
+    def _note_release(self, request: RequestLike) -> None:
+        """Tell a policy that reads releases which blocks the request is about to give up."""
+        num_prompt = request.num_prompt_tokens
+        self.pool.note_release(self.coordinator.get_blocks(request.request_id), Release(
+            num_prompt, max(request.num_tokens - num_prompt, 0), self._block_sizes))
 
     def pop_blocks_for_free(self, request: RequestLike) -> list[KVCacheBlock]:
         """Deferred free: forget the request and hand back its blocks — every group's, group
@@ -461,6 +474,8 @@ class KVCacheManager:
         tracked = self._requests.get(rid)
         if tracked is None or tracked[0] is not request:
             self._tracked(request)  # raises, saying which
+        if self._reads_releases:
+            self._note_release(request)
         blocks = self.coordinator.pop_blocks(rid)
         del self._requests[rid]
         withheld = self._withheld

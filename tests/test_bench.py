@@ -181,15 +181,16 @@ def test_manager_scenarios_cover_the_brief() -> None:
 def test_eviction_heavy_rows_per_policy_run_the_same_requests() -> None:
     lru = manager_cycle.EVICTION_HEAVY
     rows = [s for s in manager_cycle.SCENARIOS if s.name.startswith(lru.name)]
-    assert [s.eviction_policy for s in rows] == ["lru", "slru", "s3fifo", "arc"]
-    assert [s.name for s in rows[1:]] == [f"{lru.name}, kvcore {p}" for p in ("slru", "s3fifo", "arc")]
+    assert [s.eviction_policy for s in rows] == ["lru", "slru", "s3fifo", "arc", "learned"]
+    assert [s.name for s in rows[1:]] == [f"{lru.name}, kvcore {p}"
+                                          for p in ("slru", "s3fifo", "arc", "learned")]
     assert all(s.seed == lru.name and s.num_blocks == lru.num_blocks for s in rows[1:])
     cases = {c["name"]: c for c in manager_cycle.cases("kvcore", {})}
     assert "lru_row" not in cases[lru.name] and "peer_note" not in cases[lru.name]
     for s in rows[1:]:
         assert cases[s.name]["lru_row"] == lru.name and "LRU" in cases[s.name]["peer_note"]
     # every policy row selected by the LRU row's name; one alone by its policy
-    assert len(select_cases(list(cases.values()), "eviction-heavy")) == 4
+    assert len(select_cases(list(cases.values()), "eviction-heavy")) == 5
     assert [c["name"] for c in select_cases(list(cases.values()), "kvcore slru")] == [
         rows[1].name]
     # same requests: kvcore LRU and SLRU see the same prompts, so their figures compare
@@ -383,9 +384,10 @@ def test_baseline_without_eviction_policies_skips_their_rows(
     lru = manager_cycle.EVICTION_HEAVY.name
     rows = {name: next(line for line in lines if line.rstrip().startswith(name) and
                        line[len(name):len(name) + 1] in (" ", ""))
-            for name in (lru, *(f"{lru}, kvcore {p}" for p in ("slru", "s3fifo", "arc")))}
+            for name in (lru, *(f"{lru}, kvcore {p}"
+                                for p in ("slru", "s3fifo", "arc", "learned")))}
     assert re.search(r"\d+\.\d\dx$", rows[lru].rstrip()), rows[lru]  # baseline ran LRU
-    for policy in ("slru", "s3fifo", "arc"):
+    for policy in ("slru", "s3fifo", "arc", "learned"):
         row = rows[f"{lru}, kvcore {policy}"].rstrip()
         assert re.search(r"\d \(.*\)\s+n/a\s+n/a\s+n/a\s+n/a$", row), row  # kvcore ran
         assert (f"note: baseline skipped '{lru}, kvcore {policy}': this kvcore has no eviction "
@@ -394,7 +396,7 @@ def test_baseline_without_eviction_policies_skips_their_rows(
     assert "kvcore policy/LRU" in out and "baseline policy/LRU" not in out
     raw = json.loads(out_json.read_text())
     counts = [len(c["samples"]["baseline"]) for c in raw["cases"]]
-    assert counts == [2, 0, 0, 0]
+    assert counts == [2, 0, 0, 0, 0]
 
 
 def test_baseline_must_be_a_kvcore_tree(tmp_path: Path,
@@ -425,7 +427,7 @@ def test_manager_with_peer_does_the_same_work(capsys: pytest.CaptureFixture[str]
     rows = [line for line in out.splitlines() if line.startswith(("96 shared", "Gemma"))]
     assert len(rows) == 2 and all("n/a" not in r for r in rows)
     # the eviction-policy rows: vLLM LRU on the same requests, said so in a note
-    for policy in ("slru", "s3fifo", "arc"):
+    for policy in ("slru", "s3fifo", "arc", "learned"):
         assert f"kvcore {policy}: vLLM has LRU only" in out
     rows = [line for line in out.splitlines() if line.startswith("eviction-heavy")]
-    assert len(rows) == 4 + 3 and all("n/a" not in r for r in rows)  # main table + policy/LRU
+    assert len(rows) == 5 + 4 and all("n/a" not in r for r in rows)  # main table + policy/LRU

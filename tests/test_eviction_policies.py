@@ -53,7 +53,7 @@ from tests.factories import (
     pool_snapshot,
 )
 
-POLICIES = ("lru", "slru", "s3fifo", "arc")
+POLICIES = ("lru", "slru", "s3fifo", "arc", "learned")
 BS = 2  # block size of the pool-level tests
 
 
@@ -1202,6 +1202,7 @@ TestLRUMachine = _policy_machine("lru").TestCase
 TestSLRUMachine = _policy_machine("slru").TestCase
 TestS3FIFOMachine = _policy_machine("s3fifo").TestCase
 TestARCMachine = _policy_machine("arc").TestCase
+TestLearnedMachine = _policy_machine("learned").TestCase
 
 
 # == 4. scheduler replay ========================================================================

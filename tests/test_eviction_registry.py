@@ -82,9 +82,9 @@ def mru() -> Iterator[str]:
 
 
 def test_the_builtin_names_come_from_the_registry() -> None:
-    assert REGISTRY.names(offline=False) == ("lru", "slru", "s3fifo", "arc")
-    assert REGISTRY.names() == ("lru", "slru", "s3fifo", "arc", "fifo", "lfu", "belady",
-                              "reuse_oracle")
+    assert REGISTRY.names(offline=False) == ("lru", "slru", "s3fifo", "arc", "learned")
+    assert REGISTRY.names() == ("lru", "slru", "s3fifo", "arc", "learned", "fifo", "lfu",
+                              "belady", "reuse_oracle")
     assert all(REGISTRY.info(n).offline for n in ("fifo", "lfu", "belady"))
 
 

@@ -260,7 +260,7 @@ def test_a_deferred_free_leaves_out_null_blocks_and_keeps_group_order() -> None:
     m.check_invariants()
 
 
-@pytest.mark.parametrize("policy", ["lru", "slru", "s3fifo", "arc"])
+@pytest.mark.parametrize("policy", ["lru", "slru", "s3fifo", "arc", "learned"])
 def test_withheld_references_of_an_outside_holder_pin_blocks_without_an_access(
         policy: str) -> None:
     """``withhold`` (vLLM's ``block_pool.touch`` for a connector that copies blocks): free

@@ -21,7 +21,7 @@ pool's historical free queue, with no extra layer.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import ClassVar, Protocol
+from typing import ClassVar, NamedTuple, Protocol
 
 from kvcore._mypyc import mypyc_attr
 from kvcore.types import KVCacheBlock
@@ -43,6 +43,16 @@ class FreeList(Protocol):
     def __iter__(self) -> Iterator[KVCacheBlock]: ...
 
 
+class Release(NamedTuple):
+    """What a request tells the policy when it releases its blocks
+    (:meth:`EvictionPolicy.on_release`): its prompt and generated token counts, and each
+    KV-cache group's block size (to tell prompt blocks from generated ones)."""
+
+    num_prompt_tokens: int
+    num_output_tokens: int
+    block_sizes: tuple[int, ...]
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)  # the simulator's offline policies subclass it
 class EvictionPolicy:
     """Base class of eviction policies (see the module docstring for the contract).
@@ -53,6 +63,9 @@ class EvictionPolicy:
 
     __slots__ = ()
     name: ClassVar[str] = "policy"
+    reads_releases: ClassVar[bool] = False
+    """Whether :meth:`on_release` is worth calling: the manager gathers a request's blocks for
+    it only then (a policy that ignores releases costs nothing on the free path)."""
 
     # -- queries --------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -89,6 +102,12 @@ class EvictionPolicy:
         leave the policy, and the policy records the access.  The reference count is raised in
         the same pass (this is the pool's hit path)."""
         raise NotImplementedError
+
+    def on_release(self, groups: Sequence[Sequence[KVCacheBlock]], release: Release) -> None:
+        """A request is about to free its blocks (``groups``: one list per KV-cache group, in
+        table order, null blocks included), or to hand them back for a deferred free.  Called
+        only when :attr:`reads_releases`; nothing changes hands here.  A policy may remember
+        what it needs to place each block when it is freed."""
 
     def on_hit(self, blocks: Sequence[KVCacheBlock]) -> None:
         """A prefix hit on blocks the policy does not hold (the pool's hint reserve hands them

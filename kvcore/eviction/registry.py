@@ -27,6 +27,7 @@ from typing import NamedTuple
 from kvcore.errors import InvalidArgumentError
 from kvcore.eviction.arc import ARCPolicy
 from kvcore.eviction.base import EvictionPolicy
+from kvcore.eviction.learned import LearnedPolicy
 from kvcore.eviction.lru import FreeBlockQueue
 from kvcore.eviction.offline import BeladyPolicy, FIFOPolicy, LFUPolicy, ReuseOraclePolicy
 from kvcore.eviction.s3fifo import S3FIFOPolicy
@@ -199,6 +200,8 @@ _BUILTIN: tuple[tuple[str, type[EvictionPolicy], str, bool], ...] = (
     ("slru", SLRUPolicy, "segmented LRU: reused prefixes protected, with a ghost table", False),
     ("s3fifo", S3FIFOPolicy, "S3-FIFO: small and main FIFOs, with a ghost table", False),
     ("arc", ARCPolicy, "Adaptive Replacement Cache", False),
+    ("learned", LearnedPolicy,
+     "categories of blocks ranked by the reuse probability learned in this run", False),
     ("fifo", FIFOPolicy, "first cached, first evicted", True),
     ("lfu", LFUPolicy, "fewest releases first, then least recent", True),
     (OFFLINE_BOUND, BeladyPolicy, "offline bound: needed furthest in the future", True),

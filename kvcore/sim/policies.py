@@ -38,6 +38,7 @@ from typing import TypeVar
 
 from kvcore.errors import InvalidArgumentError
 from kvcore.eviction import REGISTRY, EvictionPolicy
+from kvcore.eviction.base import Release
 from kvcore.eviction.offline import INFINITE, BeladyPolicy
 from kvcore.sim.traces import TraceRequest
 from kvcore.types import BlockHash, KVCacheBlock
@@ -157,6 +158,9 @@ def simulate(requests: Sequence[BlockRequest], capacity_blocks: int, policy: str
             table[j].block_hash = h
             cached.setdefault(h, []).append(table[j])
         # Release tail first (the manager's order): the prefix ends up most recent.
+        if evictor.reads_releases:
+            evictor.on_release((table,), Release(r.num_prompt_tokens, r.num_output_tokens,
+                                                 (block_size,)))
         uncached: list[KVCacheBlock] = []
         freed: list[KVCacheBlock] = []
         for j in range(len(table) - 1, -1, -1):

@@ -11,6 +11,11 @@
   prompt (shared by every session of that agent), the task, and every earlier step's action and
   tool output.  Sized for 512-token blocks (millions of tokens); its prompts are chains of
   64-token segments (:class:`~kvcore.sim.traces.HashIdTokens`), made one request at a time.
+* ``api``: single-turn API requests over a few shared system prompts of Zipf popularity (no
+  conversation continues: what is reused is the system prompts).  Sized as ``agent``.
+* ``rag``: retrieval-augmented questions: an instruction, then documents drawn from a pool with
+  Zipf popularity (the most relevant first), then the question; a prefix is shared as far as the
+  leading documents agree.  Sized as ``agent``.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from kvcore.errors import InvalidArgumentError
 from kvcore.sim.traces import HashIdTokens, TraceRequest
@@ -150,12 +155,106 @@ def agent(num_agents: int = 4, num_sessions: int = 384, min_steps: int = 6, max_
     return out
 
 
+def _segments_of(next_id: Iterator[int], tokens: int) -> list[int]:
+    """Hash ids of ``tokens`` tokens in :data:`AGENT_SEGMENT_TOKENS`-token segments (rounded up)."""
+    return [next(next_id) for _ in range(max(1, -(-tokens // AGENT_SEGMENT_TOKENS)))]
+
+
+def _zipf_weights(n: int, exponent: float) -> list[float]:
+    return [1.0 / (k + 1) ** exponent for k in range(n)]
+
+
+def api(num_requests: int = 6000, num_system_prompts: int = 256, zipf: float = 0.9,
+        system_len: tuple[int, int] = (1024, 16384), user_len: tuple[int, int] = (256, 8192),
+        output_len: tuple[int, int] = (16, 1024), rate_per_s: float = 6.0,
+        seed: int = 0) -> list[TraceRequest]:
+    """Single-turn API traffic: ``num_requests`` requests arriving as a Poisson process of
+    ``rate_per_s``, each one of ``num_system_prompts`` system prompts (lengths uniform in
+    ``system_len``; prompt ``k`` drawn with weight ``1 / (k + 1) ** zipf``), then a user message
+    of its own (log-uniform in ``user_len``) and an answer of ``output_len`` (log-uniform).  No
+    request continues another: only system prompts are reused, and a request's own blocks never
+    are.  Lengths are multiples of :data:`AGENT_SEGMENT_TOKENS` (hash-id segments, as
+    :func:`agent`)."""
+    if num_requests < 1 or num_system_prompts < 1 or rate_per_s <= 0:
+        raise InvalidArgumentError(
+            f"api workload needs num_requests >= 1, num_system_prompts >= 1 and rate_per_s > 0, "
+            f"got {num_requests}, {num_system_prompts}, {rate_per_s}")
+    rng = random.Random(seed)
+    source = HashIdTokens(AGENT_SEGMENT_TOKENS, seed=seed)
+    next_id = itertools.count()
+    systems = [_segments_of(next_id, rng.randint(*system_len)) for _ in range(num_system_prompts)]
+    weights = _zipf_weights(num_system_prompts, zipf)
+    out: list[TraceRequest] = []
+    arrival = 0.0
+    for i in range(num_requests):
+        arrival += rng.expovariate(rate_per_s / 1000.0)
+        who = rng.choices(range(num_system_prompts), weights)[0]
+        user = int(math.exp(rng.uniform(math.log(user_len[0]), math.log(user_len[1]))))
+        answer = int(math.exp(rng.uniform(math.log(output_len[0]), math.log(output_len[1]))))
+        hash_ids = systems[who] + _segments_of(next_id, user)
+        out.append(TraceRequest(f"api{i}", arrival, len(hash_ids) * AGENT_SEGMENT_TOKENS, answer,
+                                hash_ids=tuple(hash_ids), source=source))
+    return out
+
+
+def rag(num_requests: int = 6000, num_documents: int = 4000, zipf: float = 1.1,
+        instruction_len: int = 512, document_len: tuple[int, int] = (512, 4096),
+        documents_per_request: tuple[int, int] = (1, 4), question_len: tuple[int, int] = (64, 512),
+        output_len: tuple[int, int] = (32, 512), rate_per_s: float = 6.0,
+        seed: int = 0) -> list[TraceRequest]:
+    """Retrieval-augmented questions: ``num_requests`` Poisson arrivals of ``rate_per_s``; each
+    prompt is a shared instruction (``instruction_len`` tokens), then 1..4 distinct documents
+    from a pool of ``num_documents`` (lengths uniform in ``document_len``; document ``k`` drawn
+    with weight ``1 / (k + 1) ** zipf``, the most relevant first), then a question
+    (log-uniform in ``question_len``), answered in ``output_len`` tokens (log-uniform).  Two
+    prompts share the instruction and as many leading documents as they agree on.  Lengths are
+    multiples of :data:`AGENT_SEGMENT_TOKENS` (hash-id segments, as :func:`agent`)."""
+    if num_requests < 1 or num_documents < documents_per_request[1] or rate_per_s <= 0:
+        raise InvalidArgumentError(
+            f"rag workload needs num_requests >= 1, num_documents >= the documents per request "
+            f"({documents_per_request[1]}) and rate_per_s > 0, got {num_requests}, "
+            f"{num_documents}, {rate_per_s}")
+    rng = random.Random(seed)
+    source = HashIdTokens(AGENT_SEGMENT_TOKENS, seed=seed)
+    next_id = itertools.count()
+    instruction = _segments_of(next_id, instruction_len)
+    lengths = [rng.randint(*document_len) for _ in range(num_documents)]
+    # A document's segments depend on what precedes it (the hash ids chain): the ids of a
+    # document after a given prefix are made the first time that prefix and document meet.
+    after: dict[tuple[int, ...], list[int]] = {}
+    weights = _zipf_weights(num_documents, zipf)
+    out: list[TraceRequest] = []
+    arrival = 0.0
+    for i in range(num_requests):
+        arrival += rng.expovariate(rate_per_s / 1000.0)
+        docs: list[int] = []
+        wanted = rng.randint(*documents_per_request)
+        while len(docs) < wanted:
+            doc = rng.choices(range(num_documents), weights)[0]
+            if doc not in docs:
+                docs.append(doc)
+        hash_ids = list(instruction)
+        for k in range(len(docs)):
+            key = tuple(docs[:k + 1])
+            if key not in after:
+                after[key] = _segments_of(next_id, lengths[docs[k]])
+            hash_ids += after[key]
+        question = int(math.exp(rng.uniform(math.log(question_len[0]), math.log(question_len[1]))))
+        answer = int(math.exp(rng.uniform(math.log(output_len[0]), math.log(output_len[1]))))
+        hash_ids += _segments_of(next_id, question)
+        out.append(TraceRequest(f"rag{i}", arrival, len(hash_ids) * AGENT_SEGMENT_TOKENS, answer,
+                                hash_ids=tuple(hash_ids), source=source))
+    return out
+
+
 WORKLOADS: dict[str, Callable[..., list[TraceRequest]]] = {
     "shared-prefix": shared_prefix,
     "multi-turn": multi_turn,
     "few-shot": few_shot,
     "random": random_prompts,
     "agent": agent,
+    "api": api,
+    "rag": rag,
 }
 
 

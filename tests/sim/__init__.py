@@ -6,7 +6,11 @@ from kvcore.sim import workloads as W
 from kvcore.sim.traces import TraceRequest
 
 SMALL = {"agent": dict(num_sessions=6, min_steps=2, max_steps=4, system_len=256,
-                       task_len=(64, 128), tool_median=128, tool_max=512)}
+                       task_len=(64, 128), tool_median=128, tool_max=512),
+         "api": dict(num_requests=120, num_system_prompts=6, system_len=(128, 768),
+                     user_len=(64, 512), output_len=(16, 128)),
+         "rag": dict(num_requests=120, num_documents=40, instruction_len=128,
+                     document_len=(128, 512), question_len=(64, 128), output_len=(16, 128))}
 """Arguments that shrink a workload sized for 512-token blocks to the unit-test scale."""
 
 

@@ -120,6 +120,52 @@ def test_agent_workload_sessions_extend_and_share_the_system_prompt() -> None:
         W.agent(min_steps=4, max_steps=3)
 
 
+def test_api_workload_reuses_system_prompts_only() -> None:
+    reqs = W.api(num_requests=300, num_system_prompts=5, system_len=(300, 900), seed=3)
+    assert reqs == W.api(num_requests=300, num_system_prompts=5, system_len=(300, 900), seed=3)
+    seg = W.AGENT_SEGMENT_TOKENS
+    assert all(r.num_prompt_tokens % seg == 0 for r in reqs)
+    assert all(a.arrival_ms < b.arrival_ms for a, b in itertools.pairwise(reqs))
+    owners: dict[int, set[str]] = {}
+    for r in reqs:
+        assert r.hash_ids is not None and r.session_id is None  # nothing continues
+        for h in r.hash_ids:
+            owners.setdefault(h, set()).add(r.request_id)
+    shared = {h for h, who in owners.items() if len(who) > 1}
+    firsts = {r.hash_ids[0] for r in reqs}  # type: ignore[index]
+    assert len(firsts) == 5  # every system prompt was drawn
+    counts = sorted(sum(1 for r in reqs if r.hash_ids[0] == f) for f in firsts)  # type: ignore[index]
+    assert counts[-1] > 2 * counts[0]  # Zipf: the popular prompt far more often
+    for r in reqs:  # what is shared is a leading run: the system prompt, never the message
+        k = sum(1 for h in r.hash_ids if h in shared)  # type: ignore[union-attr]
+        assert set(r.hash_ids[:k]) <= shared and not set(r.hash_ids[k:]) & shared  # type: ignore[index]
+    with pytest.raises(InvalidArgumentError, match="rate_per_s"):
+        W.api(rate_per_s=0)
+
+
+def test_rag_workload_shares_the_instruction_and_the_leading_documents() -> None:
+    reqs = W.rag(num_requests=400, num_documents=50, instruction_len=128,
+                 document_len=(128, 256), seed=4)
+    seg = W.AGENT_SEGMENT_TOKENS
+    instruction = 128 // seg
+    assert all(r.num_prompt_tokens % seg == 0 for r in reqs)
+    heads = {r.hash_ids[:instruction] for r in reqs}  # type: ignore[index]
+    assert len(heads) == 1  # one instruction for all
+    firsts = [r.hash_ids[instruction] for r in reqs]  # type: ignore[index]
+    top = max(set(firsts), key=firsts.count)
+    assert firsts.count(top) > len(reqs) / 10  # a popular first document
+    # Two prompts with the same first document share its segments (a common prefix longer
+    # than the instruction); prompts with different ones share only the instruction.
+    by_first: dict[int, list[TraceRequest]] = {}
+    for r in reqs:
+        by_first.setdefault(r.hash_ids[instruction], []).append(r)  # type: ignore[index]
+    a, b = by_first[top][:2]
+    common = next(i for i, (x, y) in enumerate(zip(a.hash_ids, b.hash_ids)) if x != y)  # type: ignore[arg-type]
+    assert common > instruction + 1
+    with pytest.raises(InvalidArgumentError, match="documents per request"):
+        W.rag(num_documents=2)
+
+
 def test_the_mooncake_trace_ships_with_the_package(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """From any directory, with whichever kvcore is imported (this clone's, editable, or an

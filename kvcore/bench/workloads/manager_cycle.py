@@ -16,7 +16,8 @@ sides.  Hashing of blocks completed by decode tokens is timed everywhere (it hap
 Each sample also reports what the run did (hit tokens, preemptions): the two implementations do
 the same work exactly when these agree, and the driver says so when they do not.
 
-The eviction-policy rows (``..., kvcore slru``, ``..., kvcore s3fifo``, ``..., kvcore arc``) run
+The eviction-policy rows (``..., kvcore slru``, ``..., kvcore s3fifo``, ``..., kvcore arc``,
+``..., kvcore learned``) run
 the eviction-heavy requests (the same ones: they are drawn from the LRU row's seed) with kvcore's pool under another
 policy.  vLLM has one policy, LRU, so its column in those rows is vLLM LRU on the same requests:
 the same calls, though hits (and so the work behind them) follow each side's policy.  A kvcore
@@ -84,6 +85,7 @@ POLICY_DOCS = {
     "slru": "segmented LRU: probation and protected segments, a ghost table of evicted hashes",
     "s3fifo": "S3-FIFO: small and main FIFO queues, a ghost table of evicted hashes",
     "arc": "ARC: recency and frequency LRU segments balanced by two ghost lists",
+    "learned": "categories of blocks ranked by the reuse probability learned in the run",
 }
 """The non-default pool policies with an eviction-heavy row each."""
 

@@ -5,6 +5,8 @@ command line (``--engines``)::
     kvcore                                 kvcore's, LRU (vLLM's eviction order)
     kvcore:POLICY                          kvcore's with an eviction policy: recommended, slru,
                                            slru:protected_share=0.7, s3fifo, arc
+    kvcore:POLICY+hints=N                  ... with queue hints of depth N (``recommended``
+                                           brings its own; ``+hints=0`` turns them off)
     kvcore[:POLICY]@SCHEDULE               ... and a schedule policy for vLLM's waiting queue:
                                            fcfs, lpm, dfs-weight, recommended
     kvcore:belady, kvcore:reuse_oracle     offline bounds (arrival order only: no @SCHEDULE)
@@ -51,6 +53,9 @@ class Engine:
                     f"engine {text!r}: vLLM's own manager runs vLLM's queue; a schedule policy "
                     "(@NAME) is for kvcore engines (kvcore@NAME, kvcore:POLICY@NAME)")
             return Engine(name, None)
+        base, plus, hints = base.partition("+hints=")
+        if plus and not hints.isdigit():
+            raise InvalidArgumentError(f"engine {text!r}: +hints= takes a count, got {hints!r}")
         kind, colon, policy = base.partition(":")
         if kind != "kvcore" or (colon and not policy) or (at and not schedule):
             raise InvalidArgumentError(
@@ -61,6 +66,8 @@ class Engine:
             raise InvalidArgumentError(f"engine {text!r}: the offline bound "
                                        f"{policy.partition(':')[0]} takes no options")
         raw: dict[str, Any] = {"eviction_policy": "lru" if oracle or not policy else policy}
+        if plus:
+            raw["queue_hints"] = int(hints)
         if at:
             raw["schedule_policy"] = schedule
         if max_waiting_steps is not None:

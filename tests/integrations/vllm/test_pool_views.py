@@ -176,7 +176,7 @@ def test_a_call_kvcore_cannot_honour_raises_and_changes_nothing(case: Any) -> No
     ours.check_invariants()
 
 
-@pytest.mark.parametrize("policy", ["lru", "slru", "s3fifo", "arc", "recommended"])
+@pytest.mark.parametrize("policy", ["lru", "slru", "s3fifo", "arc", "learned", "recommended"])
 def test_the_walk_is_the_order_kvcore_reuses_blocks_in(policy: str) -> None:
     """Under every policy the walk is the free side in kvcore's reuse order (the policy's,
     then the hint reserve): its first block is the next one an allocation takes, a walk after

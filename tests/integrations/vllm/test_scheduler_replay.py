@@ -95,7 +95,7 @@ def test_watermark_metrics_and_prompt_embeds_give_vllms_exact_schedule(
     assert plain.schedule != theirs.schedule
 
 
-@pytest.mark.parametrize("policy", ["recommended", "slru", "s3fifo", "arc"])
+@pytest.mark.parametrize("policy", ["recommended", "slru", "s3fifo", "arc", "learned"])
 def test_other_policies_finish_everything_with_invariants_checked_every_step(policy: str) -> None:
     engine = Engine(f"kvcore:{policy}", parse_settings(
         {"eviction_policy": policy, "check_invariants_every": 1}))

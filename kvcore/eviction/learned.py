@@ -1,0 +1,392 @@
+"""``learned``: eviction by the reuse value each category of block has shown in this run.
+
+Every cached block that becomes free is put in a *category* from what the pool and the manager
+know when its request releases it (:meth:`LearnedPolicy.on_release`, no knowledge of the
+future):
+
+* whether it holds prompt tokens or generated ones (generated blocks of a finished request come
+  back only when a client sends the answer back verbatim);
+* whether it was hit while cached (a prefix that was shared once is shared again);
+* the request's turn: fresh (no prefix hit), a prefix hit, or a *later turn* whose hit reached
+  the tail of an earlier finished request (a conversation that continued once continues again,
+  and sooner);
+* the request's output length (short answers are followed by another turn more often than
+  long ones);
+* the KV-cache group kind (attention group 0, or another group: state blocks of a hybrid model
+  behave differently).
+
+Per category the policy learns, online, the share of its freed blocks that were reused: a hit on
+the free block, or a *ghost return* (the block was evicted and the same hash was computed
+again while the ghost table remembered it, i.e. a larger cache would have hit).  The counts
+decay by half every ``half_life`` x capacity evictions, so the estimate follows the workload.
+
+Each category is an LRU list (freed tail first, so a chain's prefix outlives its tail), and the
+victim is the head (least recently freed block) of the category with the lowest value::
+
+    value(c) = ln p(c) - age(head of c) / (tau * capacity)
+
+where ``p(c)`` is the learned reuse probability and the age counts blocks allocated since the
+head was freed: a category twice as likely to be reused keeps its blocks ``tau * capacity * ln
+2`` allocations longer.  That is an exponential model of the reuse probability in age with the
+same rate for every category (docs/eviction.md in the repository explains the choice, what was
+measured and what it leaves out).  Uncached blocks are reused first, as under every policy.
+
+Cost: O(1) per freed or hit block; a victim costs one comparison per non-empty category (at most
+:data:`NUM_CATEGORIES`), done once per ``pick_victims`` call and once more per category a victim
+came from.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import ClassVar
+
+from kvcore.eviction.base import Release
+from kvcore.eviction.segmented import CLEAN, NOT_FREE, SegmentedPolicy
+from kvcore.types import BlockHash, KVCacheBlock
+from kvcore.validation import check_share
+
+# -- categories ----------------------------------------------------------------------------------
+FRESH, HIT, LATER_TURN = 0, 1, 2
+SHORT_OUTPUT_TOKENS = 16  # below: a short answer
+LONG_OUTPUT_TOKENS = 128  # from here: a long answer
+GENERATED, UNTAGGED = 0, 1  # per group kind; then prompt blocks by (hit, turn, output length)
+_PER_KIND = 2 + 2 * 3 * 3
+NUM_CATEGORIES = 2 * _PER_KIND  # group 0, other groups
+
+GhostKey = BlockHash | tuple[int, BlockHash]
+
+
+def category(other_group: bool, generated: bool, was_hit: bool, turn: int,
+             output_tokens: int) -> int:
+    """The category index of a block (see the module docstring)."""
+    base = _PER_KIND if other_group else 0
+    if generated:
+        return base + GENERATED
+    length = (0 if output_tokens < SHORT_OUTPUT_TOKENS
+              else 1 if output_tokens < LONG_OUTPUT_TOKENS else 2)
+    return base + 2 + (9 if was_hit else 0) + 3 * turn + length
+
+
+def describe_category(index: int) -> str:
+    """A category index in words (for reports and tests)."""
+    group = "other group" if index >= _PER_KIND else "group 0"
+    local = index % _PER_KIND
+    if local == GENERATED:
+        return f"{group}, generated"
+    if local == UNTAGGED:
+        return f"{group}, freed without a release"
+    local -= 2
+    hit = "hit" if local >= 9 else "not hit"
+    turn = ("fresh", "prefix hit", "later turn")[(local % 9) // 3]
+    output = ("short", "medium", "long")[local % 3]
+    return f"{group}, prompt, {hit}, {turn}, {output} output"
+
+
+class LearnedPolicy(SegmentedPolicy):
+    """``learned``: categories of blocks ranked by the reuse probability and reuse time learned
+    in this run, LRU within a category (see the module docstring).
+
+    Args:
+        blocks: the pool's usable blocks, in initial reuse order.
+        tau: the age, in capacities of allocations, over which a block's value falls by a
+            factor e (a category e times as likely to be reused keeps its blocks that much
+            longer).
+        half_life: the learned counts halve every ``half_life`` x capacity evictions.
+        ghost_factor: ghost-table generation size in multiples of the capacity (evicted hashes
+            remembered to learn the reuses a larger cache would have had).
+    """
+
+    __slots__ = ("_decay_every", "_evictions", "_freed", "_ghost_cls", "_ghost_cls_old",
+                 "_live", "_pending", "_rate", "_refresh_every", "_reused", "_stamp", "_tail",
+                 "_value",
+                 "half_life", "tau")
+    name: ClassVar[str] = "learned"
+    reads_releases: ClassVar[bool] = True
+
+    def __init__(self, blocks: Sequence[KVCacheBlock], *, tau: object = 1.0,
+                 half_life: object = 1.0, ghost_factor: object = 2.0) -> None:
+        self.tau = check_share("tau", tau, 0.01, 100.0)
+        self.half_life = check_share("half_life", half_life, 0.01, 1000.0)
+        super().__init__(blocks, 1 + NUM_CATEGORIES, ghost_factor, max_mark=1)
+        size = len(self._marks)
+        self._pending = [-1] * size  # category given by the latest release (-1: none)
+        self._stamp = [0] * size  # eviction clock when the block was freed
+        self._tail = bytearray(size)  # the last full block of a finished request
+        # Decayed per-category counts: blocks freed, and of them reused (hit while free, or a
+        # ghost return).
+        self._freed = [1.0] * NUM_CATEGORIES
+        self._reused = [0.5] * NUM_CATEGORIES
+        # What ranking reads: ln p(c) (refreshed from the counts every _refresh_every
+        # evictions), and the value a block loses per eviction of age.
+        self._value = [0.0] * NUM_CATEGORIES
+        self._rate = 1.0 / max(self.tau * self.capacity, 1.0)
+        self._evictions = 0
+        self._decay_every = max(int(self.half_life * self.capacity), 1)
+        self._refresh_every = max(self.capacity // 8, 64)
+        self._live: set[int] = set()  # categories that may hold blocks (emptied ones linger)
+        self._ghost_cls: dict[GhostKey, int] = {}  # evicted hash -> its category (young)
+        self._ghost_cls_old: dict[GhostKey, int] = {}
+        self._refresh()
+
+    # -- what the policy has learned ------------------------------------------------------------
+    def reuse_probability(self, index: int) -> float:
+        """The learned share of category ``index``'s freed blocks that were reused (at most 1:
+        a late ghost return can outlive its own count's decay)."""
+        return min(self._reused[index] / self._freed[index], 1.0)
+
+    def category_of(self, block: KVCacheBlock) -> int | None:
+        """The category a free cached ``block`` is ranked in, or ``None``."""
+        segment = self._segment_of[block.block_id]
+        return segment - 1 if segment > CLEAN else None
+
+    def _refresh(self) -> None:
+        log = math.log
+        self._value = [log(min(r / f, 1.0) + 1e-6) for r, f in zip(self._reused, self._freed)]
+
+    def _decay(self) -> None:
+        """Halve the statistics (the prior's weight, one freed block, stays as a floor)."""
+        for c in range(NUM_CATEGORIES):
+            f = self._freed[c] * 0.5
+            r = self._reused[c] * 0.5
+            if f < 1.0:
+                r, f = r / f, 1.0
+            self._freed[c] = f
+            self._reused[c] = r
+
+    # -- transitions ----------------------------------------------------------------------------
+    def on_release(self, groups: Sequence[Sequence[KVCacheBlock]], release: Release) -> None:
+        """A request is about to free (or hand back) the blocks of ``groups``, one list per
+        KV-cache group in table order: tag each with its category, and mark the request's last
+        full blocks as a tail a later turn can extend."""
+        marks = self._marks
+        pending = self._pending
+        tail = self._tail
+        prompt_tokens = release.num_prompt_tokens
+        output_tokens = release.num_output_tokens
+        # The turn: a request whose leading blocks were hit, and among them the tail of an
+        # earlier finished request, is a later turn (the null block, id 0, is never marked).
+        turn = FRESH
+        if groups:
+            for block in groups[0]:
+                bid = block.block_id
+                if not marks[bid]:
+                    break
+                turn = HIT
+                if tail[bid]:
+                    turn = LATER_TURN
+                    break
+        length = (0 if output_tokens < SHORT_OUTPUT_TOKENS
+                  else 1 if output_tokens < LONG_OUTPUT_TOKENS else 2)
+        for g, blocks in enumerate(groups):
+            bs = release.block_sizes[g]
+            prompt_blocks = prompt_tokens // bs
+            full_blocks = min((prompt_tokens + output_tokens) // bs, len(blocks))
+            kind = _PER_KIND if g else 0
+            prompt = kind + 2 + 3 * turn + length  # category(...) of a prompt block not hit
+            generated = kind + GENERATED
+            last = last_prompt = -1  # the last cached block, and the last cached prompt block
+            for j in range(full_blocks):
+                block = blocks[j]
+                if block.block_hash is None:  # not cached (null, or not computed yet)
+                    continue
+                bid = block.block_id
+                last = bid
+                if j >= prompt_blocks:
+                    pending[bid] = generated
+                else:
+                    last_prompt = bid
+                    pending[bid] = prompt + 9 if marks[bid] else prompt
+            if last >= 0:  # where a later turn continues: after the answer, or the prompt
+                tail[last] = 1
+            if last_prompt >= 0:
+                tail[last_prompt] = 1
+
+    def on_free(self, uncached: Sequence[KVCacheBlock], cached: Sequence[KVCacheBlock]) -> None:
+        if uncached:
+            super().on_free(uncached, ())
+        if not cached:
+            return
+        segments = self._segments
+        segment_of = self._segment_of
+        pending = self._pending
+        stamp = self._stamp
+        marks = self._marks
+        now = self._evictions
+        freed = self._freed
+        live = self._live
+        ghost = self._ghost_cls
+        old = self._ghost_cls_old
+        remembered = bool(ghost or old)
+        linked: dict[int, int] = {}
+        for block in cached:
+            bid = block.block_id
+            c = pending[bid]
+            if c < 0:
+                c = UNTAGGED + (_PER_KIND if block.group_id else 0)
+            else:
+                pending[bid] = -1
+            if remembered and not marks[bid]:  # (a block that was hit was cached all along)
+                g = block.group_id
+                h = block.block_hash
+                key: GhostKey = h if g == 0 else (g, h)  # type: ignore[assignment]  # cached
+                entry = -1
+                if key in ghost:
+                    entry = ghost.pop(key)
+                elif key in old:
+                    entry = old.pop(key)
+                if entry >= 0:  # a larger cache would have hit it: count the reuse,
+                    self._reused[entry] += 1.0
+                    local = c % _PER_KIND  # and rank the block as a hit one from now on
+                    if local >= 2 and local < 2 + 9:
+                        c += 9
+                    marks[bid] = 1
+            segment_of[bid] = c + 1
+            stamp[bid] = now
+            # FreeBlockQueue.append, inlined (the pool passes blocks whose count just reached 0)
+            tail = segments[c + 1].tail
+            last: KVCacheBlock = tail.prev_free  # type: ignore[assignment]  # linked
+            last.next_free = block
+            block.prev_free = last
+            block.next_free = tail
+            tail.prev_free = block
+            linked[c] = linked.get(c, 0) + 1
+        for c, k in linked.items():
+            segments[c + 1].linked(k)
+            freed[c] += k
+            live.add(c)
+        self._num_free += len(cached)
+
+    def on_touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        batch = blocks if isinstance(blocks, (list, tuple)) else list(blocks)
+        segment_of = self._segment_of
+        reused = self._reused
+        for block in batch:
+            if block.ref_cnt == 0:
+                segment = segment_of[block.block_id]
+                if segment > CLEAN:
+                    reused[segment - 1] += 1.0
+        super().on_touch(batch)
+
+    def pick_victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
+        clean = self._segments[CLEAN]
+        k = min(n, len(clean))
+        out = clean.pick_victims(k, ref_cnt) if k else []
+        for block in out:
+            self._segment_of[block.block_id] = NOT_FREE
+        if k < n:
+            out.extend(self._victims(n - k, ref_cnt))
+        self._num_free -= n
+        return out
+
+    def _victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
+        """The ``n`` cached victims: each the head of the live category of the lowest value
+        ``ln p(c) - age(head) * rate`` (values are compared at the call's clock).  Within a
+        category values rise from head to tail, so the victims come in runs: the best
+        category's blocks are taken while they are worth less than the runner-up's head, and
+        unlinked in one splice (``FreeBlockQueue``'s logic, inlined as in ``slru``)."""
+        segments = self._segments
+        segment_of = self._segment_of
+        stamp = self._stamp
+        value = self._value
+        rate = self._rate
+        marks = self._marks
+        tail_marks = self._tail
+        now = self._evictions
+        live_set = self._live
+        keys: list[float] = []  # per live category, the value of its head
+        live: list[int] = []
+        for c in list(live_set):
+            head = segments[c + 1].first()
+            if head is None:
+                live_set.discard(c)
+            else:
+                live.append(c)
+                keys.append(value[c] - (now - stamp[head.block_id]) * rate)
+        out: list[KVCacheBlock] = []
+        ghost = self._ghost_cls
+        remember = self.ghost_capacity > 0
+        need = n
+        while need:
+            best = 0
+            for i in range(1, len(keys)):
+                if keys[i] < keys[best]:
+                    best = i
+            bar = min((k for i, k in enumerate(keys) if i != best), default=math.inf)
+            c = live[best]
+            v = value[c]
+            segment = segments[c + 1]
+            head = segment.head
+            end = segment.tail
+            node: KVCacheBlock = head.next_free  # type: ignore[assignment]  # linked
+            taken = 0
+            while True:
+                nxt: KVCacheBlock = node.next_free  # type: ignore[assignment]  # linked
+                node.prev_free = node.next_free = None
+                node.ref_cnt = ref_cnt
+                bid = node.block_id
+                segment_of[bid] = NOT_FREE
+                marks[bid] = 0
+                tail_marks[bid] = 0
+                if remember:
+                    g = node.group_id
+                    h = node.block_hash
+                    ghost[h if g == 0 else (g, h)] = c  # type: ignore[index]  # cached: hashed
+                out.append(node)
+                taken += 1
+                need -= 1
+                node = nxt
+                if not need or node is end or v - (now - stamp[node.block_id]) * rate > bar:
+                    break
+            head.next_free = node
+            node.prev_free = head
+            segment.unlinked(taken)
+            if node is end:
+                del live[best], keys[best]
+                live_set.discard(c)
+            else:
+                keys[best] = v - (now - stamp[node.block_id]) * rate
+        if remember and len(ghost) >= self.ghost_capacity:
+            self._ghost_cls_old = ghost
+            self._ghost_cls = {}
+        self._evictions = after = now + n
+        if after // self._decay_every != now // self._decay_every:
+            self._decay()
+            self._refresh()
+        elif after // self._refresh_every != now // self._refresh_every:
+            self._refresh()
+        return out
+
+    def on_evict(self, blocks: Sequence[KVCacheBlock]) -> None:
+        for block in blocks:
+            self._marks[block.block_id] = 0
+            self._tail[block.block_id] = 0
+
+    def on_uncache(self, block: KVCacheBlock) -> None:
+        self._tail[block.block_id] = 0
+        super().on_uncache(block)
+
+    def reset(self) -> None:
+        super().reset()
+        self._live = set()
+        size = len(self._marks)
+        self._pending = [-1] * size
+        self._tail = bytearray(size)
+        self._ghost_cls = {}
+        self._ghost_cls_old = {}
+
+    def check(self) -> list[str]:
+        problems = super().check()
+        for c in range(NUM_CATEGORIES):
+            if self._freed[c] < 1.0 or self._reused[c] < 0.0:
+                problems.append(f"category {c} ({describe_category(c)}): {self._reused[c]} "
+                                f"reused of {self._freed[c]} freed")
+        for block in self._segments[CLEAN]:
+            if self._tail[block.block_id]:
+                problems.append(f"uncached block {block.block_id} is marked a request's tail")
+        young, old = len(self._ghost_cls), len(self._ghost_cls_old)
+        if max(young, old) >= self.ghost_capacity + self.capacity:
+            problems.append(f"a ghost generation holds {young} / {old} hashes, more than "
+                            f"{self.ghost_capacity} plus a batch of victims")
+        return problems
