@@ -330,11 +330,37 @@ class BlockPool:
             if cached:
                 self.policy.on_hit(cached)
 
-    def note_release(self, groups: Sequence[Sequence[KVCacheBlock]], release: Release) -> None:
+    def note_release(self, groups: Sequence[Sequence[KVCacheBlock]], release: Release, *,
+                     trusted: object = False) -> None:
         """A request is about to free (or hand back) the blocks of ``groups`` (one list per
         group, table order): passed to the policy's ``on_release`` (what the policy reads of a
-        request, :class:`~kvcore.eviction.base.Release`).  Changes no reference count."""
+        request, :class:`~kvcore.eviction.base.Release`).  Changes no reference count.
+
+        A release that does not match the pool (not a :class:`Release`, another group count,
+        a block of another pool) raises before the policy hears of it.  ``trusted`` (a bool)
+        skips those checks, for kvcore's manager, which passes its own tables."""
+        if trusted is not True:
+            if trusted is not False:
+                check_flag("trusted", trusted)
+            self._check_release(groups, release)
         self.policy.on_release(groups, release)
+
+    def _check_release(self, groups: object, release: object) -> None:
+        if not isinstance(release, Release):
+            raise InvalidArgumentError(f"note_release needs a Release, got {release!r:.80}")
+        if (not isinstance(groups, (list, tuple)) or len(groups) != self.num_groups
+                or len(release.block_sizes) != self.num_groups):
+            raise InvalidArgumentError(
+                f"note_release needs one block list and one block size per group "
+                f"({self.num_groups}), got {groups!r:.80} and block sizes "
+                f"{release.block_sizes!r}")
+        for group in groups:
+            self._check_owned(check_collection("note_release's groups", group), "note_release")
+        check_count("num_prompt_tokens", release.num_prompt_tokens)
+        check_count("num_output_tokens", release.num_output_tokens)
+        if not all(type(b) is int and b > 0 for b in release.block_sizes):
+            raise InvalidArgumentError(f"note_release: block sizes must be positive ints, got "
+                                       f"{release.block_sizes!r}")
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock], *,
                     trusted: object = False) -> None:

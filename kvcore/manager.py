@@ -459,7 +459,8 @@ class KVCacheManager:
         """Tell a policy that reads releases which blocks the request is about to give up."""
         num_prompt = request.num_prompt_tokens
         self.pool.note_release(self.coordinator.get_blocks(request.request_id), Release(
-            num_prompt, max(request.num_tokens - num_prompt, 0), self._block_sizes))
+            num_prompt, max(request.num_tokens - num_prompt, 0), self._block_sizes),
+            trusted=True)
 
     def pop_blocks_for_free(self, request: RequestLike) -> list[KVCacheBlock]:
         """Deferred free: forget the request and hand back its blocks — every group's, group

@@ -36,6 +36,7 @@ from kvcore.errors import (
 )
 from kvcore.events.recorder import EventRecorder
 from kvcore.eviction import REGISTRY
+from kvcore.eviction.base import Release
 from kvcore.hashing import BlockHasher
 from kvcore.request import RequestBlockHasher, RequestStatus
 from kvcore.scheduler import RequestRejectedError, Scheduler, SchedulerConfig
@@ -51,7 +52,7 @@ from kvcore.specs import (
     SlidingWindowSpec,
 )
 from kvcore.testing.snapshot import manager_snapshot
-from kvcore.types import KVCacheBlocks
+from kvcore.types import KVCacheBlock, KVCacheBlocks
 from runner.engine import LLM
 from runner.sampler import SamplingParams
 from tests.factories import full_spec, make_manager, scheduler_snapshot, swa_spec
@@ -408,6 +409,24 @@ CASES = [
          InvalidArgumentError, "retain's blocks must be a collection"),
     Case("pool", "free None", lambda w: w.m.pool.free_blocks(None),  # type: ignore[arg-type]
          InvalidArgumentError, "ordered_blocks must be a collection"),
+    Case("pool", "a release that is not a Release", lambda w: w.m.pool.note_release(
+        w.m.get_blocks("run"), (3, 0, (4,))), InvalidArgumentError,  # type: ignore[arg-type]
+         "note_release needs a Release, got (3, 0, (4,))", f"{P}.note_release"),
+    Case("pool", "a release with one group too many", lambda w: w.m.pool.note_release(
+        (*w.m.get_blocks("run"), []), Release(3, 0, (4,))), InvalidArgumentError,
+         "one block list and one block size per group (1)"),
+    Case("pool", "a release of a foreign block", lambda w: w.m.pool.note_release(
+        ([KVCacheBlock(1)],), Release(3, 0, (4,))), BlockStateError,
+         "note_release: KVCacheBlock(id=1"),
+    Case("pool", "a release with a negative output count", lambda w: w.m.pool.note_release(
+        w.m.get_blocks("run"), Release(3, -1, (4,))), InvalidArgumentError,
+         "num_output_tokens"),
+    Case("pool", "a release with a block size of 0", lambda w: w.m.pool.note_release(
+        w.m.get_blocks("run"), Release(3, 0, (0,))), InvalidArgumentError,
+         "block sizes must be positive ints, got (0,)"),
+    Case("pool", "a release with a trust flag that is not a bool", lambda w: w.m.pool.note_release(
+        w.m.get_blocks("run"), Release(3, 0, (4,)), trusted="yes"), InvalidArgumentError,
+         "trusted must be a bool, got 'yes'"),
     Case("pool", "touch with a trust flag that is not a bool", lambda w: w.m.pool.touch(
         [w.m.pool.blocks[1]], trusted="no"), InvalidArgumentError,
          "trusted must be a bool, got 'no'"),

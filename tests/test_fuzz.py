@@ -47,13 +47,13 @@ def test_fuzz_command(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_fuzz_command_runs_a_family_and_reports_each_setup(
         capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--ops", "120", "--round-ops", "10", "--match", "mixed-bs full4+mamba-align8 la3",
+    assert main(["--ops", "150", "--round-ops", "10", "--match", "mixed-bs full4+mamba-align8 la3",
                  "--per-setup", "--no-progress"]) == 0
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if "mixed-bs full4+mamba-align8" in line]
-    assert len(rows) == 12  # dense, ret0 and ret16, each with the 4 policies
+    assert len(rows) == 15  # dense, ret0 and ret16, each with the 5 pool policies
     assert {row[-2] for row in rows} == {"10"} and {row[-1] for row in rows} == {"0"}
-    assert "120 operations in 12 rounds over 12 setups" in out
+    assert "150 operations in 15 rounds over 15 setups" in out
 
 
 class EvictionFails(KVCacheManager):
