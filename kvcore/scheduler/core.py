@@ -14,7 +14,9 @@ preempted by recompute: its blocks are freed — they stay in the prefix cache, 
 mostly hits — and it goes back to the front of the waiting queue.  Waiting requests are admitted
 in steps that preempted nobody, while the budget and ``max_num_seqs`` allow, in arrival order or
 ``SchedulerConfig.schedule_policy``'s (:mod:`kvcore.scheduler.admission`; queue hints follow it).  A
-request that could never fit is rejected at ``add_request`` (``RequestRejectedError``).
+request that could never fit is rejected at ``add_request`` (``RequestRejectedError``).  An
+encoder-decoder model's request carries its encoder token count (``Request.num_encoder_tokens``):
+its cross-attention blocks are allocated at each admission.
 
 With a KV connector (:mod:`kvcore.connector`, e.g. a host-memory tier), admission also asks it for
 tokens beyond the device prefix hit (``get_num_new_matched_tokens``); they are allocated as
@@ -92,6 +94,8 @@ class Scheduler:
                 f"({self.max_model_len})")
         if self.config.async_scheduling and connector is not None:
             raise InvalidArgumentError("async_scheduling is not supported with a KV connector")
+        # Encoder-decoder models: groups sized by the request's encoder tokens.
+        self._reads_encoder = any(g.spec.reads_encoder for g in kv_cache_manager.config.groups)
         replay = kv_cache_manager.config.prefix_replay_tokens
         if replay and kv_cache_manager.enable_caching:
             # Its groups would get fresh blocks for hit tokens nobody recomputes.
@@ -150,6 +154,12 @@ class Scheduler:
             raise InvalidArgumentError(
                 f"request {rid!r} is not new (status {request.status.value}, "
                 f"{request.num_computed_tokens} computed tokens)")
+        if bool(request.num_encoder_tokens) != self._reads_encoder:
+            raise InvalidArgumentError(
+                f"request {rid!r} has num_encoder_tokens={request.num_encoder_tokens}, but the "
+                + ("model's cross-attention layers read the encoder output: give each request "
+                   "its encoder token count" if self._reads_encoder else
+                   "model has no cross-attention layer to read them"))
         if request.num_tokens >= self.max_model_len:
             raise RequestRejectedError(
                 f"request {rid!r}: prompt of {request.num_tokens} tokens leaves no room to "
@@ -165,7 +175,10 @@ class Scheduler:
         final = self.max_model_len if request.max_tokens is None else min(
             request.num_prompt_tokens + request.max_tokens, self.max_model_len)
         step = self.config.max_num_batched_tokens
-        return sum(g.spec.max_blocks_per_request(final, step) for g in self.kv.config.groups)
+        encoder = request.num_encoder_tokens
+        return sum(-(-encoder // g.spec.block_size) if g.spec.reads_encoder
+                   else g.spec.max_blocks_per_request(final, step)
+                   for g in self.kv.config.groups)
 
     def abort_request(self, request_id: str) -> None:
         """Finish a waiting or running request as aborted, releasing its blocks."""
@@ -375,6 +388,7 @@ class Scheduler:
             new_blocks = kv.allocate_slots(req, num_new, num_hit, hits,
                                            num_external_computed_tokens=num_external,
                                            delay_cache_blocks=load_async,
+                                           num_encoder_tokens=req.num_encoder_tokens,
                                            full_sequence_must_fit=cfg.full_sequence_must_fit)
             if new_blocks is None:
                 if self._drop_loaded(req, scheduled):
