@@ -1,7 +1,9 @@
 """Failed KV loads, aborts and reused request ids in kvcore's scheduler with a KV connector
 (issue 45): a request whose load failed goes on from its first unwritten token where every
 group can, else starts over; requests that hit what the load was to write are set back too; a
-request id is free again only once its transfers are reported."""
+request id is free again only once its transfers are reported; and the scheduler-level fuzz
+run (``kvcore.testing.scheduler_driver``) over every group type and admission policy, with
+the content oracle on."""
 
 from __future__ import annotations
 
@@ -22,7 +24,13 @@ from kvcore.request import Request, RequestStatus
 from kvcore.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from kvcore.specs import KVCacheConfig, KVCacheGroup, KVCacheSpec
 from kvcore.testing import assert_no_leak, checked
-from kvcore.testing.setups import chunked, cross, full, mamba, mamba_align, swa
+from kvcore.testing.scheduler_driver import (
+    SCHEDULER_SETUPS,
+    SchedulerDriver,
+    SchedulerSetup,
+    random_operation,
+)
+from kvcore.testing.setups import Setup, chunked, cross, full, mamba, mamba_align, swa
 from kvcore.types import KVCacheBlocks
 
 
@@ -208,3 +216,61 @@ def test_a_block_id_that_is_not_the_pools_is_refused_before_anything_changes(bad
     assert r.num_output_tokens == 0 and r.num_computed_tokens == 12 and s.stats.load_failures == 0
     _run(s, out)
     assert r.num_output_tokens == 2
+
+
+# -- the scheduler-level fuzz run -----------------------------------------------------------
+@pytest.mark.parametrize("ssetup", SCHEDULER_SETUPS, ids=[s.name for s in SCHEDULER_SETUPS])
+def test_scheduler_fuzz(ssetup: SchedulerSetup) -> None:
+    """A short seeded run per group type and admission policy (the long one:
+    ``python -m kvcore.bench fuzz --scheduler``): submits, resubmissions under used ids,
+    aborts, steps and failed steps with a connector whose sync and async loads fail; the
+    checked manager's oracle and the driver's checks after every operation, then a drain."""
+    driver = SchedulerDriver(ssetup, seed=11)
+    for _ in range(200):
+        random_operation(driver)
+    driver.drain()
+    assert driver.counts["step"] > 0 and driver.counts["finished"] > 0
+
+
+def test_scheduler_fuzz_covers_what_it_claims() -> None:
+    """Over the short runs of a few setups: failed sync and async loads, preemptions, aborts,
+    failed steps, and ids used again, accepted and refused."""
+    total: dict[str, int] = {}
+    for ssetup in SCHEDULER_SETUPS[:6]:
+        driver = SchedulerDriver(ssetup, seed=11)
+        for _ in range(120):
+            random_operation(driver)
+        driver.drain()
+        for k, v in driver.counts.items():
+            total[k] = total.get(k, 0) + v
+    for key in ("failed loads (sync)", "failed loads (async)", "preemptions", "abort",
+                "fail_step", "resubmission refused", "delayed frees", "load failures recomputed"):
+        assert total.get(key, 0) > 0, (key, total)
+    assert total["resubmit"] > total["resubmission refused"]  # some were accepted
+
+
+class _AlwaysResumes(KVCacheManager):
+    """A planted bug: every request may go on from its failed block (as before issue 45)."""
+
+    def can_resume(self, request_id: str, num_computed_tokens: Any) -> bool:
+        return True
+
+
+def test_scheduler_fuzz_catches_a_request_going_on_into_released_blocks() -> None:
+    setup = Setup("swa7 planted", (swa(7, 4),), manager_class=_AlwaysResumes)
+    with pytest.raises(AssertionError, match="wrong-kv"):
+        for seed in range(10):
+            driver = SchedulerDriver(SchedulerSetup(setup, "fcfs"), seed=seed)
+            for _ in range(300):
+                random_operation(driver)
+            driver.drain()
+
+
+def test_the_long_run_command(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvcore.bench.__main__ import main
+
+    assert main(["fuzz", "--scheduler", "--ops", "200", "--round-ops", "100", "--setup",
+                 "swa7 lpm"]) == 0
+    out = capsys.readouterr().out
+    assert "200 operations in 2 rounds over 1 setups" in out and "0 violations" in out
+    assert "failed loads (sync, async)" in out and "swa7 lpm" in out
