@@ -331,20 +331,16 @@ class SingleTypeKVCacheManager:
     def can_resume(self, request_id: str, num_tokens: int) -> bool:
         """Whether the request can go on from ``num_tokens`` computed tokens after its later
         KV turned out unwritten (a failed load): its table holds a real block at every position
-        the token at ``num_tokens`` reads and at every position after those, and the blocks
-        its tokens from there on are written into again are its own (a block another request
-        also holds would be computed twice, and cached for one of them only).  A recurrent
-        state only exists for the request's latest position: never."""
+        the token at ``num_tokens`` reads and at every position after those (written again).  A
+        recurrent state only exists for the request's latest position: never."""
         if self.uses_encoder_tokens:
             return True  # the encoder output does not depend on the decoder's position
         if self.spec.holds_state:
             return False
         needed = self.spec.needed_positions(num_tokens)
         first = needed.start if needed else num_tokens
-        bs = self.block_size
         blocks = self.req_to_blocks.get(request_id, ())
-        return (all(not b.is_null for b in blocks[first // bs:])
-                and all(b.ref_cnt == 1 for b in blocks[num_tokens // bs:]))
+        return all(not b.is_null for b in blocks[first // self.block_size:])
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """Release the blocks wholly outside the attention window, replacing them with the null

@@ -600,7 +600,7 @@ class Scheduler:
         """No request counts as computed a token whose KV a load failed to write (the blocks
         ``failed``) or that ``step`` computed from such KV, and none of those blocks stays in the
         prefix cache.  From the first such token on, a running request goes on where every group
-        can (``KVCacheManager.can_resume``: blocks from there on its own), else it starts over
+        can (``KVCacheManager.can_resume``) with blocks of its own, else it starts over
         (freed, back at the front of the queue like a preempted request: its valid prefix,
         loaded blocks included, stays cached); a loaded request not rescheduled yet starts over;
         one still loading (it hit such a block) starts over once its load is reported.  Returns
@@ -632,11 +632,16 @@ class Scheduler:
                     req.num_computed_tokens = req.num_cached_tokens = 0
                     continue
                 recomputing.add(rid)
-                resume = kv.can_resume(rid, start)
+                tables = kv.get_blocks(rid)
+                # In place when its tables allow it and the blocks rewritten from ``start`` on
+                # are its own (one another request holds would be recomputed by both, and
+                # cached again for one of them only).
+                resume = kv.can_resume(rid, start) and all(
+                    b.ref_cnt == 1 for bs, blocks in zip(sizes, tables) for b in blocks[start // bs:])
                 # Unwritten from here on: in place, all from ``start`` (rewritten); starting
                 # over, what the step computed (its loaded blocks are right, failed ones aside).
                 drop = start if resume else max(start, step_start.get(rid, start))
-                bad.update(b.block_id for bs, blocks in zip(sizes, kv.get_blocks(rid))
+                bad.update(b.block_id for bs, blocks in zip(sizes, tables)
                            for b in blocks[drop // bs:] if not b.is_null)
                 kv.uncache_blocks(req, drop)
                 if resume:
