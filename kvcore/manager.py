@@ -579,6 +579,29 @@ class KVCacheManager:
         self._tracked(request)
         self.coordinator.uncache_blocks(request.request_id, n)
 
+    def first_token_in(self, request_id: str, block_ids: Iterable[int]) -> int | None:
+        """The first position of the request's tokens whose KV (or state) one of its groups
+        holds in one of ``block_ids``, or ``None``: after a KV connector failed to load those
+        blocks, the request may count no token from there on as computed.  A group holding no
+        token of the request's own (cross attention's encoder output, a circular buffer) answers
+        0 for its blocks."""
+        self._known(request_id)
+        ids = block_ids if isinstance(block_ids, (set, frozenset)) else set(block_ids)
+        return self.coordinator.first_token_in(request_id, ids)
+
+    def can_resume(self, request_id: str, num_computed_tokens: SupportsIndex) -> bool:
+        """Whether a running request whose tokens from ``num_computed_tokens`` on must be
+        computed again (a failed KV load: see :meth:`first_token_in`, then
+        :meth:`uncache_blocks`) can go on from there with its tables: every group holds a real
+        block wherever the token at that position reads and from there on, and no group keeps
+        a state of the request's latest position only (Mamba, circular buffers).  When it
+        cannot (a sliding window or chunk released the blocks it would read), free the request
+        and start it over: its valid prefix stays cached for its re-admission."""
+        n = check_count("num_computed_tokens", num_computed_tokens)
+        self._known(request_id)
+        self._check_slots(self._requests[request_id], n)
+        return self.coordinator.can_resume(request_id, n)
+
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: SupportsIndex) -> None:
         """Release the request's blocks that left the attention window at ``num_computed_tokens``
         (``allocate_slots`` does this itself when it succeeds)."""

@@ -88,12 +88,16 @@ class Request:
     conversation a request belongs to (multi-turn chat): a retention hint, see
     :class:`kvcore.scheduler.SchedulerConfig` ``retain_sessions``.  ``lora_name`` keys the
     block hashes (different adapters never share KV); ``lora_id`` is the adapter's int id, only
-    published in ``BlockStored`` events (vLLM's deprecated field).
+    published in ``BlockStored`` events (vLLM's deprecated field).  ``num_encoder_tokens``: the
+    encoder output the cross-attention layers of an encoder-decoder model read (0 for
+    decoder-only models); ``kvcore.scheduler`` allocates its cross-attention blocks at each
+    admission.
     """
 
     __slots__ = ("_block_hasher", "all_token_ids", "arrival_time", "block_hashes", "cache_salt",
                  "eos_token_id", "ignore_eos", "lora_id", "lora_name", "max_tokens", "mm_items",
-                 "num_cached_tokens", "num_computed_tokens", "num_in_flight_tokens",
+                 "num_cached_tokens", "num_computed_tokens", "num_encoder_tokens",
+                 "num_in_flight_tokens",
                  "num_output_placeholders", "num_preemptions",
                  "num_prompt_tokens", "request_id", "sampling_params", "session_id",
                  "skip_reading_prefix_cache", "status", "stop_token_ids")
@@ -118,6 +122,7 @@ class Request:
         sampling_params: object = None,
         session_id: object = None,
         lora_id: object = None,
+        num_encoder_tokens: object = 0,
     ) -> None:
         if not isinstance(request_id, str) or not request_id:
             raise InvalidArgumentError(f"request_id must be a non-empty str, got {request_id!r}")
@@ -126,6 +131,9 @@ class Request:
             raise InvalidArgumentError(f"request {request_id!r}: the prompt is empty")
         if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 0):
             raise InvalidArgumentError(f"max_tokens must be a non-negative int, got {max_tokens!r}")
+        if type(num_encoder_tokens) is not int or num_encoder_tokens < 0:
+            raise InvalidArgumentError(
+                f"num_encoder_tokens must be a non-negative int, got {num_encoder_tokens!r}")
         cache_salt = _check_name("cache_salt", cache_salt)
         lora_name = _check_name("lora_name", lora_name)
         session_id = _check_name("session_id", session_id)
@@ -153,6 +161,7 @@ class Request:
         self.sampling_params = sampling_params
         self.session_id = session_id
         self.lora_id = lora_id
+        self.num_encoder_tokens = num_encoder_tokens
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prefix-hit tokens at the latest admission

@@ -137,6 +137,75 @@ def test_lpm_lookups_are_bounded_per_step() -> None:
     assert s._order.num_lookups == 6  # the stalest next: every request looked up once
 
 
+@pytest.mark.parametrize("policy", ["fcfs", "lpm", "dfs-weight"])
+def test_an_id_aborted_and_submitted_again_is_a_new_request(policy: str) -> None:
+    """A waiting request aborted and submitted again under its id before the next step: the
+    new request runs to completion, the aborted one is never scheduled (issue 45: dfs-weight
+    kept the aborted object in its reorder cache, scheduled it, and lost the new one)."""
+    s = sched(policy, max_num_seqs=1)
+    add(s, "long", list(range(800, 840)), max_tokens=3)
+    step(s)  # "long" holds the only seat for three steps
+    old = add(s, "a", list(range(200, 230)))
+    add(s, "b", list(range(300, 330)))
+    step(s)  # both wait: the order has seen them
+    s.abort_request("a")
+    new = add(s, "a", list(range(400, 430)))
+    admitted: list[str] = []
+    for _ in range(20):
+        out = s.schedule()
+        assert all(s.requests.get(x.request_id) is x.request for x in out.scheduled)
+        admitted += [x.request_id for x in out.scheduled if x.is_new]
+        s.update_from_output(out, {x.request_id: 1 for x in out.scheduled if x.samples})
+        if not s.has_unfinished_requests():
+            break
+    assert old.status is RequestStatus.FINISHED_ABORTED and old.num_output_tokens == 0
+    assert new.status is RequestStatus.FINISHED_LENGTH and new.num_output_tokens == 1
+    assert admitted == ["b", "a"]  # the new "a" arrived after "b"
+    assert s.kv.num_free_blocks == 63
+
+
+class _Waiting:
+    """The fields an order reads of a request, nothing else."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.block_hashes: list[bytes] = []
+
+
+def test_a_resubmitted_id_inherits_no_estimate_and_no_wait() -> None:
+    """What an order remembers of a request (lpm's estimate, the wait behind the starvation
+    bound) is never inherited by a later request with its id; the order is the same one vLLM's
+    waiting queue uses (kvcore.integrations.vllm.queue)."""
+    cfg = SchedulerConfig(schedule_policy="lpm", lpm_lookups_per_step=1, max_waiting_steps=2)
+    a, b, c, a2 = _Waiting("a"), _Waiting("b"), _Waiting("c"), _Waiting("a")
+    hits = {id(a): 100, id(b): 10, id(c): 10, id(a2): 0}
+    order: WaitingOrder[_Waiting] = WaitingOrder(cfg, lambda r: hits[id(r)], lambda r: False)
+    waiting = deque([a])
+    order.reorder(waiting, 0)  # "a" waits from step 0 (its estimate: 100)
+    waiting.extend([b, c])
+    order.reorder(waiting, 2)
+    assert list(waiting) == [a, b, c]
+    waiting.remove(a)  # aborted ...
+    waiting.append(a2)  # ... and a new request under its id
+    order.reorder(waiting, 3)
+    # Not starved ("a" waited from step 0, a2 from step 3) and not estimated at 100: looked up
+    # first (never looked up), so last, behind the older equal estimates.
+    assert list(waiting) == [b, c, a2]
+
+
+@pytest.mark.parametrize("policy", ["lpm", "dfs-weight"])
+def test_the_order_holds_the_queue_objects(policy: str) -> None:
+    cfg = SchedulerConfig(schedule_policy=policy)
+    order: WaitingOrder[_Waiting] = WaitingOrder(cfg, lambda r: 0, lambda r: False)
+    a, b, a2 = _Waiting("a"), _Waiting("b"), _Waiting("a")
+    waiting = deque([a, b])
+    order.reorder(waiting, 0)
+    waiting.remove(a)
+    waiting.append(a2)
+    order.reorder(waiting, 1)
+    assert list(waiting) == [b, a2]
+
+
 def _stream(policy: str, bound: int) -> int | None:
     """One request with nothing cached, then every step a new request that hits the cached
     prefix; one seat.  The step at which the lonely request is admitted (None: within 40)."""

@@ -23,6 +23,8 @@ from kvcore.errors import InvalidArgumentError, UnknownRequestError
 from kvcore.request import RequestStatus
 from kvcore.scheduler import RequestRejectedError, Scheduler, SchedulerConfig, SchedulerOutput
 from kvcore.specs import KVCacheSpec
+from kvcore.testing import checked, refuse_allocation
+from kvcore.testing.setups import cross
 from kvcore.types import KVCacheBlocks
 from tests.factories import full_spec, make_manager, swa_spec
 
@@ -298,6 +300,36 @@ def test_update_from_output_checks_every_token_before_applying_any() -> None:
         assert a.output_token_ids == [] and b.output_token_ids == []
     s.update_from_output(out, {"a": 1, "b": 2})
     assert a.output_token_ids == [1] and b.output_token_ids == [2]
+
+
+def test_an_encoder_decoder_request_gets_its_cross_attention_blocks() -> None:
+    """A request carries its encoder token count; the scheduler allocates the cross-attention
+    blocks for it at every admission (again after a preemption), counts them in what the request
+    needs, and refuses a request whose encoder tokens do not fit the model (issue 45: the
+    scheduler accepted a cross-attention config and ran every request with an empty table)."""
+    m = checked(make_manager(full_spec(4), cross(4), num_blocks=32, max_model_len=64),
+                track_contents=True)
+    s = Scheduler(m, SchedulerConfig())
+    r = s.kv.make_request("r", list(range(10)), max_tokens=3, num_encoder_tokens=9)
+    assert s.blocks_needed(r) == 4 + 3  # decoder: 13 tokens; encoder: 9
+    s.add_request(r)
+    step(s)
+    assert [len(ids) for ids in m.get_block_ids("r")] == [3, 3]
+    refuse_allocation(m, {1})  # the next decode step finds no room: "r" is preempted
+    out, _ = step(s)
+    assert out.preempted_request_ids == ["r"] and "r" not in m.requests()
+    step(s)  # re-admitted: its encoder output again
+    assert [len(ids) for ids in m.get_block_ids("r")] == [3, 3]
+    run(s)
+    assert r.status is RequestStatus.FINISHED_LENGTH and m.num_free_blocks == 31
+    with pytest.raises(InvalidArgumentError, match=r"'d'.*num_encoder_tokens=0.*cross-attention"):
+        s.add_request(s.kv.make_request("d", [1, 2, 3]))
+    decoder_only = sched()
+    with pytest.raises(InvalidArgumentError, match=r"'e'.*num_encoder_tokens=4.*no cross"):
+        decoder_only.add_request(decoder_only.kv.make_request("e", [1, 2], num_encoder_tokens=4))
+    for bad in (-1, True, 1.5, None):
+        with pytest.raises(InvalidArgumentError, match="num_encoder_tokens"):
+            Request("x", [1], num_encoder_tokens=bad)  # type: ignore[arg-type]  # deliberately bad
 
 
 def test_fail_step_uncaches_unwritten_blocks_and_aborts() -> None:

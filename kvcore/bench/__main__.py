@@ -1,6 +1,8 @@
 """``python -m kvcore.bench {pool,hash,manager}``: kvcore vs vLLM (and a compiled kvcore, when
 given), same workload, same run, in persistent interleaved workers;
-``python -m kvcore.bench fuzz``: the long hostile fuzz run (kvcore alone)."""
+``python -m kvcore.bench fuzz``: the long hostile fuzz run (kvcore alone);
+``python -m kvcore.bench fuzz --scheduler``: the same for kvcore's scheduler with a failing KV
+connector (:mod:`kvcore.bench.scheduler_fuzz`)."""
 
 from __future__ import annotations
 
@@ -50,8 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--num-tokens", type=positive_int, default=1 << 16)
     h.add_argument("--repeats", type=positive_int, default=7)
     _common(h, top=False)
-    sub.add_parser("fuzz", help="hostile fuzzing of the manager (see --help of the command)",
-                   add_help=False)
+    sub.add_parser("fuzz", help="hostile fuzzing of the manager, or with --scheduler of the "
+                   "scheduler (see --help of the command)", add_help=False)
     m = sub.add_parser("manager", help="KVCacheManager CPU µs per request cycle, per scenario")
     m.add_argument("--repeats", type=positive_int, default=MIN_REPEATS,
                    help=f"interleaved repeats per scenario (at least {MIN_REPEATS})")
@@ -69,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["fuzz"] and "--scheduler" in argv:  # its own parser, as fuzz's
+        from kvcore.bench.scheduler_fuzz import main as scheduler_fuzz_main
+
+        return scheduler_fuzz_main([a for a in argv[1:] if a != "--scheduler"])
     if argv[:1] == ["fuzz"]:  # its own parser (no peer: it checks kvcore alone)
         from kvcore.bench.fuzz import main as fuzz_main
 

@@ -12,7 +12,7 @@ combine (``find_longest_cache_hit``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import ClassVar
 
 from kvcore.block_pool import BlockPool
@@ -351,6 +351,20 @@ class KVCacheCoordinator:
         ``num_computed_tokens`` from the prefix cache."""
         for m in self.managers:
             m.uncache_blocks(request_id, num_computed_tokens)
+
+    def first_token_in(self, request_id: str, block_ids: Collection[int]) -> int | None:
+        """The first position of the request's tokens any group holds in one of
+        ``block_ids`` (see ``SingleTypeKVCacheManager.first_token_in``), or ``None``."""
+        first: int | None = None
+        for m in self.managers:
+            p = m.first_token_in(request_id, block_ids)
+            if p is not None and (first is None or p < first):
+                first = p
+        return first
+
+    def can_resume(self, request_id: str, num_tokens: int) -> bool:
+        """Whether every group can go on from ``num_tokens`` computed tokens."""
+        return all(m.can_resume(request_id, num_tokens) for m in self.managers)
 
     def partial_block_ids(self, request_id: str, num_tokens: int) -> list[int]:
         """Per group, the id of the block holding token ``num_tokens`` when that token is not

@@ -12,7 +12,7 @@ leading run.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import ClassVar
@@ -318,6 +318,29 @@ class SingleTypeKVCacheManager:
             self.pool.evict_blocks(stale)
         if self.num_cached_block.get(request_id, 0) > start:
             self.num_cached_block[request_id] = start
+
+    def first_token_in(self, request_id: str, block_ids: Collection[int]) -> int | None:
+        """The position of the first of the request's tokens whose KV this group holds in one of
+        ``block_ids`` (the start of the first such block; 0 when the group holds no token of the
+        request's own, as cross attention's encoder output), or ``None``."""
+        for i, block in enumerate(self.req_to_blocks.get(request_id, ())):
+            if not block.is_null and block.block_id in block_ids:
+                return 0 if self.uses_encoder_tokens else i * self.block_size
+        return None
+
+    def can_resume(self, request_id: str, num_tokens: int) -> bool:
+        """Whether the request can go on from ``num_tokens`` computed tokens after its later
+        KV turned out unwritten (a failed load): its table holds a real block at every position
+        the token at ``num_tokens`` reads and at every position after those (written again).  A
+        recurrent state only exists for the request's latest position: never."""
+        if self.uses_encoder_tokens:
+            return True  # the encoder output does not depend on the decoder's position
+        if self.spec.holds_state:
+            return False
+        needed = self.spec.needed_positions(num_tokens)
+        first = needed.start if needed else num_tokens
+        blocks = self.req_to_blocks.get(request_id, ())
+        return all(not b.is_null for b in blocks[first // self.block_size:])
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """Release the blocks wholly outside the attention window, replacing them with the null

@@ -11,7 +11,7 @@ allocation (``counts_own_growth``): one block until the request holds its ring, 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from kvcore._mypyc import mypyc_attr
 from kvcore.managers.base import HitQuery, SingleTypeKVCacheManager
@@ -65,3 +65,13 @@ class CircularBufferManager(SingleTypeKVCacheManager):
 
     def uncache_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """Nothing of the ring is ever cached."""
+
+    def first_token_in(self, request_id: str, block_ids: Collection[int]) -> int | None:
+        """The ring holds keys of the request's latest tokens, not of a fixed position: a
+        failed ring is a failure from the start."""
+        ring = self.req_to_blocks.get(request_id)
+        return 0 if ring and ring[0].block_id in block_ids else None
+
+    def can_resume(self, request_id: str, num_tokens: int) -> bool:
+        """The ring holds the keys of the latest tokens, not those before ``num_tokens``."""
+        return False

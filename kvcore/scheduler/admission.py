@@ -105,11 +105,18 @@ class WaitingOrder(Generic[R]):
         self.lookups_per_step = config.lpm_lookups_per_step
         self._hit_tokens = hit_tokens
         self._pinned = pinned
-        self._since: dict[str, tuple[int, int]] = {}  # id -> (first step seen waiting, seq)
+        # What the order remembers of a request is kept with the request object and used only
+        # for that object: a request aborted and submitted again under its id between two
+        # reorders is a new request (it inherits no wait, no estimate, no place).
+        # id -> (request, first step seen waiting, seq)
+        self._since: dict[str, tuple[R, int, int]] = {}
         self._seq = 0
-        self._hits: dict[str, tuple[int, int]] = {}  # lpm: id -> (hit tokens, step looked up)
+        # lpm: id -> (request, hit tokens, step looked up)
+        self._hits: dict[str, tuple[R, int, int]] = {}
         self.num_lookups = 0  # lpm prefix lookups made (bounded per step)
-        self._dfs_cache: tuple[tuple[str, ...], list[R]] = ((), [])  # last input, its order
+        # dfs-weight: the last input (its requests' id() values: the cached order holds the
+        # objects, so none of them can be collected and its id() reused) and its order.
+        self._dfs_cache: tuple[tuple[int, ...], list[R]] = ((), [])
 
     def reorder(self, waiting: MutableSequence[R], step: int) -> None:
         """Put ``waiting`` in this policy's admission order for scheduler step ``step``."""
@@ -120,22 +127,26 @@ class WaitingOrder(Generic[R]):
         fresh: list[R] = []
         for req in waiting:
             (pinned if is_pinned(req) else fresh).append(req)
-        since = {}
+        known = self._since
+        since: dict[str, tuple[R, int, int]] = {}
         for req in fresh:
             rid = req.request_id
-            first = self._since.get(rid)
-            if first is None:
-                first = (step, self._seq)
+            entry = known.get(rid)
+            if entry is None or entry[0] is not req:
+                entry = (req, step, self._seq)
                 self._seq += 1
-            since[rid] = first
+            since[rid] = entry
         self._since = since  # forget requests that left the queue
+
+        def arrival(req: R) -> tuple[int, int]:
+            entry = since[req.request_id]
+            return entry[1], entry[2]
         if len(fresh) < 2:
             return
         bound = step - self.max_waiting_steps
-        starved = sorted((r for r in fresh if since[r.request_id][0] < bound),
-                         key=lambda r: since[r.request_id])
-        rest = [r for r in fresh if since[r.request_id][0] >= bound]
-        rest.sort(key=lambda r: since[r.request_id])  # arrival order: the tie-break
+        starved = sorted((r for r in fresh if since[r.request_id][1] < bound), key=arrival)
+        rest = [r for r in fresh if since[r.request_id][1] >= bound]
+        rest.sort(key=arrival)  # arrival order: the tie-break
         ordered = self._lpm(rest, step) if self.policy == LPM else self._dfs(rest)
         waiting.clear()
         waiting.extend(pinned)
@@ -144,20 +155,27 @@ class WaitingOrder(Generic[R]):
 
     # -- policies -----------------------------------------------------------------------------
     def _lpm(self, reqs: list[R], step: int) -> list[R]:
-        hits = {r.request_id: self._hits.get(r.request_id) for r in reqs}
+        known = self._hits
+        hits: dict[str, tuple[R, int, int] | None] = {}
+        for r in reqs:
+            h = known.get(r.request_id)
+            hits[r.request_id] = h if h is not None and h[0] is r else None
 
         def looked_up(req: R) -> int:  # never (-1) first, then the stalest
             h = hits[req.request_id]
-            return -1 if h is None else h[1]
+            return -1 if h is None else h[2]
         for req in sorted(reqs, key=looked_up)[:self.lookups_per_step]:
-            hits[req.request_id] = (self._hit_tokens(req), step)
+            hits[req.request_id] = (req, self._hit_tokens(req), step)
             self.num_lookups += 1
         self._hits = {rid: h for rid, h in hits.items() if h is not None}
-        # Stable sort: equal estimates stay in arrival order.
-        return sorted(reqs, key=lambda r: -self._hits.get(r.request_id, (0, 0))[0])
+
+        def estimate(req: R) -> int:
+            h = hits[req.request_id]
+            return 0 if h is None else -h[1]
+        return sorted(reqs, key=estimate)  # stable: equal estimates stay in arrival order
 
     def _dfs(self, reqs: list[R]) -> list[R]:
-        key = tuple(r.request_id for r in reqs)
+        key = tuple(map(id, reqs))
         if key != self._dfs_cache[0]:  # the same requests keep their order (hashes are fixed)
             self._dfs_cache = (key, dfs_weight_order(
                 reqs, [r.block_hashes[:DFS_MAX_DEPTH] for r in reqs]))

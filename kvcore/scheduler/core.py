@@ -14,7 +14,9 @@ preempted by recompute: its blocks are freed — they stay in the prefix cache, 
 mostly hits — and it goes back to the front of the waiting queue.  Waiting requests are admitted
 in steps that preempted nobody, while the budget and ``max_num_seqs`` allow, in arrival order or
 ``SchedulerConfig.schedule_policy``'s (:mod:`kvcore.scheduler.admission`; queue hints follow it).  A
-request that could never fit is rejected at ``add_request`` (``RequestRejectedError``).
+request that could never fit is rejected at ``add_request`` (``RequestRejectedError``).  An
+encoder-decoder model's request carries its encoder token count (``Request.num_encoder_tokens``):
+its cross-attention blocks are allocated at each admission.
 
 With a KV connector (:mod:`kvcore.connector`, e.g. a host-memory tier), admission also asks it for
 tokens beyond the device prefix hit (``get_num_new_matched_tokens``); they are allocated as
@@ -23,8 +25,12 @@ holding its blocks, not cached yet) while the batch goes on; when the engine rep
 finished (``update_from_output(..., kv_connector_output)``) its blocks are cached and it is
 scheduled first.  A failed load (its device block ids in ``invalid_block_ids``) falls back to
 recomputing: an asynchronous one re-admits the request (its device hit still cached), a
-synchronous one rolls the running request back to the first block that was not loaded.  Each
-step's ``kv_connector_metadata`` tells the engine's worker-side connector what to copy.
+synchronous one sets the running request back to the first block that was not loaded where
+every group can go on from there, and otherwise starts it over (a sliding window or chunk
+released what it would read, a Mamba state exists only for its latest position); requests that
+hit what the load was to write are set back too.  A request id is free again once the
+connector has reported every transfer of the request that used it.  Each step's
+``kv_connector_metadata`` tells the engine's worker-side connector what to copy.
 
 Async scheduling (``SchedulerConfig(async_scheduling=True)``, vLLM's ``--async-scheduling``):
 the engine schedules step N+1 while the device still runs step N, so it calls ``schedule()``
@@ -92,6 +98,8 @@ class Scheduler:
                 f"({self.max_model_len})")
         if self.config.async_scheduling and connector is not None:
             raise InvalidArgumentError("async_scheduling is not supported with a KV connector")
+        # Encoder-decoder models: groups sized by the request's encoder tokens.
+        self._reads_encoder = any(g.spec.reads_encoder for g in kv_cache_manager.config.groups)
         replay = kv_cache_manager.config.prefix_replay_tokens
         if replay and kv_cache_manager.enable_caching:
             # Its groups would get fresh blocks for hit tokens nobody recomputes.
@@ -105,6 +113,9 @@ class Scheduler:
         self.running: list[Request] = []
         self.loading: dict[str, Request] = {}  # WAITING_FOR_REMOTE_KVS
         self._load_target: dict[str, int] = {}  # their computed tokens once the load is done
+        # Loading requests that hit a block whose load failed: their device hit tokens (they
+        # start over once their own load is reported).
+        self._load_failed: dict[str, int] = {}
         # Finished requests whose blocks the connector still reads (stores) or writes (loads).
         self._delayed_free: dict[str, Request] = {}
         self.requests: dict[str, Request] = {}
@@ -146,10 +157,22 @@ class Scheduler:
         rid = request.request_id
         if rid in self.requests or rid in batch_ids:
             raise InvalidArgumentError(f"request {rid!r} is already in the scheduler")
+        if rid in self._delayed_free:
+            # Its connector reports the transfer by id: a new request under it would be taken
+            # for the old one (its load or store would release the new request's blocks).
+            raise InvalidArgumentError(
+                f"request {rid!r} has finished, but the KV connector still transfers its blocks: "
+                "its id can be used again once the transfer is reported finished")
         if request.status.is_finished or request.num_computed_tokens:
             raise InvalidArgumentError(
                 f"request {rid!r} is not new (status {request.status.value}, "
                 f"{request.num_computed_tokens} computed tokens)")
+        if bool(request.num_encoder_tokens) != self._reads_encoder:
+            raise InvalidArgumentError(
+                f"request {rid!r} has num_encoder_tokens={request.num_encoder_tokens}, but the "
+                + ("model's cross-attention layers read the encoder output: give each request "
+                   "its encoder token count" if self._reads_encoder else
+                   "model has no cross-attention layer to read them"))
         if request.num_tokens >= self.max_model_len:
             raise RequestRejectedError(
                 f"request {rid!r}: prompt of {request.num_tokens} tokens leaves no room to "
@@ -165,7 +188,10 @@ class Scheduler:
         final = self.max_model_len if request.max_tokens is None else min(
             request.num_prompt_tokens + request.max_tokens, self.max_model_len)
         step = self.config.max_num_batched_tokens
-        return sum(g.spec.max_blocks_per_request(final, step) for g in self.kv.config.groups)
+        encoder = request.num_encoder_tokens
+        return sum(-(-encoder // g.spec.block_size) if g.spec.reads_encoder
+                   else g.spec.max_blocks_per_request(final, step)
+                   for g in self.kv.config.groups)
 
     def abort_request(self, request_id: str) -> None:
         """Finish a waiting or running request as aborted, releasing its blocks."""
@@ -179,6 +205,7 @@ class Scheduler:
             # A load is writing into its blocks: they are freed once it is reported finished.
             del self.loading[request_id]
             self._load_target.pop(request_id, None)
+            self._load_failed.pop(request_id, None)
             if self.connector is not None:
                 self.connector.request_finished(request, self.kv.get_block_ids(request_id))
             self._delayed_free[request_id] = request
@@ -199,7 +226,7 @@ class Scheduler:
         if self.connector is not None:  # its transfers never ran either (first: then no
             # aborted request waits for a store that will never be reported)
             self._apply_connector_output(
-                self.connector.failed_step_output(output.kv_connector_metadata))
+                self.connector.failed_step_output(output.kv_connector_metadata), output)
         if self.config.async_scheduling:
             self._fail_in_flight(output)
         failed = [s for s in output.scheduled if s.request.status is RequestStatus.RUNNING]
@@ -375,6 +402,7 @@ class Scheduler:
             new_blocks = kv.allocate_slots(req, num_new, num_hit, hits,
                                            num_external_computed_tokens=num_external,
                                            delay_cache_blocks=load_async,
+                                           num_encoder_tokens=req.num_encoder_tokens,
                                            full_sequence_must_fit=cfg.full_sequence_must_fit)
             if new_blocks is None:
                 if self._drop_loaded(req, scheduled):
@@ -444,8 +472,16 @@ class Scheduler:
             if placeholders and req.num_output_placeholders <= 0:
                 raise InvalidArgumentError(
                     f"request {rid!r} has no token in flight (was this step reported twice?)")
+        if kv_connector_output is not None and kv_connector_output.invalid_block_ids:
+            num_blocks = self.kv.config.num_blocks
+            wrong = [b for b in kv_connector_output.invalid_block_ids
+                     if type(b) is not int or not 0 < b < num_blocks]
+            if wrong:
+                raise InvalidArgumentError(
+                    f"invalid_block_ids holds {wrong!r}: not block ids of this pool (1 to "
+                    f"{num_blocks - 1})")
         if kv_connector_output is not None and self.connector is not None:
-            recomputing = self._apply_connector_output(kv_connector_output)
+            recomputing = self._apply_connector_output(kv_connector_output, output)
             live = [r for r in live if r.request_id not in recomputing]
         if placeholders:  # this step is done: its KV is written
             self._partial_blocks.pop(output.step, None)
@@ -520,9 +556,10 @@ class Scheduler:
     # -- the connector's side -------------------------------------------------------------------
     # Applying what the workers report (finished loads and stores, failed loads) and keeping
     # loaded requests from blocking admission forever.
-    def _apply_connector_output(self, out: KVConnectorOutput) -> set[str]:
-        """Apply what the workers finished; returns the running requests whose KV a failed
-        synchronous load left unwritten (they recompute it: no token is taken from this step)."""
+    def _apply_connector_output(self, out: KVConnectorOutput, step: SchedulerOutput) -> set[str]:
+        """Apply what the workers finished after ``step``; returns the running requests whose
+        KV a failed synchronous load left unwritten (they recompute it: no token is taken from
+        this step)."""
         assert self.connector is not None
         self.connector.update_connector_output(out)
         failed = out.invalid_block_ids
@@ -534,16 +571,19 @@ class Scheduler:
         for rid in [r for r in self.loading if r in recving]:
             req = self.loading.pop(rid)
             target = self._load_target.pop(rid)
-            if failed and any(b in failed for ids in kv.get_block_ids(rid) for b in ids):
+            hit = self._load_failed.pop(rid, None)  # a block of its hit failed earlier
+            if hit is None and failed and kv.first_token_in(rid, failed) is not None:
+                hit = req.num_computed_tokens
+            if hit is not None:
                 # Start over: its device hit is still cached (admission hits it again), the
                 # blocks the load was to fill were never cached.
                 self.stats.load_failures += 1
-                self.stats.external_hit_tokens -= target - req.num_computed_tokens
+                self.stats.external_hit_tokens -= target - hit
                 kv.free(req)
                 req.num_computed_tokens = req.num_cached_tokens = 0
-            else:
-                kv.cache_blocks(req, target)
+            else:  # (computed first: a checked manager checks its table at the call)
                 req.num_computed_tokens = req.num_cached_tokens = target
+                kv.cache_blocks(req, target)
             req.status = RequestStatus.WAITING
             resumed.append(req)
         self.waiting.extendleft(reversed(resumed))
@@ -553,18 +593,64 @@ class Scheduler:
             kv.free(self._delayed_free.pop(rid))
         recomputing: set[str] = set()
         if failed:
-            sizes = [g.spec.block_size for g in kv.config.groups]
-            for req in self.running:
-                for bs, ids in zip(sizes, kv.get_block_ids(req.request_id)):
-                    bad = next((i for i, b in enumerate(ids) if b in failed), None)
-                    if bad is None:
-                        continue
-                    start = bad * bs
-                    if start < req.num_computed_tokens:
-                        kv.uncache_blocks(req, start)
-                        req.num_computed_tokens = start
-                        recomputing.add(req.request_id)
-                        self.stats.load_failures += 1
+            recomputing = self._recompute_failed(failed, step)
+        return recomputing
+
+    def _recompute_failed(self, failed: set[int], step: SchedulerOutput) -> set[str]:
+        """No request counts as computed a token whose KV a load failed to write (the blocks
+        ``failed``) or that ``step`` computed from such KV, and none of those blocks stays in the
+        prefix cache.  From the first such token on, a running request goes on where every group
+        can (``KVCacheManager.can_resume``) with blocks of its own, else it starts over
+        (freed, back at the front of the queue like a preempted request: its valid prefix,
+        loaded blocks included, stays cached); a loaded request not rescheduled yet starts over;
+        one still loading (it hit such a block) starts over once its load is reported.  Returns
+        the running requests affected (no token is taken from them this step)."""
+        kv = self.kv
+        sizes = [g.spec.block_size for g in kv.config.groups]
+        step_start = {s.request_id: s.num_computed_tokens for s in step.scheduled}
+        bad = set(failed)  # grows by what affected requests computed in the step
+        recomputing: set[str] = set()
+        pending = [*self.running, *(r for r in self.waiting if r.num_computed_tokens),
+                   *self.loading.values()]
+        found = True
+        while found:  # until no request holds a bad block (a hit on one computed in the step)
+            found = False
+            for req in list(pending):
+                rid = req.request_id
+                start = kv.first_token_in(rid, bad)
+                if start is None or start >= req.num_computed_tokens:
+                    continue
+                pending.remove(req)
+                found = True
+                self.stats.load_failures += 1
+                if req.status is RequestStatus.WAITING_FOR_REMOTE_KVS:
+                    self._load_failed[rid] = req.num_computed_tokens
+                    req.num_computed_tokens = 0  # nothing of it counts: it starts over
+                    continue
+                if req.status is not RequestStatus.RUNNING:  # loaded, not rescheduled yet
+                    kv.free(req)
+                    req.num_computed_tokens = req.num_cached_tokens = 0
+                    continue
+                recomputing.add(rid)
+                tables = kv.get_blocks(rid)
+                # In place when its tables allow it and the blocks rewritten from ``start`` on
+                # are its own (one another request holds would be recomputed by both, and
+                # cached again for one of them only).
+                resume = kv.can_resume(rid, start) and all(
+                    b.ref_cnt == 1 for bs, blocks in zip(sizes, tables) for b in blocks[start // bs:])
+                # Unwritten from here on: in place, all from ``start`` (rewritten); starting
+                # over, what the step computed (its loaded blocks are right, failed ones aside).
+                drop = start if resume else max(start, step_start.get(rid, start))
+                bad.update(b.block_id for bs, blocks in zip(sizes, tables)
+                           for b in blocks[drop // bs:] if not b.is_null)
+                kv.uncache_blocks(req, drop)
+                if resume:
+                    req.num_computed_tokens = start
+                else:
+                    self.running.remove(req)
+                    self._preempt(req)
+        # The failed blocks themselves, whoever held them (a request aborted since its load).
+        kv.evict_blocks(failed)
         return recomputing
 
     def _drop_loaded(self, req: Request, scheduled: list[ScheduledRequest]) -> bool:

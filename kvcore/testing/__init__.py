@@ -10,6 +10,8 @@
   :func:`refuse_allocation`, :class:`ManualClock`;
 * :class:`~kvcore.testing.driver.HostileDriver` and :data:`~kvcore.testing.setups.SETUPS`: the
   valid-and-hostile operation driver behind kvcore's fuzzing;
+  :class:`~kvcore.testing.scheduler_driver.SchedulerDriver`: the same one level up, kvcore's
+  scheduler with a KV connector whose loads fail (``python -m kvcore.bench fuzz --scheduler``);
 * with ``hypothesis`` installed (``pip install kvcore[testing]``):
   :mod:`kvcore.testing.strategies` and :class:`kvcore.testing.machine.SchedulerMachine`, a state
   machine that drives *your* scheduler.

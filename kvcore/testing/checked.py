@@ -20,7 +20,12 @@ the code playing the engine says so: :func:`step_failed` right after the step fa
 scheduler is told.  Its slots then hold garbage whatever the scheduler does, and at the next
 ``new_step`` every block the step wrote must have left the prefix cache: a scheduler that forgets
 ``uncache_blocks`` after a failed step is caught there (rule ``wrong-kv``), and a request that
-would hit such a block meanwhile is caught at the hit.
+would hit such a block meanwhile is caught at the hit.  ``uncache_blocks`` says the request's KV
+from that token on was never written: the requests sharing those blocks (a hit on them, e.g.
+on blocks a failed KV load was to fill) are checked again from the next ``new_step`` too, by
+when the scheduler must have set them back.  Not checked: the table of a request whose delayed
+load is not reported yet (it is built for the load's end), and that of a finished request whose
+blocks a KV connector still holds (no next token reads it).
 
 A hit passed to ``allocate_slots`` whose blocks are cached under another prefix's hash is refused
 by the manager.  When the hit was found for this very request and the pool evicted its block
@@ -40,6 +45,7 @@ from typing import TYPE_CHECKING, Any, SupportsIndex, TypeVar
 from kvcore.errors import InvalidArgumentError, InvalidHitError, InvariantError
 from kvcore.hashing import hashes_at
 from kvcore.manager import KVCacheManager, evictions_since_lookup
+from kvcore.request import RequestStatus
 from kvcore.testing._layers import add_layer, remove_layer
 from kvcore.testing.oracle import ContentOracle, WrongKVError
 from kvcore.types import KVCacheBlock, KVRequest
@@ -108,7 +114,12 @@ class CheckedKVCacheManager(_Layer):
             self.check_invariants()
             if state.oracle is not None:
                 for rid, req in self.requests().items():
-                    if rid not in state.suspended:
+                    # (Not a request whose delayed load is not reported yet: its table is built
+                    # for the load's end, checked once cache_blocks says so; nor a finished one
+                    # whose blocks a KV connector still holds: no next token reads them.)
+                    status = getattr(req, "status", None)
+                    if (rid not in state.suspended and rid not in state.pending_loads
+                            and not (isinstance(status, RequestStatus) and status.is_finished)):
                         state.oracle.check_table(req)
         except InvariantError as exc:
             raise InvariantError(exc.rule, f"after {what()}: {exc.detail}",
@@ -182,6 +193,14 @@ class CheckedKVCacheManager(_Layer):
                 state.oracle.discard(request, n, end)
                 state.written_upto[request.request_id] = n
                 state.suspended.add(request.request_id)
+                # Requests that hit those blocks lost that KV too (the scheduler sets them back
+                # in the same step, e.g. after a failed load): checked from the next new_step.
+                lost = {b.block_id for m, blocks in zip(self.coordinator.managers,
+                                                        self.get_blocks(request.request_id))
+                        for b in blocks[n // m.block_size:] if not b.is_null}
+                for rid in self.requests():
+                    if any(b.block_id in lost for blocks in self.get_blocks(rid) for b in blocks):
+                        state.suspended.add(rid)
         finally:
             self._after_call(
                 lambda: _describe("uncache_blocks", (request, num_computed_tokens), {}))

@@ -391,6 +391,22 @@ class KVCacheManagerAdapter:
             # An untracked request: kvcore's manager raises, naming it.
             self.kv.cache_blocks(view if view is not None else request, num_computed_tokens)
 
+    def rewind_after_failed_load(self, request: Any) -> bool:
+        """vLLM set ``request`` back to the first block a KV load failed to write (its
+        ``num_computed_tokens``): whether kvcore's tables let it go on from there
+        (``KVCacheManager.can_resume``).  When they do not (a sliding window or chunk released
+        blocks it reads, a state group holds only its latest state), what it holds from there
+        on also leaves the prefix cache (vLLM's recompute policy keeps it, for the request to
+        rewrite): it must start over.  True for a request that holds no blocks."""
+        view = self._views.get(request.request_id)
+        if view is None:
+            return True
+        n = request.num_computed_tokens
+        if self.kv.can_resume(request.request_id, n):
+            return True
+        self.kv.uncache_blocks(view, n)
+        return False
+
     def create_kv_cache_blocks(self, blocks: Sequence[Sequence[KVCacheBlock]]) -> VllmKVCacheBlocks:
         return self._blocks(tuple(blocks))
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Callable, Iterator
 from itertools import chain, islice
 from typing import Any, ClassVar, cast
@@ -25,6 +26,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from vllm.v1.core.sched import scheduler as vllm_scheduler_module
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler as VllmAsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
+from vllm.v1.request import RequestStatus
 
 from kvcore.errors import UnsupportedFeatureError
 from kvcore.integrations.vllm.config import refuse
@@ -99,6 +101,7 @@ class KvcoreSchedulerMixin:
     policy: Any
     waiting: Any
     kv_holding_waiting: Any
+    running: Any
 
     def __init__(self, vllm_config: Any, kv_cache_config: Any, *args: Any,
                  **kwargs: Any) -> None:
@@ -152,6 +155,36 @@ class KvcoreSchedulerMixin:
                 self.kv_cache_manager.declare_upcoming(head)
                 self._kvcore_declared = key
         return cast(Any, super()).schedule(*args, **kwargs)
+
+    def _update_requests_with_invalid_blocks(self, requests: Any, *args: Any,
+                                             **kwargs: Any) -> Any:
+        """vLLM's rollback of the requests whose KV a connector failed to load, to their first
+        failed block; then, under vLLM's ``recompute`` policy, a request whose kvcore tables
+        cannot go on from there (``KVCacheManagerAdapter.rewind_after_failed_load``: a sliding
+        window, a chunk, a Mamba state) starts over instead: a running one is preempted (it
+        recomputes from its valid cached prefix; what it held from the failed block on left the
+        cache), a loading one is set to nothing computed (vLLM then frees it when its load is
+        reported, as any failed load).  Before, it went on from the failed block with null
+        blocks where its window or chunk reads.  Full attention is never affected."""
+        requests = list(requests)  # (vLLM passes the loading requests as a generator)
+        result = cast(Any, super())._update_requests_with_invalid_blocks(requests, *args,
+                                                                          **kwargs)
+        if (self.kvcore_settings is None
+                or not getattr(self, "recompute_kv_load_failures", True)):
+            return result
+        affected = result[0]
+        manager = self.kv_cache_manager
+        for request in requests:
+            if (request.request_id not in affected
+                    or manager.rewind_after_failed_load(request)):
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+                cast(Any, self)._preempt_request(request, time.monotonic(),
+                                                 drop_stale_output=True)
+            else:
+                request.num_computed_tokens = 0
+        return result
 
 
 class Scheduler(KvcoreSchedulerMixin, VllmScheduler):
