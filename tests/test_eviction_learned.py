@@ -257,3 +257,20 @@ def test_the_simulator_reproduces_the_manager_at_concurrency_one() -> None:
     assert real.num_finished == len(trace) and real.preemptions == 0
     assert sim.evictions > 0
     assert abs(sim.hit_rate - real.token_hit_rate) < 0.01
+
+
+def test_a_hit_from_the_hint_reserve_counts_for_the_blocks_category() -> None:
+    """Blocks a scheduler hint kept in the reserve since their release never reach the policy;
+    a hit on them is still a reuse of the category their release gave them."""
+    m = manager()
+    a = serve(m, "a", [*tokens(1, 4), 9], free=False)
+    waiting = m.make_request("w", [*tokens(1, 4), 7])
+    m.declare_upcoming([waiting])  # a's prefix is declared: freed, it waits in the reserve
+    m.free(a)
+    assert len(m.pool.reserve) == 2 and all(learned(m).category_of(b) is None for b in m.pool.reserve)
+    cat = category(False, False, False, FRESH, 0)
+    freed, reused = learned(m)._freed[cat], learned(m)._reused[cat]
+    hit, n = m.get_computed_blocks(waiting)
+    assert n == 4 and m.allocate_slots(waiting, waiting.num_tokens - n, n, hit) is not None
+    assert learned(m)._freed[cat] == freed + 2 and learned(m)._reused[cat] == reused + 2
+    m.check_invariants()

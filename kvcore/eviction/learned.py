@@ -269,6 +269,20 @@ class LearnedPolicy(SegmentedPolicy):
                     reused[segment - 1] += 1.0
         super().on_touch(batch)
 
+    def on_hit(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """A hit on blocks the policy does not hold: those a scheduler hint kept in the pool's
+        reserve since their release count as freed and reused in the category the release gave
+        them (else a category whose blocks come back while their request waits would look
+        unused)."""
+        pending = self._pending
+        for block in blocks:
+            c = pending[block.block_id]
+            if c >= 0:
+                pending[block.block_id] = -1
+                self._freed[c] += 1.0
+                self._reused[c] += 1.0
+        super().on_hit(blocks)
+
     def pick_victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
         clean = self._segments[CLEAN]
         k = min(n, len(clean))
