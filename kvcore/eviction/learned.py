@@ -56,6 +56,7 @@ _PER_KIND = 2 + 2 * 3 * 3
 NUM_CATEGORIES = 2 * _PER_KIND  # group 0, other groups
 
 GhostKey = BlockHash | tuple[int, BlockHash]
+_AWAY = -2  # a pending tag of _AWAY - c: category c, already counted, away from the policy
 
 
 def category(other_group: bool, generated: bool, was_hit: bool, turn: int,
@@ -111,7 +112,9 @@ class LearnedPolicy(SegmentedPolicy):
         self.half_life = check_share("half_life", half_life, 0.01, 1000.0)
         super().__init__(blocks, 1 + NUM_CATEGORIES, ghost_factor, max_mark=1)
         size = len(self._marks)
-        self._pending = [-1] * size  # category given by the latest release (-1: none)
+        # Per block: the category its latest release gave it (until it is freed), -1 for none,
+        # or _AWAY - c while the pool holds it apart (reserve, pin) after it was in category c.
+        self._pending = [-1] * size
         self._stamp = [0] * size  # eviction clock when the block was freed
         self._tail = bytearray(size)  # the last full block of a finished request
         # Decayed per-category counts: blocks freed, and of them reused (hit while free, or a
@@ -205,6 +208,9 @@ class LearnedPolicy(SegmentedPolicy):
 
     def on_free(self, uncached: Sequence[KVCacheBlock], cached: Sequence[KVCacheBlock]) -> None:
         if uncached:
+            pending = self._pending
+            for block in uncached:  # no cache value: no category either
+                pending[block.block_id] = -1
             super().on_free(uncached, ())
         if not cached:
             return
@@ -223,10 +229,15 @@ class LearnedPolicy(SegmentedPolicy):
         for block in cached:
             bid = block.block_id
             c = pending[bid]
-            if c < 0:
-                c = UNTAGGED + (_PER_KIND if block.group_id else 0)
-            else:
+            if c >= 0:  # tagged by its release: a new free of its category
                 pending[bid] = -1
+                freed[c] += 1.0
+            elif c == -1:  # freed without a release
+                c = UNTAGGED + (_PER_KIND if block.group_id else 0)
+                freed[c] += 1.0
+            else:  # back from the hint reserve (or a pin): counted when it was freed
+                pending[bid] = -1
+                c = _AWAY - c
             if remembered and not marks[bid]:  # (a block that was hit was cached all along)
                 g = block.group_id
                 h = block.block_hash
@@ -254,7 +265,6 @@ class LearnedPolicy(SegmentedPolicy):
             linked[c] = linked.get(c, 0) + 1
         for c, k in linked.items():
             segments[c + 1].linked(k)
-            freed[c] += k
             live.add(c)
         self._num_free += len(cached)
 
@@ -277,11 +287,22 @@ class LearnedPolicy(SegmentedPolicy):
         pending = self._pending
         for block in blocks:
             c = pending[block.block_id]
-            if c >= 0:
+            if c >= 0:  # released into the reserve: never freed into the policy
                 pending[block.block_id] = -1
                 self._freed[c] += 1.0
                 self._reused[c] += 1.0
+            elif c < -1:  # taken from the policy into the reserve: counted as freed then
+                pending[block.block_id] = -1
+                self._reused[_AWAY - c] += 1.0
         super().on_hit(blocks)
+
+    def remove(self, block: KVCacheBlock) -> None:
+        """The pool takes a free block out (into the hint reserve, or a pin): it keeps its
+        category, to be ranked in it again when it comes back."""
+        segment = self._segment_of[block.block_id]
+        if segment > CLEAN:
+            self._pending[block.block_id] = _AWAY - (segment - 1)
+        super().remove(block)
 
     def pick_victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
         clean = self._segments[CLEAN]
@@ -380,6 +401,7 @@ class LearnedPolicy(SegmentedPolicy):
     def on_uncache(self, block: KVCacheBlock) -> None:
         self._tail[block.block_id] = 0
         super().on_uncache(block)
+        self._pending[block.block_id] = -1
 
     def reset(self) -> None:
         super().reset()
@@ -397,8 +419,9 @@ class LearnedPolicy(SegmentedPolicy):
                 problems.append(f"category {c} ({describe_category(c)}): {self._reused[c]} "
                                 f"reused of {self._freed[c]} freed")
         for block in self._segments[CLEAN]:
-            if self._tail[block.block_id]:
-                problems.append(f"uncached block {block.block_id} is marked a request's tail")
+            if self._tail[block.block_id] or self._pending[block.block_id] != -1:
+                problems.append(f"uncached block {block.block_id} is marked a request's tail "
+                                f"or has a category")
         young, old = len(self._ghost_cls), len(self._ghost_cls_old)
         if max(young, old) >= self.ghost_capacity + self.capacity:
             problems.append(f"a ghost generation holds {young} / {old} hashes, more than "
