@@ -229,13 +229,12 @@ class LearnedPolicy(SegmentedPolicy):
         for block in cached:
             bid = block.block_id
             c = pending[bid]
-            if c >= 0:  # tagged by its release: a new free of its category
+            new = c > _AWAY  # freed now (else back from the hint reserve or a pin: counted)
+            if c >= 0:  # tagged by its release
                 pending[bid] = -1
-                freed[c] += 1.0
             elif c == -1:  # freed without a release
                 c = UNTAGGED + (_PER_KIND if block.group_id else 0)
-                freed[c] += 1.0
-            else:  # back from the hint reserve (or a pin): counted when it was freed
+            else:
                 pending[bid] = -1
                 c = _AWAY - c
             if remembered and not marks[bid]:  # (a block that was hit was cached all along)
@@ -253,6 +252,8 @@ class LearnedPolicy(SegmentedPolicy):
                     if local >= 2 and local < 2 + 9:
                         c += 9
                     marks[bid] = 1
+            if new:  # counted in the category it is ranked in
+                freed[c] += 1.0
             segment_of[bid] = c + 1
             stamp[bid] = now
             # FreeBlockQueue.append, inlined (the pool passes blocks whose count just reached 0)
