@@ -106,7 +106,7 @@ class LearnedPolicy(SegmentedPolicy):
     name: ClassVar[str] = "learned"
     reads_releases: ClassVar[bool] = True
 
-    def __init__(self, blocks: Sequence[KVCacheBlock], *, tau: object = 1.0,
+    def __init__(self, blocks: Sequence[KVCacheBlock], *, tau: object = 2.0,
                  half_life: object = 1.0, ghost_factor: object = 2.0) -> None:
         self.tau = check_share("tau", tau, 0.01, 100.0)
         self.half_life = check_share("half_life", half_life, 0.01, 1000.0)
