@@ -225,7 +225,8 @@ class LearnedPolicy(SegmentedPolicy):
         ghost = self._ghost_cls
         old = self._ghost_cls_old
         remembered = bool(ghost or old)
-        linked: dict[int, int] = {}
+        run_c = -1
+        run = 0
         for block in cached:
             bid = block.block_id
             c = pending[bid]
@@ -256,17 +257,23 @@ class LearnedPolicy(SegmentedPolicy):
                 freed[c] += 1.0
             segment_of[bid] = c + 1
             stamp[bid] = now
-            # FreeBlockQueue.append, inlined (the pool passes blocks whose count just reached 0)
+            # FreeBlockQueue.append, inlined (the pool passes blocks whose count just reached 0);
+            # the segment's count is kept per run of blocks of one category.
+            if c != run_c:
+                if run:
+                    segments[run_c + 1].linked(run)
+                    live.add(run_c)
+                run_c = c
+                run = 0
             tail = segments[c + 1].tail
             last: KVCacheBlock = tail.prev_free  # type: ignore[assignment]  # linked
             last.next_free = block
             block.prev_free = last
             block.next_free = tail
             tail.prev_free = block
-            linked[c] = linked.get(c, 0) + 1
-        for c, k in linked.items():
-            segments[c + 1].linked(k)
-            live.add(c)
+            run += 1
+        segments[run_c + 1].linked(run)
+        live.add(run_c)
         self._num_free += len(cached)
 
     def on_touch(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -352,6 +359,8 @@ class LearnedPolicy(SegmentedPolicy):
             bar = min((k for i, k in enumerate(keys) if i != best), default=math.inf)
             c = live[best]
             v = value[c]
+            # The run goes on while the next block is worth at most ``bar``: a stamp bound.
+            limit = now + (bar - v) / rate if bar < math.inf else math.inf
             segment = segments[c + 1]
             head = segment.head
             end = segment.tail
@@ -373,7 +382,7 @@ class LearnedPolicy(SegmentedPolicy):
                 taken += 1
                 need -= 1
                 node = nxt
-                if not need or node is end or v - (now - stamp[node.block_id]) * rate > bar:
+                if not need or node is end or stamp[node.block_id] > limit:
                     break
             head.next_free = node
             node.prev_free = head
