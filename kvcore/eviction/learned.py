@@ -70,6 +70,17 @@ def category(other_group: bool, generated: bool, was_hit: bool, turn: int,
     return base + 2 + (9 if was_hit else 0) + 3 * turn + length
 
 
+def _prior(index: int) -> float:
+    """The reuse probability a category starts from, worth one freed block: a block that was
+    hit is likelier to be hit again (what ``slru`` assumes), a generated one rarely is."""
+    local = index % _PER_KIND
+    if local == GENERATED:
+        return 0.1
+    if local == UNTAGGED:
+        return 0.5
+    return 0.75 if local >= 2 + 9 else 0.25
+
+
 def describe_category(index: int) -> str:
     """A category index in words (for reports and tests)."""
     group = "other group" if index >= _PER_KIND else "group 0"
@@ -120,7 +131,7 @@ class LearnedPolicy(SegmentedPolicy):
         # Decayed per-category counts: blocks freed, and of them reused (hit while free, or a
         # ghost return).
         self._freed = [1.0] * NUM_CATEGORIES
-        self._reused = [0.5] * NUM_CATEGORIES
+        self._reused = [_prior(c) for c in range(NUM_CATEGORIES)]
         # What ranking reads: ln p(c) (refreshed from the counts every _refresh_every
         # evictions), and the value a block loses per eviction of age.
         self._value = [0.0] * NUM_CATEGORIES

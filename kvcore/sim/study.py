@@ -1,7 +1,8 @@
 """Eviction-policy study: the scheduler replay over a grid of cache sizes × configurations.
 
     python -m kvcore.sim.study mooncake-synthetic --block-size 512 \\
-        --blocks 1024,2048,4096,8192 --configs lru,slru,s3fifo,lru+64,slru+64,s3fifo+64,belady
+        --blocks 1024,2048,4096,8192 \\
+        --configs lru,slru,learned,lru+128,slru+128,learned+128,belady,reuse_oracle
 
 A configuration is ``POLICY``, ``POLICY+DEPTH`` (queue hints: the scheduler declares its first
 DEPTH waiting requests), and either with ``@ORDER``, the schedule policy (``lru@lpm``,
@@ -88,7 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--block-size", type=positive_int, default=16)
     ap.add_argument("--blocks", default="256,512,1024,2048",
                     help="cache sizes in blocks, comma separated")
-    ap.add_argument("--configs", default="lru,slru,s3fifo,lru+64,slru+64,s3fifo+64,belady",
+    ap.add_argument("--configs",
+                    default="lru,slru,learned,lru+128,slru+128,learned+128,belady,reuse_oracle",
                     help="POLICY or POLICY+DEPTH, comma separated")
     ap.add_argument("--max-num-seqs", type=positive_int, default=64)
     ap.add_argument("--time-scale", type=float, default=1.0,
