@@ -14,7 +14,7 @@ def test_recommended_is_the_policy_and_its_hint_depth() -> None:
     s = CacheSettings.recommended(enable_events=True)
     assert (s.eviction_policy, s.queue_hints, s.enable_events) == (*RECOMMENDED, True)
     m = KVCacheManager(make_config(full_spec(), num_blocks=8), 64, settings=s)
-    assert m.pool.eviction_policy == "slru" and m.settings is s
+    assert m.pool.eviction_policy == RECOMMENDED.policy == "learned" and m.settings is s
 
 
 @pytest.mark.parametrize(("options", "words"), [

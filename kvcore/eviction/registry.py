@@ -57,13 +57,13 @@ class Recommendation(NamedTuple):
 RECOMMENDED_NAME = "recommended"
 """The name that stands for :data:`RECOMMENDED` wherever a pool policy is named."""
 
-RECOMMENDED = Recommendation("slru", 128)
-"""The configuration the README recommends (``--eviction-policy recommended``): ``slru`` with its
-default protected share (half the pool) and queue hints of depth 128, measured with the
-scheduler replay on the shipped Mooncake trace and the ``agent`` workload at 1k-8k blocks of 512
-tokens (BENCHMARKS.md, 2026-11-26).  A larger protected share (0.7, the recommendation before)
-gains up to 0.4 points on Mooncake but loses 1.1 points to LRU on the agent workload at 4k
-blocks, where finished sessions' blocks crowd the protected segment."""
+RECOMMENDED = Recommendation("learned", 128)
+"""The configuration the README recommends (``--eviction-policy recommended``): ``learned``
+with its defaults and queue hints of depth 128, measured with the scheduler replay (kvcore's and
+vLLM's) on the shipped Mooncake trace and the ``agent``, ``api`` and ``rag`` workloads at 1k-8k
+blocks of 512 tokens (BENCHMARKS.md, 2026-11-28): within 0.2 points of the recommendation before
+it (``slru`` with the same hints) where queue hints decide (1k-2k blocks), ahead from 4k blocks
+(Mooncake +2.8 points at 8k, ``api`` +5.0 at 4k) and on ``rag``."""
 
 OFFLINE_BOUND = "belady"
 """The offline policy the simulator and the replay report as the bound."""

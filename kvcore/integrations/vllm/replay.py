@@ -355,7 +355,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "(shared-prefix, multi-turn, few-shot, random, agent)")
     ap.add_argument("--engines", default="vllm,kvcore,kvcore:recommended",
                     help="comma-separated: vllm (vLLM's manager), kvcore (LRU), kvcore:POLICY "
-                    "(recommended, slru, slru:protected_share=0.7, s3fifo, arc), a schedule "
+                    "(recommended, learned, slru, slru:protected_share=0.7, s3fifo, arc; +hints=N: "
+                    "queue hints), a schedule "
                     "policy for vLLM's waiting queue as a suffix (kvcore@lpm, "
                     "kvcore:recommended@dfs-weight; fcfs, lpm, dfs-weight, recommended), or the "
                     "offline bounds kvcore:belady and kvcore:reuse_oracle (arrival order only) "

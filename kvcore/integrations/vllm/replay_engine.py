@@ -3,8 +3,8 @@ command line (``--engines``)::
 
     vllm                                   vLLM's own KV-cache manager
     kvcore                                 kvcore's, LRU (vLLM's eviction order)
-    kvcore:POLICY                          kvcore's with an eviction policy: recommended, slru,
-                                           slru:protected_share=0.7, s3fifo, arc
+    kvcore:POLICY                          kvcore's with an eviction policy: recommended, learned,
+                                           slru, slru:protected_share=0.7, s3fifo, arc
     kvcore:POLICY+hints=N                  ... with queue hints of depth N (``recommended``
                                            brings its own; ``+hints=0`` turns them off)
     kvcore[:POLICY]@SCHEDULE               ... and a schedule policy for vLLM's waiting queue:

@@ -89,7 +89,7 @@ def test_lru_gives_vllms_exact_schedule_with_requests_on_the_clock(async_schedul
     ("kvcore", "lru", "fcfs", None, True),
     ("kvcore@fcfs", "lru", "fcfs", None, True),
     ("kvcore@dfs-weight", "lru", "dfs-weight", None, False),
-    ("kvcore:recommended@lpm", "slru", "lpm", None, False),
+    ("kvcore:recommended@lpm", "learned", "lpm", None, False),
     ("kvcore:slru:protected_share=0.7@recommended", "slru:protected_share=0.7", "lpm", None,
      False),
     ("kvcore:belady", "lru", "fcfs", "belady", False),
