@@ -352,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kvcore.integrations.vllm.replay",
                                  description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("trace", help="a Mooncake-format trace file or a built-in workload "
-                    "(shared-prefix, multi-turn, few-shot, random, agent)")
+                    "(shared-prefix, multi-turn, few-shot, random, agent, api, rag)")
     ap.add_argument("--engines", default="vllm,kvcore,kvcore:recommended",
                     help="comma-separated: vllm (vLLM's manager), kvcore (LRU), kvcore:POLICY "
                     "(recommended, learned, slru, slru:protected_share=0.7, s3fifo, arc; +hints=N: "

@@ -94,6 +94,8 @@ def test_lru_gives_vllms_exact_schedule_with_requests_on_the_clock(async_schedul
      False),
     ("kvcore:belady", "lru", "fcfs", "belady", False),
     ("kvcore:reuse_oracle@fcfs", "lru", "fcfs", "reuse_oracle", False),
+    ("kvcore:learned+hints=64@lpm", "learned", "lpm", None, False),
+    ("kvcore:slru+hints=0", "slru", "fcfs", None, False),
 ])
 def test_engine_names(text: str, policy: str | None, schedule: str | None, oracle: str | None,
                       lru: bool) -> None:
@@ -107,6 +109,8 @@ def test_engine_names(text: str, policy: str | None, schedule: str | None, oracl
     assert (settings.eviction_policy, settings.schedule_policy) == (policy, schedule)
     assert settings.max_waiting_steps == 7
     assert engine.reorders == (schedule != "fcfs")
+    if "+hints=" in text:
+        assert settings.queue_hints == int(text.split("+hints=")[1].split("@")[0])
 
 
 @pytest.mark.parametrize(("text", "match"), [
@@ -119,6 +123,7 @@ def test_engine_names(text: str, policy: str | None, schedule: str | None, oracl
     ("kvcore:fifo", "simulator-only"),
     ("kvcore:belady@lpm", "belady is a bound for arrival order.*not 'lpm'"),
     ("kvcore:reuse_oracle:x=1", "reuse_oracle takes no options"),
+    ("kvcore:learned+hints=many", r"\+hints= takes a count, got 'many'"),
 ])
 def test_bad_engine_names_are_refused_naming_them(text: str, match: str) -> None:
     with pytest.raises(InvalidArgumentError, match=match):
