@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from kvcore.errors import InvalidArgumentError
+from kvcore.eviction import REGISTRY
 from kvcore.manager import KVCacheManager
 from kvcore.specs import KVCacheConfig, KVCacheGroup, KVCacheSpec, MambaSpec
 from kvcore.testing.checked import assert_no_leak, checked
@@ -138,7 +139,8 @@ def test_the_hostile_overrun_counts_slots_past_a_mamba_align_table() -> None:
 
 def test_every_layout_of_mixed_block_sizes_runs_each_policy_lookahead_and_retention() -> None:
     mixed = [s for s in SETUPS if s.name.startswith("mixed-bs ")]
-    assert {s.eviction_policy for s in mixed} == {"lru", "slru", "s3fifo", "arc"}
+    assert {s.eviction_policy for s in mixed} == set(REGISTRY.names(offline=False))
+    assert {"lru", "slru", "s3fifo", "arc", "learned"} <= set(REGISTRY.names(offline=False))
     assert {s.hash_lookahead for s in mixed} == {0, 3}
     assert {s.retention for s in mixed} == {None, 0, 16}
     layouts = {s.specs for s in mixed}
