@@ -132,10 +132,10 @@ def agent(num_agents: int = 4, num_sessions: int = 384, min_steps: int = 6, max_
     next_id = itertools.count()
 
     def segments(tokens: int) -> list[int]:
-        return [next(next_id) for _ in range(max(1, -(-tokens // seg)))]
+        return _segments_of(next_id, tokens)
 
     systems = [segments(system_len) for _ in range(num_agents)]
-    weights = [1 / (a + 1) for a in range(num_agents)]
+    weights = _zipf_weights(num_agents, 1.0)
     out: list[TraceRequest] = []
     start = 0.0
     for s in range(num_sessions):
