@@ -8,7 +8,8 @@ scheduler's publisher is swapped for a recorder of the encoded batches; ``"zmq"`
 publisher, read back by a subscriber and decoded with kvcore's decoder).
 
 The workload: prompts sharing a 96-token prefix, long prompts (chunked prefill: the step budget is
-64 tokens), a pool small enough to preempt, then a second round of prompts that hit the cache.
+64 tokens), a pool small enough to preempt, then a second round of prompts that hit the cache, then
+fresh prompts queued ahead of one that extends the shared prefix.
 Results: greedy output token ids, cached-token counts, preemptions, scheduler and manager class
 names, and the events.
 """
@@ -27,12 +28,16 @@ from tests.integrations.vllm.engine_probe import count_preemptions
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
 
 
-def prompts() -> tuple[list[list[int]], list[list[int]]]:
+def prompts() -> tuple[list[list[int]], ...]:
     system = [(7 * j) % 500 + 1 for j in range(96)]
     first = [system + [(i * 13 + j) % 500 + 1 for j in range(40 + 9 * i)] for i in range(8)]
     first += [[(i * 31 + 7 * j) % 500 + 1 for j in range(200 + i)] for i in range(4)]
     second = [[*p, 3, 1, 4, 1, 5] for p in first[:6]] + [system + [9] * 30]
-    return first, second
+    # Fresh prompts queued ahead of one that extends the shared prefix: a longest-prefix order
+    # moves the last one forward whichever blocks the eviction policy kept, short of the prefix.
+    third = [[(i * 17 + 11 * j) % 500 + 1 for j in range(120)] for i in range(3)]
+    third.append(system + [9] * 30 + [2, 7, 1, 8])
+    return first, second, third
 
 
 class Recorder:
