@@ -135,6 +135,19 @@ def kill_parent(proc: subprocess.Popen[str],
     return tree, addresses
 
 
+def reap_tree(proc: subprocess.Popen[str]) -> None:
+    """After a failed test: kill ``proc``, if it still runs, and every process under it, so
+    nothing is left behind for the rest of the suite."""
+    if proc.poll() is not None:
+        return
+    left = descendants(proc.pid)
+    proc.kill()
+    proc.wait()
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def lines_until(proc: subprocess.Popen[str], *prefixes: str) -> dict[str, str]:
     """The first line of ``proc``'s output starting with each prefix (word -> the rest)."""
     assert proc.stdout is not None

@@ -10,7 +10,6 @@ the lifeline itself is tested in ``tests/test_lifeline.py``.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -22,7 +21,15 @@ import pytest
 
 from kvcore.cluster.dynamo import dynamo_available
 from tests.conftest import DYNAMO_INSTALL
-from tests.proc_tree import LINUX_ONLY, cmdline, descendants, kill_parent, lines_until, wait_gone
+from tests.proc_tree import (
+    LINUX_ONLY,
+    cmdline,
+    descendants,
+    kill_parent,
+    lines_until,
+    reap_tree,
+    wait_gone,
+)
 
 pytestmark = LINUX_ONLY
 REPO = Path(__file__).resolve().parents[1]
@@ -81,12 +88,6 @@ def test_no_child_of_kvcore_outlives_it(tmp_path: Path) -> None:
                 assert any("dynamo.indexer" in n for n in names)
                 assert len(addresses) >= 5  # the indexer's, 2 PUB and 2 replay sockets
             wait_gone(tree, addresses)
-    finally:  # after a failure: leave nothing behind for the rest of the suite
+    finally:
         for parent in parents.values():
-            if parent.poll() is None:
-                left = descendants(parent.pid)
-                parent.kill()
-                parent.wait()
-                for pid in left:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
+            reap_tree(parent)

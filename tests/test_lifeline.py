@@ -23,6 +23,7 @@ from tests.proc_tree import (
     descendants,
     kill_parent,
     lines_until,
+    reap_tree,
     wait_gone,
 )
 
@@ -76,9 +77,7 @@ def test_a_guarded_child_ends_with_its_parent(started_from: str, mode: str,
         assert listener in tree and ("127.0.0.1", int(said["port"])) in addresses
         wait_gone(tree, addresses)
     finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait()
+        reap_tree(parent)
 
 
 # A Python child that binds itself to its parent (as a multiprocessing worker does), then
@@ -106,9 +105,7 @@ def test_a_child_bound_from_inside_ends_with_its_parent(started_from: str, signu
         assert len(tree) == 1 and addresses == {("127.0.0.1", port)}
         wait_gone(tree, addresses)
     finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait()
+        reap_tree(parent)
 
 
 def test_a_watching_lifeline_passes_signals_and_the_status_through(tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ they listened on.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -24,6 +23,7 @@ from tests.proc_tree import (
     kill_parent,
     lines_until,
     listening,
+    reap_tree,
     wait_gone,
 )
 
@@ -58,11 +58,5 @@ def test_ranks_end_with_the_engine_and_listen_on_loopback() -> None:
         assert {host for host, _ in addresses} == {"127.0.0.1"}, addresses
         tree, addresses = kill_parent(engine, signal.SIGKILL)
         wait_gone(tree, addresses, timeout=30)
-    finally:  # after a failure: leave nothing behind for the rest of the suite
-        if engine.poll() is None:
-            left = descendants(engine.pid)
-            engine.kill()
-            engine.wait()
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+    finally:
+        reap_tree(engine)
