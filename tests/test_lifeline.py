@@ -37,8 +37,11 @@ LISTENER = ("import socket, time\n"
 
 # A parent that starts LISTENER through the lifeline (loaded by path: no kvcore import, fast),
 # from its main thread or from a thread that then ends, and says so.
+# SIGHUP gets its default action back: a suite run under nohup hands its processes SIGHUP
+# ignored, and the parent must be one that a closed terminal ends.
 PARENT = f"""
-import importlib.util, subprocess, sys, threading, time
+import importlib.util, signal, subprocess, sys, threading, time
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
 spec = importlib.util.spec_from_file_location("lifeline", {lifeline.LIFELINE!r})
 lifeline = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(lifeline)
