@@ -6,13 +6,13 @@ fuzz setups."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import pytest
 
 from kvcore import KVCacheManager, Request
 from kvcore.eviction import REGISTRY, FreeBlockQueue, make_policy
-from kvcore.eviction.base import Release
+from kvcore.eviction.base import EvictionPolicy, FreeList, Release
 from kvcore.eviction.learned import (
     FRESH,
     HIT,
@@ -208,14 +208,42 @@ def test_the_learned_counts_decay() -> None:
     assert policy._freed[c] == 16.0
 
 
-class _RecordingLRU(FreeBlockQueue):
-    """LRU that asks for releases and records them."""
+class _RecordingLRU(EvictionPolicy):
+    """LRU (a FreeBlockQueue inside: the compiled build's queue is a native class, not
+    subclassable from Python) that asks for releases and records them."""
 
     reads_releases = True
 
     def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
-        super().__init__(blocks)
+        self._q = FreeBlockQueue(blocks)
         self.seen: list[tuple[list[list[int]], Release]] = []
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def __iter__(self) -> Iterator[KVCacheBlock]:
+        return iter(self._q)
+
+    def first(self) -> KVCacheBlock | None:
+        return self._q.first()
+
+    def queues(self) -> Sequence[FreeList]:
+        return self._q.queues()
+
+    def check(self) -> list[str]:
+        return self._q.check()
+
+    def on_free(self, uncached: Sequence[KVCacheBlock], cached: Sequence[KVCacheBlock]) -> None:
+        self._q.on_free(uncached, cached)
+
+    def on_touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        self._q.on_touch(blocks)
+
+    def pick_victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
+        return self._q.pick_victims(n, ref_cnt)
+
+    def remove(self, block: KVCacheBlock) -> None:
+        self._q.remove(block)
 
     def on_release(self, groups: Sequence[Sequence[KVCacheBlock]], release: Release) -> None:
         self.seen.append(([[b.block_id for b in g] for g in groups], release))
