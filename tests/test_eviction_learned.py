@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 
 import pytest
+import torch
 
-from kvcore import KVCacheManager, Request
+from kvcore import KVCacheConfig, KVCacheGroup, KVCacheManager, MambaSpec, Request
 from kvcore.eviction import REGISTRY, FreeBlockQueue, make_policy
 from kvcore.eviction.base import EvictionPolicy, FreeList, Release
 from kvcore.eviction.learned import (
@@ -18,6 +19,7 @@ from kvcore.eviction.learned import (
     HIT,
     LATER_TURN,
     NUM_CATEGORIES,
+    UNTAGGED,
     LearnedPolicy,
     category,
     describe_category,
@@ -87,10 +89,10 @@ def test_a_release_sorts_prompt_and_generated_blocks_by_turn_and_output_length()
     m = manager(num_blocks=300)
     # A fresh request with a short answer: 3 full prompt blocks, 2 generated ones.
     a = serve(m, "a", [*tokens(1, 6), 9], output_tokens=4)
-    prompt_cat = category(False, False, False, FRESH, 4)
-    assert describe_category(prompt_cat) == "group 0, prompt, not hit, fresh, short output"
+    prompt_cat = category(False, False, FRESH, 4)
+    assert describe_category(prompt_cat) == "prompt, not hit, fresh, short output"
     assert sorted(c for c in categories(m, m.pool.policy) if c is not None) == sorted(
-        [prompt_cat] * 3 + [category(False, True, False, FRESH, 4)] * 2)
+        [prompt_cat] * 3 + [category(True, False, FRESH, 4)] * 2)
 
     def named(req: Request) -> set[str]:
         blocks = m.pool.blocks
@@ -101,20 +103,20 @@ def test_a_release_sorts_prompt_and_generated_blocks_by_turn_and_output_length()
     # A request that hits a's prefix but not its tail: a prefix hit (its hit blocks are
     # tagged by it now: the latest release tells).
     b = serve(m, "b", tokens(1, 4) + tokens(2, 3), output_tokens=200)
-    assert named(b) == {"group 0, prompt, hit, prefix hit, long output",
-                        "group 0, prompt, not hit, prefix hit, long output"}
+    assert named(b) == {"prompt, hit, prefix hit, long output",
+                        "prompt, not hit, prefix hit, long output"}
     # A request whose hit reaches a's last full block: a later turn.
     c = serve(m, "c", a.all_token_ids + tokens(3, 3), output_tokens=40)
-    assert named(c) == {"group 0, prompt, hit, later turn, medium output",
-                        "group 0, prompt, not hit, later turn, medium output"}
+    assert named(c) == {"prompt, hit, later turn, medium output",
+                        "prompt, not hit, later turn, medium output"}
 
 
 def test_categories_are_distinct_and_named() -> None:
     names = [describe_category(c) for c in range(NUM_CATEGORIES)]
     assert len(set(names)) == NUM_CATEGORIES
-    assert all(0 <= category(o, g, h, t, n) < NUM_CATEGORIES for o in (False, True)
-               for g in (False, True) for h in (False, True) for t in (FRESH, HIT, LATER_TURN)
-               for n in (0, 16, 128))
+    assert sorted({category(g, h, t, n) for g in (False, True) for h in (False, True)
+                   for t in (FRESH, HIT, LATER_TURN) for n in (0, 16, 128)}) == [
+        c for c in range(NUM_CATEGORIES) if c != UNTAGGED]
 
 
 def _train(m: KVCacheManager, rounds: int) -> None:
@@ -129,8 +131,8 @@ def test_it_learns_which_categories_are_reused_and_evicts_the_others_first() -> 
     m = manager(num_blocks=400)
     _train(m, 12)
     policy = learned(m)
-    short = category(False, False, False, FRESH, 2)
-    long_ = category(False, False, False, FRESH, 300)
+    short = category(False, False, FRESH, 2)
+    long_ = category(False, False, FRESH, 300)
     assert policy.reuse_probability(short) > 0.5 > 0.1 > policy.reuse_probability(long_)
     # Under pressure, a long answer's prompt goes before a short answer's freed earlier.
     old_short = serve(m, "old-short", [*tokens(900, 4), 1], output_tokens=2)
@@ -161,8 +163,8 @@ def test_age_wins_over_value_in_the_end() -> None:
     """A block of a more valuable category is kept ``tau * capacity * ln(p ratio)`` allocations
     longer, not forever: the victim has the lowest ``ln p - age / (tau * capacity)``."""
     policy = LearnedPolicy([KVCacheBlock(i) for i in range(1, 9)], tau=0.25)  # 2 per e-fold
-    hi = category(False, False, False, FRESH, 0)
-    lo = category(False, False, False, FRESH, 500)
+    hi = category(False, False, FRESH, 0)
+    lo = category(False, False, FRESH, 500)
     policy._freed[hi], policy._reused[hi] = 100.0, 90.0  # p = 0.9
     policy._freed[lo], policy._reused[lo] = 100.0, 10.0  # p = 0.1: ln 9 * 2 = 4.4 allocations
     policy._refresh()
@@ -183,21 +185,21 @@ def test_age_wins_over_value_in_the_end() -> None:
 def test_a_ghost_return_counts_as_a_reuse_and_ranks_the_block_as_hit() -> None:
     m = manager(num_blocks=10)
     a = serve(m, "a", [*tokens(1, 4), 9], output_tokens=0)
-    cat = category(False, False, False, FRESH, 0)
+    cat = category(False, False, FRESH, 0)
     before = learned(m)._reused[cat]
     for r in range(6):  # push a's blocks out
         serve(m, f"x{r}", [*tokens(50 + r, 4), 9])
     assert m.pool.get_cached_block(a.block_hashes[0], [0]) is None
     serve(m, "a-again", [*tokens(1, 4), 8])  # recomputed: its hashes return from the ghost
     assert learned(m)._reused[cat] > before
-    hit_cat = category(False, False, True, FRESH, 0)
+    hit_cat = category(False, True, FRESH, 0)
     block = m.pool.get_cached_block(a.block_hashes[0], [0])
     assert block is not None and learned(m).category_of(block[0]) == hit_cat
 
 
 def test_the_learned_counts_decay() -> None:
     policy = LearnedPolicy([KVCacheBlock(i) for i in range(1, 5)], half_life=0.5)  # halve / 2
-    c = category(False, False, False, FRESH, 0)
+    c = category(False, False, FRESH, 0)
     blocks = policy.pick_victims(4, 1)
     _cached_free(policy, blocks, c)
     policy._freed[c], policy._reused[c] = 64.0, 32.0
@@ -296,9 +298,34 @@ def test_a_hit_from_the_hint_reserve_counts_for_the_blocks_category() -> None:
     m.declare_upcoming([waiting])  # a's prefix is declared: freed, it waits in the reserve
     m.free(a)
     assert len(m.pool.reserve) == 2 and all(learned(m).category_of(b) is None for b in m.pool.reserve)
-    cat = category(False, False, False, FRESH, 0)
+    cat = category(False, False, FRESH, 0)
     freed, reused = learned(m)._freed[cat], learned(m)._reused[cat]
     hit, n = m.get_computed_blocks(waiting)
     assert n == 4 and m.allocate_slots(waiting, waiting.num_tokens - n, n, hit) is not None
     assert learned(m)._freed[cat] == freed + 2 and learned(m)._reused[cat] == reused + 2
     m.check_invariants()
+
+
+@pytest.mark.parametrize("hints", [0, 8])
+def test_with_more_than_one_group_it_ranks_in_lru_order(hints: int) -> None:
+    """A hit needs every group's block at its end, so on a layout of more than one group (here a
+    Mamba "align" state group beside full attention, as vLLM builds a hybrid model) every cached
+    block ranks in one category: the replay is LRU's, evictions and hits alike.  (Ranked apart,
+    the state blocks went first and took the attention blocks' hits with them.)"""
+    mamba = MambaSpec(block_size=16, shapes=((2, 4),), dtypes=(torch.float32,),
+                      mamba_cache_mode="align", num_prefill_checkpoint_blocks=1,
+                      prefill_checkpoint_alignment=1)
+    config = KVCacheConfig(num_blocks=61, groups=(KVCacheGroup(("m",), mamba),
+                                                  KVCacheGroup(("a",), full_spec(16))))
+    trace = multi_turn(num_conversations=24, turns=5, user_len=60, assistant_len=40,
+                       think_ms=0.0, interval_ms=0.0, seed=3)
+
+    def run(policy: str) -> tuple[int, float, int]:
+        r = replay(trace, ReplayConfig(block_size=16, num_blocks=61, kv_config=config,
+                                       max_num_seqs=4, max_num_batched_tokens=256,
+                                       eviction_policy=policy, queue_hints=hints))
+        assert r.num_finished == len(trace)
+        return r.evicted_blocks, r.token_hit_rate, r.preemptions
+
+    learned, lru = run("learned"), run("lru")
+    assert learned == lru and learned[0] > 0 and learned[1] > 0

@@ -12,8 +12,9 @@ future):
   and sooner);
 * the request's output length (short answers are followed by another turn more often than
   long ones);
-* the KV-cache group kind (attention group 0, or another group: state blocks of a hybrid model
-  behave differently).
+* on a layout of more than one KV-cache group (a hybrid model's state group, sliding windows)
+  none of this: a hit needs every group's block at its end, which no per-block category sees,
+  so there every cached block ranks in one category, in LRU order (:meth:`LearnedPolicy.on_release`).
 
 Per category the policy learns, online, the share of its freed blocks that were reused: a hit on
 the free block, or a *ghost return* (the block was evicted and the same hash was computed
@@ -51,49 +52,43 @@ from kvcore.validation import check_share
 FRESH, HIT, LATER_TURN = 0, 1, 2
 SHORT_OUTPUT_TOKENS = 16  # below: a short answer
 LONG_OUTPUT_TOKENS = 128  # from here: a long answer
-GENERATED, UNTAGGED = 0, 1  # per group kind; then prompt blocks by (hit, turn, output length)
-_PER_KIND = 2 + 2 * 3 * 3
-NUM_CATEGORIES = 2 * _PER_KIND  # group 0, other groups
+GENERATED, UNTAGGED = 0, 1  # then prompt blocks by (hit, turn, output length)
+NUM_CATEGORIES = 2 + 2 * 3 * 3
 
 GhostKey = BlockHash | tuple[int, BlockHash]
 _AWAY = -2  # a pending tag of _AWAY - c: category c, already counted, away from the policy
 
 
-def category(other_group: bool, generated: bool, was_hit: bool, turn: int,
-             output_tokens: int) -> int:
+def category(generated: bool, was_hit: bool, turn: int, output_tokens: int) -> int:
     """The category index of a block (see the module docstring)."""
-    base = _PER_KIND if other_group else 0
     if generated:
-        return base + GENERATED
+        return GENERATED
     length = (0 if output_tokens < SHORT_OUTPUT_TOKENS
               else 1 if output_tokens < LONG_OUTPUT_TOKENS else 2)
-    return base + 2 + (9 if was_hit else 0) + 3 * turn + length
+    return 2 + (9 if was_hit else 0) + 3 * turn + length
 
 
 def _prior(index: int) -> float:
     """The reuse probability a category starts from, worth one freed block: a block that was
     hit is likelier to be hit again (what ``slru`` assumes), a generated one rarely is."""
-    local = index % _PER_KIND
-    if local == GENERATED:
+    if index == GENERATED:
         return 0.1
-    if local == UNTAGGED:
+    if index == UNTAGGED:
         return 0.5
-    return 0.75 if local >= 2 + 9 else 0.25
+    return 0.75 if index >= 2 + 9 else 0.25
 
 
 def describe_category(index: int) -> str:
     """A category index in words (for reports and tests)."""
-    group = "other group" if index >= _PER_KIND else "group 0"
-    local = index % _PER_KIND
-    if local == GENERATED:
-        return f"{group}, generated"
-    if local == UNTAGGED:
-        return f"{group}, freed without a release"
-    local -= 2
+    if index == GENERATED:
+        return "generated"
+    if index == UNTAGGED:
+        return "freed without a release (or on a layout of more than one group)"
+    local = index - 2
     hit = "hit" if local >= 9 else "not hit"
     turn = ("fresh", "prefix hit", "later turn")[(local % 9) // 3]
     output = ("short", "medium", "long")[local % 3]
-    return f"{group}, prompt, {hit}, {turn}, {output} output"
+    return f"prompt, {hit}, {turn}, {output} output"
 
 
 class LearnedPolicy(SegmentedPolicy):
@@ -110,7 +105,7 @@ class LearnedPolicy(SegmentedPolicy):
             remembered to learn the reuses a larger cache would have had).
     """
 
-    __slots__ = ("_decay_every", "_evictions", "_freed", "_ghost_cls", "_ghost_cls_old",
+    __slots__ = ("_decay_every", "_evictions", "_freed", "_ghost_cls", "_ghost_cls_old", "_joint",
                  "_live", "_pending", "_rate", "_refresh_every", "_reused", "_stamp", "_tail",
                  "_value",
                  "half_life", "tau")
@@ -142,6 +137,8 @@ class LearnedPolicy(SegmentedPolicy):
         self._live: set[int] = set()  # categories that may hold blocks (emptied ones linger)
         self._ghost_cls: dict[GhostKey, int] = {}  # evicted hash -> its category (young)
         self._ghost_cls_old: dict[GhostKey, int] = {}
+        # Set by the first release of more than one KV-cache group: see on_release.
+        self._joint = False
         self._refresh()
 
     # -- what the policy has learned ------------------------------------------------------------
@@ -174,48 +171,60 @@ class LearnedPolicy(SegmentedPolicy):
         """A request is about to free (or hand back) the blocks of ``groups``, one list per
         KV-cache group in table order: tag each with its category, and mark the request's last
         full blocks as a tail a later turn can extend."""
-        marks = self._marks
         pending = self._pending
+        if len(groups) > 1 or self._joint:
+            # More than one group: a hit needs every group's block at its end (a state
+            # group's, a window's), so a block's worth depends on blocks of other groups that
+            # its category does not see.  Ranked apart by category, a hybrid model's Mamba
+            # states were evicted before the attention blocks they end and the hit rate fell
+            # below LRU's (vLLM's replay of the shipped trace at 8,192 blocks: 21.0% against
+            # 30.0%).  There every cached block ranks in one category: LRU order.
+            self._joint = True
+            for blocks in groups:
+                for block in blocks:
+                    if block.block_hash is not None:
+                        pending[block.block_id] = UNTAGGED
+            return
+        if not groups:
+            return
+        marks = self._marks
         tail = self._tail
+        blocks = groups[0]
         prompt_tokens = release.num_prompt_tokens
         output_tokens = release.num_output_tokens
         # The turn: a request whose leading blocks were hit, and among them the tail of an
         # earlier finished request, is a later turn (the null block, id 0, is never marked).
         turn = FRESH
-        if groups:
-            for block in groups[0]:
-                bid = block.block_id
-                if not marks[bid]:
-                    break
-                turn = HIT
-                if tail[bid]:
-                    turn = LATER_TURN
-                    break
+        for block in blocks:
+            bid = block.block_id
+            if not marks[bid]:
+                break
+            turn = HIT
+            if tail[bid]:
+                turn = LATER_TURN
+                break
         length = (0 if output_tokens < SHORT_OUTPUT_TOKENS
                   else 1 if output_tokens < LONG_OUTPUT_TOKENS else 2)
-        for g, blocks in enumerate(groups):
-            bs = release.block_sizes[g]
-            prompt_blocks = prompt_tokens // bs
-            full_blocks = min((prompt_tokens + output_tokens) // bs, len(blocks))
-            kind = _PER_KIND if g else 0
-            prompt = kind + 2 + 3 * turn + length  # category(...) of a prompt block not hit
-            generated = kind + GENERATED
-            last = last_prompt = -1  # the last cached block, and the last cached prompt block
-            for j in range(full_blocks):
-                block = blocks[j]
-                if block.block_hash is None:  # not cached (null, or not computed yet)
-                    continue
-                bid = block.block_id
-                last = bid
-                if j >= prompt_blocks:
-                    pending[bid] = generated
-                else:
-                    last_prompt = bid
-                    pending[bid] = prompt + 9 if marks[bid] else prompt
-            if last >= 0:  # where a later turn continues: after the answer, or the prompt
-                tail[last] = 1
-            if last_prompt >= 0:
-                tail[last_prompt] = 1
+        bs = release.block_sizes[0]
+        prompt_blocks = prompt_tokens // bs
+        full_blocks = min((prompt_tokens + output_tokens) // bs, len(blocks))
+        prompt = 2 + 3 * turn + length  # category(...) of a prompt block not hit
+        last = last_prompt = -1  # the last cached block, and the last cached prompt block
+        for j in range(full_blocks):
+            block = blocks[j]
+            if block.block_hash is None:  # not cached (null, or not computed yet)
+                continue
+            bid = block.block_id
+            last = bid
+            if j >= prompt_blocks:
+                pending[bid] = GENERATED
+            else:
+                last_prompt = bid
+                pending[bid] = prompt + 9 if marks[bid] else prompt
+        if last >= 0:  # where a later turn continues: after the answer, or the prompt
+            tail[last] = 1
+        if last_prompt >= 0:
+            tail[last_prompt] = 1
 
     def on_free(self, uncached: Sequence[KVCacheBlock], cached: Sequence[KVCacheBlock]) -> None:
         if uncached:
@@ -245,7 +254,9 @@ class LearnedPolicy(SegmentedPolicy):
             if c >= 0:  # tagged by its release
                 pending[bid] = -1
             elif c == -1:  # freed without a release
-                c = UNTAGGED + (_PER_KIND if block.group_id else 0)
+                c = UNTAGGED
+                if block.group_id:  # a layout of more than one group (see on_release)
+                    self._joint = True
             else:
                 pending[bid] = -1
                 c = _AWAY - c
@@ -260,8 +271,7 @@ class LearnedPolicy(SegmentedPolicy):
                     entry = old.pop(key)
                 if entry >= 0:  # a larger cache would have hit it: count the reuse,
                     self._reused[entry] += 1.0
-                    local = c % _PER_KIND  # and rank the block as a hit one from now on
-                    if local >= 2 and local < 2 + 9:
+                    if 2 <= c < 2 + 9:  # and rank the block as a hit one from now on
                         c += 9
                     marks[bid] = 1
             if new:  # counted in the category it is ranked in
