@@ -6,14 +6,14 @@ fuzz setups."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 
 import pytest
 import torch
 
 from kvcore import KVCacheConfig, KVCacheGroup, KVCacheManager, MambaSpec, Request
-from kvcore.eviction import REGISTRY, FreeBlockQueue, make_policy
-from kvcore.eviction.base import EvictionPolicy, FreeList, Release
+from kvcore.eviction import REGISTRY, make_policy
+from kvcore.eviction.base import Release
 from kvcore.eviction.learned import (
     FRESH,
     HIT,
@@ -29,6 +29,7 @@ from kvcore.sim.replay import ReplayConfig, replay
 from kvcore.sim.workloads import multi_turn
 from kvcore.types import KVCacheBlock
 from tests.factories import full_spec, make_config
+from tests.test_eviction_registry import MRUPolicy
 
 BS = 2
 
@@ -210,52 +211,25 @@ def test_the_learned_counts_decay() -> None:
     assert policy._freed[c] == 16.0
 
 
-class _RecordingLRU(EvictionPolicy):
-    """LRU (a FreeBlockQueue inside: the compiled build's queue is a native class, not
-    subclassable from Python) that asks for releases and records them."""
+class _Recording(MRUPolicy):
+    """A policy of one's own (test_eviction_registry's) that asks for releases and records them
+    (its eviction order does not matter here)."""
 
     reads_releases = True
 
     def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
-        self._q = FreeBlockQueue(blocks)
+        super().__init__(blocks)
         self.seen: list[tuple[list[list[int]], Release]] = []
-
-    def __len__(self) -> int:
-        return len(self._q)
-
-    def __iter__(self) -> Iterator[KVCacheBlock]:
-        return iter(self._q)
-
-    def first(self) -> KVCacheBlock | None:
-        return self._q.first()
-
-    def queues(self) -> Sequence[FreeList]:
-        return self._q.queues()
-
-    def check(self) -> list[str]:
-        return self._q.check()
-
-    def on_free(self, uncached: Sequence[KVCacheBlock], cached: Sequence[KVCacheBlock]) -> None:
-        self._q.on_free(uncached, cached)
-
-    def on_touch(self, blocks: Iterable[KVCacheBlock]) -> None:
-        self._q.on_touch(blocks)
-
-    def pick_victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
-        return self._q.pick_victims(n, ref_cnt)
-
-    def remove(self, block: KVCacheBlock) -> None:
-        self._q.remove(block)
 
     def on_release(self, groups: Sequence[Sequence[KVCacheBlock]], release: Release) -> None:
         self.seen.append(([[b.block_id for b in g] for g in groups], release))
 
 
 def test_the_manager_tells_a_policy_that_reads_releases_and_no_other() -> None:
-    made: list[_RecordingLRU] = []
+    made: list[_Recording] = []
 
-    def factory(blocks: Sequence[KVCacheBlock]) -> _RecordingLRU:
-        made.append(_RecordingLRU(blocks))
+    def factory(blocks: Sequence[KVCacheBlock]) -> _Recording:
+        made.append(_Recording(blocks))
         return made[-1]
 
     m = KVCacheManager(make_config(full_spec(BS), full_spec(4), num_blocks=30), 64,
