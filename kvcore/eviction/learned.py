@@ -105,7 +105,7 @@ class LearnedPolicy(SegmentedPolicy):
             remembered to learn the reuses a larger cache would have had).
     """
 
-    __slots__ = ("_decay_every", "_evictions", "_freed", "_ghost_cls", "_ghost_cls_old", "_joint",
+    __slots__ = ("_decay_every", "_evictions", "_freed", "_ghost_cls", "_ghost_cls_old",
                  "_live", "_pending", "_rate", "_refresh_every", "_reused", "_stamp", "_tail",
                  "_value",
                  "half_life", "tau")
@@ -137,8 +137,6 @@ class LearnedPolicy(SegmentedPolicy):
         self._live: set[int] = set()  # categories that may hold blocks (emptied ones linger)
         self._ghost_cls: dict[GhostKey, int] = {}  # evicted hash -> its category (young)
         self._ghost_cls_old: dict[GhostKey, int] = {}
-        # Set by the first release of more than one KV-cache group: see on_release.
-        self._joint = False
         self._refresh()
 
     # -- what the policy has learned ------------------------------------------------------------
@@ -172,14 +170,13 @@ class LearnedPolicy(SegmentedPolicy):
         KV-cache group in table order: tag each with its category, and mark the request's last
         full blocks as a tail a later turn can extend."""
         pending = self._pending
-        if len(groups) > 1 or self._joint:
+        if len(groups) > 1:
             # More than one group: a hit needs every group's block at its end (a state
             # group's, a window's), so a block's worth depends on blocks of other groups that
             # its category does not see.  Ranked apart by category, a hybrid model's Mamba
             # states were evicted before the attention blocks they end and the hit rate fell
             # below LRU's (vLLM's replay of the shipped trace at 8,192 blocks: 21.0% against
             # 30.0%).  There every cached block ranks in one category: LRU order.
-            self._joint = True
             for blocks in groups:
                 for block in blocks:
                     if block.block_hash is not None:
@@ -203,12 +200,10 @@ class LearnedPolicy(SegmentedPolicy):
             if tail[bid]:
                 turn = LATER_TURN
                 break
-        length = (0 if output_tokens < SHORT_OUTPUT_TOKENS
-                  else 1 if output_tokens < LONG_OUTPUT_TOKENS else 2)
         bs = release.block_sizes[0]
         prompt_blocks = prompt_tokens // bs
         full_blocks = min((prompt_tokens + output_tokens) // bs, len(blocks))
-        prompt = 2 + 3 * turn + length  # category(...) of a prompt block not hit
+        prompt = category(False, False, turn, output_tokens)  # a prompt block not hit (+9: hit)
         last = last_prompt = -1  # the last cached block, and the last cached prompt block
         for j in range(full_blocks):
             block = blocks[j]
@@ -255,8 +250,6 @@ class LearnedPolicy(SegmentedPolicy):
                 pending[bid] = -1
             elif c == -1:  # freed without a release
                 c = UNTAGGED
-                if block.group_id:  # a layout of more than one group (see on_release)
-                    self._joint = True
             else:
                 pending[bid] = -1
                 c = _AWAY - c

@@ -63,7 +63,9 @@ with its defaults and queue hints of depth 128, measured with the scheduler repl
 vLLM's) on the shipped Mooncake trace and the ``agent``, ``api`` and ``rag`` workloads at 1k-8k
 blocks of 512 tokens (BENCHMARKS.md, 2026-11-28): within 0.2 points of the recommendation before
 it (``slru`` with the same hints) where queue hints decide (1k-2k blocks), ahead from 4k blocks
-(Mooncake +2.8 points at 8k, ``api`` +5.0 at 4k) and on ``rag``."""
+(Mooncake +2.8 points at 8k, ``api`` +5.0 at 4k) and on ``rag``.  On a layout of more than one
+KV-cache group (a hybrid Mamba model) ``learned`` ranks in LRU order, so there this is LRU with
+the same hints: 0.3-1.1 points below ``slru`` with them at 2k-8k blocks."""
 
 OFFLINE_BOUND = "belady"
 """The offline policy the simulator and the replay report as the bound."""
