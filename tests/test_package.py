@@ -4,8 +4,9 @@ directory: the shipped trace and its attribution and license note are package da
 
 Kept cheap: nothing is downloaded (the builds use this interpreter's setuptools, without build
 isolation; the fresh venv gets the pip bundled with Python (offline) and reaches kvcore's
-dependencies through a ``.pth`` file naming this interpreter's site directories) and the replay
-is 20 requests."""
+dependencies through a ``.pth`` file naming this interpreter's site directories), the wheel is
+the pure-Python one (``KVCORE_COMPILE=0``: a py3-none-any wheel; tests/test_compiled_wheel.py
+checks the compiled default) and the replay is 20 requests."""
 
 from __future__ import annotations
 
@@ -57,8 +58,10 @@ def test_an_installed_wheel_replays_the_shipped_trace_from_anywhere(tmp_path: Pa
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
           "--no-index", "-q", "-w", str(dist), str(dist / sdist)], tmp_path, KVCORE_COMPILE="0")
     (wheel,) = dist.glob("kvcore-*.whl")
+    assert wheel.name.endswith("-py3-none-any.whl"), wheel.name  # KVCORE_COMPILE=0: pure Python
     with zipfile.ZipFile(wheel) as whl:
         assert {TRACE, NOTE} <= set(whl.namelist())
+        assert not [n for n in whl.namelist() if n.endswith((".so", ".pyd"))]
 
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)  # its own pip: older pips' --python is unreliable
