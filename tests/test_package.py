@@ -71,15 +71,18 @@ def test_an_installed_wheel_replays_the_shipped_trace_from_anywhere(tmp_path: Pa
     # The wheel first (before the .pth below, through which pip would find this interpreter's
     # kvcore already installed), then the dependencies (torch, numpy, ...) from this
     # interpreter's site directories, after the venv's own.
-    _run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)], tmp_path)
+    # (without $PYTHONPATH: a source tree named there, with a kvcore.egg-info from an earlier
+    # build in it, would pass for an installed kvcore, and pip would install nothing)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("KVCORE_MOONCAKE_TRACE", "PYTHONPATH", "KVCORE_EXPECT_BUILD")}
+    _run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)], tmp_path,
+         env)
     deps = [p for p in sys.path if p.endswith("site-packages")] or [
         sysconfig.get_paths()["purelib"]]
     (site / "_kvcore_test_dependencies.pth").write_text("\n".join(deps) + "\n")
 
     empty = tmp_path / "empty"
     empty.mkdir()
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("KVCORE_MOONCAKE_TRACE", "PYTHONPATH", "KVCORE_EXPECT_BUILD")}
     out = _run([str(env_dir / "bin" / "kvcore"), "replay", "mooncake-synthetic", "--limit", "20",
                 "--block-size", "512"], empty, env)
     assert out.startswith("replayed mooncake-synthetic: 20 of 20 requests finished"), out[:500]
