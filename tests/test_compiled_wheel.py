@@ -2,7 +2,7 @@
 Python package, with one line saying why, where it is not (build_backend/kvcore_build.py).
 
 The compiled wheel itself is built once per CI run (``scripts/compiled_wheel.sh``: ``pip wheel .``
-with ``KVCORE_COMPILE`` unset, the default a user gets; about 1.5 minutes of CPU) and named by
+with ``KVCORE_COMPILE`` unset, the default a user gets; 1.5-2 minutes on two cores) and named by
 ``$KVCORE_COMPILED_WHEEL``; here it must carry a platform tag and extension modules, and installed
 alone into a fresh venv it must import as the compiled build.  Outside CI, without that variable,
 that test is skipped and the summary says how to run it; under CI (``CI`` set) it fails.  The
