@@ -85,11 +85,13 @@ class ViewAttributeError(UnsupportedFeatureError, AttributeError):
     def __init__(self, view: str, name: str, *, setting: bool = False) -> None:
         self.view = view
         self.name = name
-        verb = "setting" if setting else "reading"
+        what = (f"setting {name!r} on kvcore's {view}: a vLLM internal kvcore's view does not "
+                f"let a caller set (the view shows kvcore's own state)" if setting else
+                f"reading {name!r} on kvcore's {view}: a vLLM internal kvcore's view does not "
+                f"provide")
         super().__init__(
-            f"{verb} {name!r} on kvcore's {view}: a vLLM internal kvcore's view does not "
-            f"provide (the caller reached past vLLM's KVCacheManager interface into something "
-            f"kvcore was not checked against); run this caller without kvcore")
+            f"{what}; the caller reached past vLLM's KVCacheManager interface into something "
+            f"kvcore was not checked against: run this caller without kvcore")
 
 
 class InvariantError(KVCoreError, AssertionError):
