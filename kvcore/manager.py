@@ -695,11 +695,14 @@ class KVCacheManager:
         num_external_computed_tokens, block_size)``), so those blocks stand for the external
         tokens in that group instead of fresh ones.  Replaces the previous set; an id that is
         not a group raises :class:`InvalidGroupError` and changes nothing."""
-        ids = check_collection("group_ids", group_ids)
-        for g in ids:
+        # (elements as objects: the compiled build would turn a bool into an int on the way)
+        raw: list[object] = list(check_collection("group_ids", group_ids))
+        ids: list[int] = []
+        for g in raw:
             if type(g) is not int or not 0 <= g < self.num_groups:
                 raise InvalidGroupError(f"retain_longer_hits: {g!r} is not a group id (0 to "
                                         f"{self.num_groups - 1})")
+            ids.append(g)
         self.coordinator.retained_hit_groups = frozenset(ids)
 
     def _trim_retained(self, hits: Sequence[Sequence[KVCacheBlock]], num_reused: int
