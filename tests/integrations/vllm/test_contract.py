@@ -241,3 +241,21 @@ def test_the_version_check_runs_once_per_engine_start(monkeypatch: pytest.Monkey
         warnings.simplefilter("error", VllmVersionWarning)
         make_scheduler(ReplaySetup(), Engine.parse("kvcore"))
     assert len(calls) == 1
+
+
+def test_offloading_connector_binds_through_the_views() -> None:
+    """vLLM's OffloadingConnector (whose bind, after 0.33, sets the retention flags and looks
+    hits up through the coordinator: the calls test_retained_longer_hits_match_vllm makes) is
+    accepted, as SimpleCPUOffloadConnector is; a subclass with a bind of its own is not."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
+        OffloadingConnector,
+    )
+
+    from kvcore.integrations.vllm.scheduler import _binds_through_views
+
+    class OwnBind(OffloadingConnector):
+        def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+            raise AssertionError("never called")
+
+    assert _binds_through_views(OffloadingConnector)
+    assert not _binds_through_views(OwnBind)
