@@ -33,6 +33,7 @@ from kvcore.coordinator.base import KVCacheCoordinator
 from kvcore.errors import (
     BlockStateError,
     InvalidArgumentError,
+    InvalidGroupError,
     InvalidHitError,
     RequestStateError,
     StaleHitError,
@@ -680,6 +681,44 @@ class KVCacheManager:
                 hashes.append(request.block_hashes)
         self.pool.set_hints(self.coordinator.hint_hashes(hashes))
 
+    @property
+    def retained_hit_groups(self) -> frozenset[int]:
+        """The groups whose lookups keep their longer hit (:meth:`retain_longer_hits`)."""
+        return self.coordinator.retained_hit_groups
+
+    def retain_longer_hits(self, group_ids: Iterable[int]) -> None:
+        """Let these groups keep their own longer hit (vLLM's ``retains_longer_hit``, for a KV
+        connector that loads the other groups' KV but not theirs): ``get_computed_blocks``
+        returns a retained full-attention group's hit blocks beyond the hit length all groups
+        agree on, and ``allocate_slots`` keeps as many of a retained group's hit blocks as the
+        local and external computed tokens cover (``cdiv(num_new_computed_tokens +
+        num_external_computed_tokens, block_size)``), so those blocks stand for the external
+        tokens in that group instead of fresh ones.  Replaces the previous set; an id that is
+        not a group raises :class:`InvalidGroupError` and changes nothing."""
+        # (elements as objects: the compiled build would turn a bool into an int on the way)
+        raw: list[object] = list(check_collection("group_ids", group_ids))
+        ids: list[int] = []
+        for g in raw:
+            if type(g) is not int or not 0 <= g < self.num_groups:
+                raise InvalidGroupError(f"retain_longer_hits: {g!r} is not a group id (0 to "
+                                        f"{self.num_groups - 1})")
+            ids.append(g)
+        self.coordinator.retained_hit_groups = frozenset(ids)
+
+    def _trim_retained(self, hits: Sequence[Sequence[KVCacheBlock]], num_reused: int
+                       ) -> Sequence[Sequence[KVCacheBlock]]:
+        """``hits`` with each retained group's blocks cut to the ``num_reused`` tokens the
+        allocation adopts (the same object when none is longer)."""
+        out = None
+        for g in self.coordinator.retained_hit_groups:
+            keep = -(-num_reused // self.coordinator.managers[g].block_size)
+            blocks = hits[g]
+            if isinstance(blocks, (list, tuple)) and len(blocks) > keep:
+                if out is None:
+                    out = list(hits)
+                out[g] = blocks[:keep]
+        return hits if out is None else tuple(out)
+
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop these blocks from the prefix cache (reference counts unchanged)."""
         self.pool.evict_blocks(block_ids)
@@ -752,6 +791,9 @@ class KVCacheManager:
                 f"request {rid!r}: {num_new_computed_tokens} hit + {num_external_computed_tokens} "
                 f"external tokens exceed its {request.num_tokens} tokens")
         if has_hits or num_new_computed_tokens:
+            if self.coordinator.retained_hit_groups:
+                hits = self._trim_retained(hits, num_new_computed_tokens
+                                           + num_external_computed_tokens)
             look = hits.lookup if type(hits) is LookupHit else None
             pool = self.pool
             if (look is None or look[0] is not request or look[1] != num_new_computed_tokens
@@ -820,7 +862,10 @@ class KVCacheManager:
                     # state at the end of the computed tokens (vLLM: a connector that refills
                     # Mamba state behind a deeper full-attention hit).
                     m.spec.holds_state and num_external_tokens
-                    and len(blocks) * bs < num_hit_tokens):
+                    and len(blocks) * bs < num_hit_tokens) and not (
+                    # A retained group's longer hit stands for external tokens it covers.
+                    num_external_tokens and g in self.coordinator.retained_hit_groups
+                    and num_hit_tokens < len(blocks) * bs < total_computed + bs):
                 raise InvalidHitError(
                     f"request {rid!r}: num_new_computed_tokens={num_hit_tokens} but group {g} "
                     f"has {len(blocks)} hit blocks of {bs} tokens")

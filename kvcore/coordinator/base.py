@@ -74,6 +74,9 @@ class KVCacheCoordinator:
         self._caching = tuple(m for m in self.managers if m.enable_caching)
         # What an allocation returns when no group got a block (shared: never mutated).
         self.no_blocks: GroupBlocks = tuple([] for _ in self.managers)
+        # Groups whose lookup keeps their own longer hit rather than the hit all groups agree
+        # on (vLLM's retains_longer_hit; KVCacheManager.retain_longer_hits sets them).
+        self.retained_hit_groups: frozenset[int] = frozenset()
         self._prepare()
 
     def _prepare(self) -> None:

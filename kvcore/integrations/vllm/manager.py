@@ -62,8 +62,10 @@ class KVCacheManagerAdapter:
 
     Constructed by vLLM's ``Scheduler.__init__`` with its own keyword arguments (the integration
     binds ``settings``); raises :class:`~kvcore.errors.UnsupportedFeatureError` for a vLLM
-    version other than 0.32 and 0.33 and for any configuration kvcore would manage differently
-    from vLLM.  ``vllm_version`` overrides the installed version (tests); ``eviction_policy``, a
+    version kvcore does not run on (:func:`~kvcore.integrations.vllm.version.installed`) and for
+    any configuration kvcore would manage differently from vLLM.  ``vllm_version`` is the
+    version already checked (kvcore's scheduler passes it; tests override the installed one);
+    ``eviction_policy``, a
     policy factory, replaces the settings' policy (the vLLM replay's offline bounds, which
     vLLM's configuration refuses: :mod:`~kvcore.integrations.vllm.replay_oracle`).
     """
@@ -79,8 +81,9 @@ class KVCacheManagerAdapter:
                  settings: KvcoreSettings | None = None,
                  vllm_version: VllmVersion | None = None,
                  eviction_policy: PolicyFactory | None = None) -> None:
-        version = vllm_version if vllm_version is not None else installed()
         settings = settings if settings is not None else KvcoreSettings()
+        version = (vllm_version if vllm_version is not None
+                   else installed(allow_unreleased=settings.allow_unreleased_vllm))
         if dcp_world_size > 1 or pcp_world_size > 1:
             raise refuse(f"context parallelism (decode {dcp_world_size}, prefill "
                          f"{pcp_world_size} ranks)", "set decode_context_parallel_size=1")
@@ -118,7 +121,6 @@ class KVCacheManagerAdapter:
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
         self.metrics_collector = metrics_collector
         self.mamba_shared_prefix_checkpoint = False
-        self.retained_hit_group_ids: tuple[int, ...] = ()
         # Published hashes: 64-bit ints (vLLM's default) or the bytes.  Read once, as vLLM's
         # environment is fixed once its engine has started.
         convert = int_hash if envs.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES else None
@@ -179,6 +181,18 @@ class KVCacheManagerAdapter:
     @property
     def usage(self) -> float:
         return self.kv.usage
+
+    @property
+    def retained_hit_group_ids(self) -> tuple[int, ...]:
+        """The groups whose hit blocks beyond the agreed hit an admission keeps as far as its
+        local and external tokens reach (vLLM's; a KV connector's bind sets it, with the
+        groups' ``retains_longer_hit``: kvcore keeps one set behind both,
+        ``KVCacheManager.retain_longer_hits``)."""
+        return tuple(sorted(self.kv.retained_hit_groups))
+
+    @retained_hit_group_ids.setter
+    def retained_hit_group_ids(self, group_ids: Iterable[int]) -> None:
+        self.kv.retain_longer_hits(group_ids)
 
     def make_prefix_cache_stats(self) -> VllmPrefixCacheStats | None:
         stats = self.prefix_cache_stats

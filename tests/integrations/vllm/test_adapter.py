@@ -348,18 +348,6 @@ def test_other_versions_are_refused_naming_the_supported_ones(text: str) -> None
         parse_version(text)
 
 
-def test_an_unsupported_installed_version_stops_the_scheduler_at_start(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    import vllm.version
-
-    from kvcore.integrations.vllm.replay import Engine, ReplaySetup, make_scheduler
-
-    monkeypatch.setattr(vllm.version, "__version__", "0.34.0")
-    with pytest.raises(UnsupportedFeatureError, match=r"not vLLM 0\.34\.0"):
-        make_scheduler(ReplaySetup(), Engine.parse("kvcore"))
-    make_scheduler(ReplaySetup(), Engine.parse("vllm"))  # vLLM alone is not kvcore's business
-
-
 def test_lookahead_hashes_are_refused_on_vllm_032() -> None:
     with pytest.raises(UnsupportedFeatureError, match="lookahead block hashes"):
         KVCacheManagerAdapter(kv_config(), 4096, 16, 16, num_hash_lookahead_tokens=1,
