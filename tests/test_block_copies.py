@@ -82,3 +82,20 @@ def test_a_pending_copy_without_retained_endpoints_is_refused_changing_nothing()
     pending.clear()
     m.free_withheld([held])
     m.check_invariants()
+
+
+def test_the_invariants_see_a_pending_copy_whose_endpoint_is_not_withheld() -> None:
+    from kvcore.errors import InvariantError
+
+    m = make_manager(num_blocks=16)
+    r = m.make_request("r", list(range(9)))
+    admit(m, r)
+    src, dst = m.withhold_new_blocks(2)
+    m.coordinator.managers[0].pending_copies.append((src, dst))
+    m.check_invariants()
+    m.coordinator.managers[0].pending_copies.append((m.get_blocks("r")[0][0], dst))
+    with pytest.raises(InvariantError, match="pending-copy"):
+        m.check_invariants()
+    m.coordinator.managers[0].pending_copies[1:] = [("src", dst)]  # type: ignore[list-item]
+    with pytest.raises(InvariantError, match="not a \\(source, destination\\) pair"):
+        m.check_invariants()
