@@ -334,7 +334,8 @@ class KVCacheConfig:
 
     ``prefix_match_unit`` (vLLM's ``CacheConfig`` setting of the same name) hashes prompts every
     that many tokens instead of every gcd of the prefix-cacheable groups' block sizes; it must
-    divide each of those block sizes.  Hits still end on the hit alignment (block boundaries),
+    divide each of those block sizes, and with a single group be its block size (as vLLM
+    requires).  Hits still end on the hit alignment (block boundaries),
     as with the gcd: a finer unit only moves where full-attention groups register a prompt's
     partial tail.  (vLLM serves partial-block hits — a hit ending inside a block, the shared
     tail block copied on write — when a Mamba ``"align"`` group's blocks are larger than the
@@ -379,6 +380,11 @@ class KVCacheConfig:
                 raise InvalidArgumentError(f"prefix_match_unit must be None or a positive int, "
                                            f"got {unit!r}")
             sizes = [g.spec.block_size for g in self.groups if g.spec.prefix_cacheable]
+            if len(self.groups) == 1 and unit != self.groups[0].spec.block_size:
+                raise InvalidArgumentError(
+                    f"prefix_match_unit={unit}: with a single KV-cache group hits land on its "
+                    f"block size ({self.groups[0].spec.block_size} tokens); leave it unset or "
+                    "set it to the block size (vLLM refuses it too)")
             if any(size % unit for size in sizes):
                 raise InvalidArgumentError(f"prefix_match_unit={unit} must divide every prefix-"
                                            f"cacheable group's block size, got {sizes}")

@@ -221,6 +221,10 @@ def test_prefix_match_unit_sets_the_hash_granularity() -> None:
         with pytest.raises(InvalidArgumentError, match="prefix_match_unit must be None or a "
                                                        "positive int"):
             config(full8, unit=bad)
+    assert config(full8, unit=8).hash_block_size == 8
+    with pytest.raises(InvalidArgumentError, match="with a single KV-cache group hits land on "
+                                                   r"its block size \(8 tokens\)"):
+        config(full8, unit=2)  # kvcore's one-group lookup reads one hash per block, as vLLM's
     with pytest.raises(InvalidArgumentError, match="must divide every prefix-cacheable group's "
                                                    r"block size, got \[8, 4\]"):
         config(full8, swa4, unit=8)
