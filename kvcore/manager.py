@@ -35,6 +35,7 @@ from kvcore.errors import (
     InvalidArgumentError,
     InvalidGroupError,
     InvalidHitError,
+    NoFreeBlocksError,
     RequestStateError,
     StaleHitError,
     UnknownRequestError,
@@ -552,6 +553,72 @@ class KVCacheManager:
             else:
                 del withheld[bid]
         self.pool.free_blocks(blocks)
+
+    def withhold_new_blocks(self, num_blocks: SupportsIndex) -> list[KVCacheBlock]:
+        """Take ``num_blocks`` blocks from the free side for a holder outside the manager (vLLM's
+        ``block_pool.get_new_blocks``: the destination of a block copy, a connector's staging
+        block), each with one reference withheld like :meth:`pop_blocks_for_free`'s until
+        :meth:`free_withheld` returns it.  The blocks are the pool's allocation victims: a
+        cached one is evicted (``BlockRemoved``), as any allocation does.
+
+        Raises :class:`~kvcore.errors.NoFreeBlocksError` if fewer blocks are free, and
+        :class:`~kvcore.errors.InvalidArgumentError` for a count that is not an int >= 0; either
+        way nothing changes."""
+        n = check_count("num_blocks", num_blocks)
+        if n > self.pool.num_free_blocks:
+            raise NoFreeBlocksError(f"withhold_new_blocks: {n} blocks asked for, only "
+                                    f"{self.pool.num_free_blocks} are free")
+        blocks = self.pool.get_new_blocks(n)
+        withheld = self._withheld
+        for block in blocks:
+            bid = block.block_id
+            withheld[bid] = withheld.get(bid, 0) + 1
+        return blocks
+
+    def take_block_copies(self) -> tuple[list[tuple[KVCacheBlock, KVCacheBlock]],
+                                         list[KVCacheBlock]]:
+        """Drain every group's pending block copies (``SingleTypeKVCacheManager.pending_copies``:
+        ``(source, destination)`` pairs a copy-on-write recorded, group after group, each in the
+        order recorded) and return them with their retained endpoints (``[source, destination]``
+        of each pair, in order).
+
+        Each endpoint of a pending copy holds one withheld reference (a copy-on-write withholds
+        them when it records the pair; a holder that records a copy itself withholds them with
+        :meth:`withhold` or :meth:`withhold_new_blocks`), so neither can be reused before the
+        copy has run: the caller returns the retained endpoints with :meth:`free_withheld` once
+        the step that runs the copies has been processed (vLLM's scheduler does, through its
+        deferred frees).  A pair that is not two of this pool's blocks, or endpoints listed more
+        often than they are withheld, raise :class:`~kvcore.errors.BlockStateError` and change
+        nothing (the pending lists stay as they are)."""
+        managers = self.coordinator.managers
+        if not any(m.pending_copies for m in managers):
+            return [], []
+        pairs: list[tuple[KVCacheBlock, KVCacheBlock]] = []
+        counts: dict[int, int] = {}
+        mine = self.pool.blocks
+        for m in managers:
+            # Entries as objects: an outside holder may have appended anything (the compiled
+            # build would otherwise raise its own TypeError on a wrong entry).
+            entries: list[object] = list(m.pending_copies)
+            for pair in entries:
+                ends = tuple(pair) if isinstance(pair, (tuple, list)) else ()
+                if len(ends) != 2 or not all(
+                        isinstance(b, KVCacheBlock) and not b.is_null
+                        and 0 <= b.block_id < len(mine) and mine[b.block_id] is b for b in ends):
+                    raise BlockStateError(f"pending copy {pair!r} of group {m.group_id} is not "
+                                          "a (source, destination) pair of this pool's blocks")
+                src, dst = ends
+                for block in ends:
+                    counts[block.block_id] = n = counts.get(block.block_id, 0) + 1
+                    if n > self._withheld.get(block.block_id, 0):
+                        raise BlockStateError(
+                            f"pending copy {pair!r} of group {m.group_id}: block "
+                            f"{block.block_id} retained by {n} pending copies but withheld "
+                            f"{self._withheld.get(block.block_id, 0)} time(s)")
+                pairs.append((src, dst))
+        for m in managers:
+            m.pending_copies.clear()
+        return pairs, [b for pair in pairs for b in pair]
 
     @property
     def num_withheld_blocks(self) -> int:

@@ -331,11 +331,21 @@ class KVCacheConfig:
     alignment.  Mamba ``"align"`` groups keep only the states at those boundaries (and one per
     ``k`` tokens); other attention types cache densely whatever it is (Mamba groups in ``"none"``
     mode refuse it).
+
+    ``prefix_match_unit`` (vLLM's ``CacheConfig`` setting of the same name) hashes prompts every
+    that many tokens instead of every gcd of the prefix-cacheable groups' block sizes; it must
+    divide each of those block sizes, and with a single group be its block size (as vLLM
+    requires).  Hits still end on the hit alignment (block boundaries),
+    as with the gcd: a finer unit only moves where full-attention groups register a prompt's
+    partial tail.  (vLLM serves partial-block hits — a hit ending inside a block, the shared
+    tail block copied on write — when a Mamba ``"align"`` group's blocks are larger than the
+    unit; kvcore does not implement them, and its vLLM adapter refuses such a configuration.)
     """
 
     num_blocks: int
     groups: tuple[KVCacheGroup, ...] = field(default=())
     prefix_cache_retention_interval: int | None = None
+    prefix_match_unit: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_blocks.__class__ is not int or self.num_blocks < 2:
@@ -364,6 +374,20 @@ class KVCacheConfig:
                    for g in self.groups):
                 raise InvalidArgumentError("prefix_cache_retention_interval is not implemented "
                                            "for Mamba groups outside 'align' mode (leave it None)")
+        unit = self.prefix_match_unit
+        if unit is not None:
+            if type(unit) is not int or unit <= 0:
+                raise InvalidArgumentError(f"prefix_match_unit must be None or a positive int, "
+                                           f"got {unit!r}")
+            sizes = [g.spec.block_size for g in self.groups if g.spec.prefix_cacheable]
+            if len(self.groups) == 1 and unit != self.groups[0].spec.block_size:
+                raise InvalidArgumentError(
+                    f"prefix_match_unit={unit}: with a single KV-cache group hits land on its "
+                    f"block size ({self.groups[0].spec.block_size} tokens); leave it unset or "
+                    "set it to the block size (vLLM refuses it too)")
+            if any(size % unit for size in sizes):
+                raise InvalidArgumentError(f"prefix_match_unit={unit} must divide every prefix-"
+                                           f"cacheable group's block size, got {sizes}")
         windows = sorted({g.spec.prefix_replay_tokens for g in self.groups
                           if g.spec.prefix_replay_tokens})
         if len(windows) > 1:
@@ -376,8 +400,11 @@ class KVCacheConfig:
 
     @property
     def hash_block_size(self) -> int:
-        """Token granularity of block hashes: the gcd of the prefix-cacheable groups' block
-        sizes (scratch groups and cross attention are never hashed)."""
+        """Token granularity of block hashes: ``prefix_match_unit`` when set, else the gcd of
+        the prefix-cacheable groups' block sizes (scratch groups and cross attention are never
+        hashed)."""
+        if self.prefix_match_unit is not None:
+            return self.prefix_match_unit
         sizes = [g.spec.block_size for g in self.groups if g.spec.prefix_cacheable]
         return math.gcd(*sizes) if sizes else self.groups[0].spec.block_size
 

@@ -244,6 +244,14 @@ CASES = [
          lambda w: w.m.withhold([w.m.get_blocks("run")[0][0], next(
              b for b in w.m.pool.blocks[1:] if b.ref_cnt == 0 and b.block_hash is None)]),
          BlockStateError, "in use by nobody", f"{M}.withhold"),
+    Case("manager", "withhold more new blocks than are free",
+         lambda w: w.m.withhold_new_blocks(999), NoFreeBlocksError, "999 blocks asked for",
+         f"{M}.withhold_new_blocks"),
+    Case("manager", "take a pending copy whose endpoints are not withheld",
+         lambda w: (w.m.coordinator.managers[0].pending_copies.append(
+             (w.m.get_blocks("run")[0][0], w.m.get_blocks("run")[0][0])),
+             w.m.take_block_copies()), BlockStateError, "withheld 0 time",
+         f"{M}.take_block_copies"),
     Case("manager", "withhold another manager's block",
          lambda w: w.m.withhold([w.other.pool.blocks[1]]), BlockStateError,
          "not a block of this pool"),

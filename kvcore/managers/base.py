@@ -151,6 +151,10 @@ class SingleTypeKVCacheManager:
         # lookup, ~140 instructions of every caching step (BENCHMARKS.md, issue 37's compiled
         # residual).
         self.follows_caching = False
+        # Block copies recorded and not yet taken (KVCacheManager.take_block_copies): a
+        # copy-on-write's (source, destination) pairs, each endpoint holding one withheld
+        # reference until the step that runs the copy has been processed.
+        self.pending_copies: list[tuple[KVCacheBlock, KVCacheBlock]] = []
 
     # -- the attention type's rules ---------------------------------------------------------------
     @classmethod

@@ -70,6 +70,7 @@ class Setup:
     retention: int | None = None  # KVCacheConfig.prefix_cache_retention_interval
     hash_lookahead: int = 0  # CacheSettings.num_hash_lookahead_tokens
     eviction_policy: str = "lru"  # CacheSettings.eviction_policy
+    prefix_match_unit: int | None = None  # KVCacheConfig.prefix_match_unit
     # The class to build: a subclass of KVCacheManager drives your own manager (or one with a
     # planted bug, to see the driver catch it).
     manager_class: type[KVCacheManager] = KVCacheManager
@@ -77,7 +78,7 @@ class Setup:
     def build(self) -> KVCacheManager:
         groups = tuple(KVCacheGroup((f"layer{i}",), s) for i, s in enumerate(self.specs))
         hasher = CollidingHasher(self.collisions) if self.collisions else None
-        config = KVCacheConfig(self.num_blocks, groups, self.retention)
+        config = KVCacheConfig(self.num_blocks, groups, self.retention, self.prefix_match_unit)
         return self.manager_class(config, self.max_model_len,
                               enable_caching=self.enable_caching, verify_hits=self.verify_hits,
                               block_hasher=hasher, enable_events=True, use_eagle=self.use_eagle,
@@ -103,16 +104,21 @@ def _setups() -> tuple[Setup, ...]:
               retention=0),
         Setup("nocache full+swa", (full(4), swa(8, 4)), num_blocks=48, enable_caching=False),
         Setup("full8+swa4", (full(8), swa(6, 4)), num_blocks=48),  # partial prompt-tail entries
+        # Hashes every 2 tokens (prefix_match_unit): partial prompt-tail entries at 2-token
+        # boundaries, hits on 8-token ones.
+        Setup("full8+swa4 unit2", (full(8), swa(6, 4)), num_blocks=48, prefix_match_unit=2),
         Setup("full eagle", (full(4),), use_eagle=True),
         Setup("full8+swa4 eagle", (full(8), swa(6, 4)), num_blocks=48, use_eagle=True),
         Setup("full+swa7+mamba eagle", (full(4), swa(7, 4), mamba(4)), num_blocks=64,
               use_eagle=True),
     )
     verified = tuple(Setup(f"{s.name} verify", s.specs, s.num_blocks, s.max_model_len, True,
-                           s.enable_caching, use_eagle=s.use_eagle, retention=s.retention)
+                           s.enable_caching, use_eagle=s.use_eagle, retention=s.retention,
+                           prefix_match_unit=s.prefix_match_unit)
                      for s in base if s.enable_caching)
     colliding = tuple(Setup(f"{s.name} {mode}", s.specs, s.num_blocks, s.max_model_len, True,
-                            True, mode, s.use_eagle, retention=s.retention)
+                            True, mode, s.use_eagle, retention=s.retention,
+                            prefix_match_unit=s.prefix_match_unit)
                       for s in base if s.enable_caching
                       for mode in ("tokens", "constant", "truncated"))
     general = tuple(Setup(f"{s.name} general-path", s.specs, s.num_blocks, s.max_model_len,

@@ -294,7 +294,8 @@ class KvcoreImpl(_Impl):
         self._lookup_boundary = lookup_boundary  # (the boundary travels with the hit)
         specs = _specs(cfg, classes, {})
         groups = [KVCacheGroup((f"layer{i}",), spec) for i, spec in enumerate(specs)]
-        config = KVCacheConfig(cfg["num_blocks"], tuple(groups), cfg.get("retention"))
+        config = KVCacheConfig(cfg["num_blocks"], tuple(groups), cfg.get("retention"),
+                               cfg.get("prefix_match_unit"))
         extra: dict[str, Any] = {"use_eagle": True} if cfg.get("eagle") else {}
         if cfg.get("vllm") == "0.32":  # the peer's EAGLE retention (see CacheSettings)
             extra["eagle_junction_tail"] = False
@@ -364,7 +365,8 @@ class KvcoreImpl(_Impl):
 def vllm_block_sizes(cfg: dict[str, Any]) -> tuple[int, int]:
     """(scheduler_block_size, hash_block_size) as vLLM's ``resolve_kv_cache_block_sizes``
     derives them: one group -> its block size; several -> the lcm, and hashes at the gcd unless
-    caching is off or a Mamba group is not in "align" mode (then at the lcm); scratch groups
+    caching is off or a Mamba group is not in "align" mode (then at the lcm), or at the trace's
+    ``prefix_match_unit`` when it sets one; scratch groups
     (``swa_replay``, ``ring``) count in the lcm, not in the gcd."""
     groups = cfg["groups"]
     sizes = [g["block_size"] for g in groups]
@@ -375,7 +377,7 @@ def vllm_block_sizes(cfg: dict[str, Any]) -> tuple[int, int]:
                                            for g in groups):
         return sched, sched
     hashed = [g["block_size"] for g in groups if g["type"] not in SCRATCH] or sizes
-    return sched, math.gcd(*hashed)
+    return sched, cfg.get("prefix_match_unit") or math.gcd(*hashed)
 
 
 SCRATCH = ("swa_replay", "ring")

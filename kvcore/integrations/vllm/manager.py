@@ -19,8 +19,12 @@ Where vLLM's manager surface and kvcore's differ, the adapter speaks vLLM:
   nothing, as in vLLM (kvcore's own manager refuses it: a double free there is a bug);
 * before a running request grows, blocks that left its window are released on vLLM's
   processed-token boundary even if the allocation then fails, as vLLM does;
-* the hooks of features kvcore refuses at start (zeroing, copy-on-write, boundary-state
-  offloads) report nothing or raise if reached anyway;
+* block copies (copy-on-write) recorded in a group's pending list — by kvcore, or by a caller
+  through the group view's ``_pending_cow_copies`` — leave through
+  ``take_kv_cache_block_copies`` with their endpoints withheld, which vLLM's scheduler returns
+  through ``block_pool.free_blocks`` once the copy's step has been processed;
+* the hooks of features kvcore refuses at start (boundary-state partial tails) report nothing
+  or raise if reached anyway;
 * ``block_pool``, ``coordinator`` and its ``single_type_managers`` are views answering the
   names vLLM's callers read on vLLM's own objects (:mod:`~kvcore.integrations.vllm.views`).
 
@@ -460,7 +464,17 @@ class KVCacheManagerAdapter:
             self._new_block_ids[g].extend(b.block_id for b in tables[g][start_token // bs:])
 
     def take_kv_cache_block_copies(self) -> tuple[list[Any], list[KVCacheBlock]]:
-        return [], []  # no copy-on-write (partial-block hits are refused at start)
+        """The block copies recorded since the last call, as vLLM's ``KVCacheBlockCopy``
+        objects, and their endpoints (source and destination of each copy, in order), which stay
+        withheld: vLLM's scheduler returns them through ``block_pool.free_blocks`` once the step
+        that runs the copies has been processed (kvcore's ``take_block_copies``)."""
+        pairs, retained = self.kv.take_block_copies()
+        if not pairs:
+            return [], []
+        from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
+
+        return [KVCacheBlockCopy(src_block_id=src.block_id, dst_block_id=dst.block_id)
+                for src, dst in pairs], retained
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
         """The Mamba "align" states cached since the last call, for a KV connector:

@@ -18,8 +18,9 @@ kvcore's :class:`~kvcore.types.KVCacheBlock` objects, which carry vLLM's block n
 ``_block_hash`` vLLM's key).  The blocks the pool view looks up for a connector that binds vLLM's
 pool (``blocks[i]``, ``get_cached_block``, ``free_block_queue.iter_blocks_after``) are
 :class:`BlockView` objects, whose ``block_hash`` is vLLM's key (hash and group id), as a CPU
-tier keyed by vLLM's keys needs.  The pool view's two mutating calls, ``touch`` and
-``free_blocks``, go through kvcore's manager (``withhold`` / ``free_withheld``), so its
+tier keyed by vLLM's keys needs.  The pool view's mutating calls, ``touch``, ``get_new_blocks`` and
+``free_blocks``, go through kvcore's manager (``withhold`` / ``withhold_new_blocks`` /
+``free_withheld``), so its
 invariants hold after every call, and a call kvcore cannot honour raises a typed error and
 changes nothing.
 """
@@ -300,10 +301,11 @@ class CachedBlockMapView(_View, Mapping[BlockHash, KVCacheBlock]):
 
 
 class BlockPoolView(_View):
-    """vLLM's ``BlockPool`` names over kvcore's pool (see the module docstring).  Its two
+    """vLLM's ``BlockPool`` names over kvcore's pool (see the module docstring).  Its
     mutating names are references held outside kvcore's requests: ``touch`` takes them
     (kvcore's ``KVCacheManager.withhold``: vLLM's ``SimpleCPUOffloadConnector`` pins blocks it
-    copies), ``free_blocks`` returns them and the blocks a deferred free withheld
+    copies), ``get_new_blocks`` takes fresh blocks so (``withhold_new_blocks``: a block copy's
+    endpoints), ``free_blocks`` returns them and the blocks a deferred free withheld
     (``KVCacheManager.free_withheld``)."""
 
     __slots__ = ("_kv", "_pool", "_views", "cached_block_hash_to_block",
@@ -377,6 +379,14 @@ class BlockPoolView(_View):
         and changes nothing."""
         self._kv.free_withheld(_unwrap(ordered_blocks))
 
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """vLLM's ``get_new_blocks`` for a holder outside the scheduler's requests (a block
+        copy's endpoints): ``num_blocks`` blocks off the free side, each with one reference
+        withheld until ``free_blocks`` returns it (kvcore's ``withhold_new_blocks``).  Asking
+        for more than are free raises :class:`~kvcore.errors.NoFreeBlocksError` and changes
+        nothing."""
+        return self._kv.withhold_new_blocks(num_blocks)
+
     def get_cached_block(self, block_hash: BlockHash,
                          kv_cache_group_ids: Sequence[int]) -> list[BlockView] | None:
         """The block cached under ``block_hash`` in each of these groups, or ``None`` if any
@@ -429,6 +439,15 @@ class GroupView(_View):
     @property
     def _null_block(self) -> KVCacheBlock:
         return self._manager.null_block
+
+    @property
+    def _pending_cow_copies(self) -> list[tuple[KVCacheBlock, KVCacheBlock]]:
+        """vLLM's pending copy-on-write list: the group's live ``pending_copies`` list.  A pair
+        appended here is taken by the adapter's ``take_kv_cache_block_copies``; each endpoint
+        must hold a withheld reference (``block_pool.get_new_blocks`` / ``touch``) that the
+        take hands over as the copy's retention (else the take raises
+        :class:`~kvcore.errors.BlockStateError`, changing nothing)."""
+        return self._manager.pending_copies
 
     @property
     def retains_longer_hit(self) -> bool:

@@ -171,8 +171,10 @@ def _mamba(mode: str = "align", **kw: int) -> MambaSpec:
     (lambda: kv_config(full(), CrossAttentionSpec(block_size=16, num_kv_heads=1, head_size=32,
                                                   dtype=torch.float16)), {},
      "prefix caching with cross attention"),
-    (lambda: kv_config(full(32), swa(32, block_size=32)), {"hash_block_size": 16},
-     "prefix_match_unit"),
+    (lambda: kv_config(full(32), MambaSpec(block_size=32, shapes=((2, 4),),
+                                           dtypes=(torch.float32,), mamba_cache_mode="align")),
+     {"hash_block_size": 16}, "partial-block hits: hashing every 16 tokens .* finer than the "
+     "blocks of Mamba 'align' groups \\[1\\]"),
     (lambda: kv_config(num_blocks=16).__class__(
         num_blocks=16, kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec(["a"], full(), is_eagle_group=True),
@@ -191,6 +193,17 @@ def test_refused_configurations_name_the_feature(config, kwargs, names) -> None:
     with pytest.raises(UnsupportedFeatureError, match=names) as info:
         KVCacheManagerAdapter(**args, settings=KvcoreSettings())
     assert "kvcore does not implement" in str(info.value)
+
+
+def test_a_prefix_match_unit_without_partial_hits_hashes_where_vllm_does() -> None:
+    """vLLM's prefix_match_unit on a model without Mamba "align" groups: hashes every unit,
+    hits on block boundaries (vLLM enables partial-block hits only with such a group); kvcore
+    hashes at the same unit, so it reads vLLM's hashes as vLLM does."""
+    m = KVCacheManagerAdapter(kv_config(full(32), swa(32, block_size=32)), max_model_len=4096,
+                              scheduler_block_size=32, hash_block_size=16, enable_caching=True,
+                              settings=KvcoreSettings())
+    assert m.kv.hash_block_size == 16 and m.kv.config.prefix_match_unit == 16
+    assert m.block_pool.hash_block_size == 16
 
 
 def test_scratch_groups_are_mapped_and_unknown_ones_refused() -> None:
