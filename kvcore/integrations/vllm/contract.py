@@ -323,12 +323,12 @@ _VIEW_NAMES_032: dict[str, tuple[str, ...]] = {
         "find_longest_cache_hit", "find_longest_cache_hit_per_group",
         "full_attention_group_id"),
     "SingleTypeKVCacheManager": (
-        "_null_block", "block_pool", "block_size", "enable_caching", "kv_cache_group_id",
+        "_null_block", "_pending_cow_copies", "block_pool", "block_size", "enable_caching", "kv_cache_group_id",
         "kv_cache_spec", "num_cached_block", "records_new_block_ids", "req_to_blocks",
         "retains_longer_hit", "use_eagle"),
     "BlockPool": (
         "blocks", "cached_block_hash_to_block", "cached_block_hashes_by_block", "enable_caching",
-        "evict_blocks", "free_block_queue", "free_blocks", "get_cached_block",
+        "evict_blocks", "free_block_queue", "free_blocks", "get_cached_block", "get_new_blocks",
         "get_num_free_blocks", "get_usage", "hash_block_size", "null_block", "num_gpu_blocks",
         "touch"),
     "FreeKVCacheBlockQueue": ("get_all_free_blocks", "iter_blocks_after", "num_free_blocks"),

@@ -132,14 +132,14 @@ def test_a_name_a_view_does_not_provide_is_a_typed_error_naming_view_and_name() 
     for view in _views(adapter):
         name = type(view).__name__
         with pytest.raises(ViewAttributeError) as err:
-            view.get_new_blocks  # noqa: B018
+            view.move_block_hashes  # noqa: B018
         assert isinstance(err.value, AttributeError)
         assert isinstance(err.value, UnsupportedFeatureError)
-        assert (err.value.view, err.value.name) == (name, "get_new_blocks")
-        assert f"reading 'get_new_blocks' on kvcore's {name}" in str(err.value)
+        assert (err.value.view, err.value.name) == (name, "move_block_hashes")
+        assert f"reading 'move_block_hashes' on kvcore's {name}" in str(err.value)
         assert "vLLM internal kvcore's view does not provide" in str(err.value)
-        assert not hasattr(view, "get_new_blocks")
-        assert getattr(view, "get_new_blocks", 7) == 7
+        assert not hasattr(view, "move_block_hashes")
+        assert getattr(view, "move_block_hashes", 7) == 7
 
 
 def test_setting_a_name_on_a_view_is_a_typed_error_and_changes_nothing() -> None:
