@@ -151,6 +151,10 @@ class SingleTypeKVCacheManager:
         # lookup, ~140 instructions of every caching step (BENCHMARKS.md, issue 37's compiled
         # residual).
         self.follows_caching = False
+        # Tokens past the slots a request's table also covers (Mamba "none" with speculative
+        # state blocks: ``num_speculative_blocks * block_size``); the type's counts and
+        # allocations add them, and so does the coordinator where it counts inline.
+        self.extra_slots = 0
 
     # -- the attention type's rules ---------------------------------------------------------------
     @classmethod
