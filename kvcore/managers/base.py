@@ -155,6 +155,9 @@ class SingleTypeKVCacheManager:
         # state blocks: ``num_speculative_blocks * block_size``); the type's counts and
         # allocations add them, and so does the coordinator where it counts inline.
         self.extra_slots = 0
+        # Blocks a table may hold past the positions of its tokens (MambaSpec's speculative
+        # state blocks); 0 for every other type.
+        self.num_speculative_blocks = 0
 
     # -- the attention type's rules ---------------------------------------------------------------
     @classmethod

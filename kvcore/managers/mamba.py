@@ -216,6 +216,12 @@ class MambaAlignManager(MambaManager):
         if not self._needs_checkpoint(request_id, blocks, total_computed_tokens, num_tokens,
                                       position, prefill_end):
             position = 0
+        elif spec and position // bs != -(-num_tokens // bs) - 1:
+            # With speculative blocks the checkpoint takes the slot right before the running
+            # state's (vLLM's layout); one further back (EAGLE's boundary in a chunk that does
+            # not end on a block edge, which vLLM's scheduler never schedules in "align" mode)
+            # is not exported.
+            position = 0
         if num_new > 0:
             cap = 2 if position else 1
             if spec and request_id not in self.allocated:
