@@ -137,14 +137,17 @@ def test_eagle_moves_the_prompt_checkpoint_to_its_replay_boundary() -> None:
                                                                                   20]
 
 
-def test_an_unaligned_eagle_checkpoint_is_not_reserved_with_speculative_blocks() -> None:
+def test_an_unaligned_eagle_checkpoint_is_not_placed_with_speculative_blocks() -> None:
     """Under EAGLE a chunk ending inside a block has its checkpoint two slots before the
     running state's, where vLLM's layout has no room for it (its scheduler never cuts an
-    "align" chunk there): no block is reserved for it and nothing is cached at it."""
+    "align" chunk there): the count is vLLM's, the checkpoint's block included (admission
+    decides as vLLM's does), but no block is placed for it and nothing is cached at it."""
     m = _manager(full(4), mamba_align(4, checkpoint=True, spec=2), use_eagle=True)
     a = m.make_request("a", [t % 5 for t in range(22)])
-    assert m.coordinator.num_blocks_to_allocate("a", 22, ((), ()), 0, 0) == 6 + 3
+    assert m.coordinator.num_blocks_to_allocate("a", 22, ((), ()), 0, 0) == 6 + 4
+    free = m.pool.num_free_blocks
     _step(m, a, 22)
+    assert m.pool.num_free_blocks == free - 6 - 3
     table = m.get_blocks("a")[1]
     assert [b.is_null for b in table] == [True] * 5 + [False] * 3
     assert all(b.block_hash is None for b in table)  # (the states at 22 are not full blocks)

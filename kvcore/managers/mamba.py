@@ -216,12 +216,6 @@ class MambaAlignManager(MambaManager):
         if not self._needs_checkpoint(request_id, blocks, total_computed_tokens, num_tokens,
                                       position, prefill_end):
             position = 0
-        elif spec and position // bs != -(-num_tokens // bs) - 1:
-            # With speculative blocks the checkpoint takes the slot right before the running
-            # state's (vLLM's layout); one further back (EAGLE's boundary in a chunk that does
-            # not end on a block edge, which vLLM's scheduler never schedules in "align" mode)
-            # is not exported.
-            position = 0
         if num_new > 0:
             cap = 2 if position else 1
             if spec and request_id not in self.allocated:
@@ -320,7 +314,15 @@ class MambaAlignManager(MambaManager):
         table's new positions (null ones and moved blocks included, as vLLM returns them)."""
         spec = self.num_speculative_blocks
         required = -(-num_tokens // self.block_size) + spec
-        has_checkpoint = 1 if request_id in self.checkpoints else 0
+        checkpoint = self.checkpoints.get(request_id)
+        if checkpoint is not None and checkpoint[1] != required - spec - 2:
+            # The layout has room for a checkpoint only right before the running state's slot.
+            # One further back (EAGLE's boundary in a chunk that does not end on a block edge,
+            # which vLLM's scheduler never cuts in "align" mode) is not exported; the count
+            # included its block, as vLLM's does, so the allocation takes one block fewer.
+            del self.checkpoints[request_id]
+            checkpoint = None
+        has_checkpoint = 0 if checkpoint is None else 1
         prev = len(blocks)
         allocated = request_id in self.allocated
         self.allocated.add(request_id)
