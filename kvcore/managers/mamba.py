@@ -107,7 +107,11 @@ class MambaAlignManager(MambaManager):
     the checkpoint block for the prompt's last hit-aligned boundary, in that boundary's slot
     (the hit alignment, the lcm of every group's block size, may span several of this group's
     blocks); every other position is null.
-    A step therefore needs at most one new block (two with a checkpoint) whatever its length,
+    With ``num_speculative_blocks`` (MTP/EAGLE) that many blocks follow the running state's
+    (``_allocate_with_speculative``: vLLM's relocation); under EAGLE (``use_eagle``)
+    checkpoints sit at EAGLE's replay boundary (``checkpoint_position``).
+    A step therefore needs at most one new block (two with a checkpoint; a first allocation
+    also the speculative ones) whatever its length,
     which is why the coordinator asks this type for its count on every allocation
     (``counts_own_growth``), over the main model's tokens (draft tokens never reach a state
     layer).  Each newly cached state is also handed to KV connectors as a boundary-state
