@@ -327,7 +327,7 @@ def check_manager_invariants(manager: ManagerState) -> None:
                     raise InvariantError("block-count", f"request {rid!r} has {len(blocks)} blocks "
                                          f"in group {g} for {request.num_computed_tokens} computed "
                                          "tokens", observed=(len(blocks), needed))
-                if len(blocks) > -(-manager.max_model_len // bs):
+                if len(blocks) > -(-manager.max_model_len // bs) + m.num_speculative_blocks:
                     raise InvariantError("block-count", f"request {rid!r} has {len(blocks)} blocks "
                                          f"in group {g}, more than max_model_len allows")
             cap = m.max_table_blocks

@@ -220,7 +220,15 @@ class MambaSpec(KVCacheSpec):
     one new block; with ``num_prefill_checkpoint_blocks`` (1: Mamba2 layers) the prompt's last
     chunk also gets a block for the state at the prompt's last block boundary before its end,
     exported from inside the step (``prefill_checkpoint_alignment``: the token granularity the
-    backend can export at), so a repeated prompt hits there."""
+    backend can export at), so a repeated prompt hits there.
+
+    ``num_speculative_blocks`` (vLLM's, MTP/EAGLE drafting on a hybrid model: one per draft
+    token) gives every request that many state blocks past its running state, where the
+    verification step writes the states after each draft token: in ``"none"`` mode the table
+    simply reaches that many blocks further; in ``"align"`` mode they follow the running state
+    block and move along with it (a step that advances the state past them moves them to the
+    table's new end and nulls their old positions).  A prefill checkpoint in ``"align"`` mode
+    with speculative blocks needs the hit alignment equal to the block size (vLLM's layout)."""
 
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[torch.dtype, ...]
@@ -229,6 +237,7 @@ class MambaSpec(KVCacheSpec):
     mamba_cache_mode: str = "none"
     num_prefill_checkpoint_blocks: int = 0
     prefill_checkpoint_alignment: int | None = None
+    num_speculative_blocks: int = 0
     kind: ClassVar[str] = "mamba"
     holds_state: ClassVar[bool] = True
 
@@ -244,6 +253,9 @@ class MambaSpec(KVCacheSpec):
         if n and self.mamba_cache_mode != "align":
             raise InvalidArgumentError("num_prefill_checkpoint_blocks needs mamba_cache_mode "
                                        f"'align', got {self.mamba_cache_mode!r}")
+        k = self.num_speculative_blocks
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+            raise InvalidArgumentError(f"num_speculative_blocks must be an int >= 0, got {k!r}")
         if self.prefill_checkpoint_alignment is not None:
             _positive("prefill_checkpoint_alignment", self.prefill_checkpoint_alignment)
         elif n:  # (vLLM's models pair them: a checkpoint without it is never exported)
@@ -261,10 +273,11 @@ class MambaSpec(KVCacheSpec):
     def max_blocks_per_request(self, max_model_len: int,
                                max_num_batched_tokens: int | None = None) -> int:
         step = max_model_len if max_num_batched_tokens is None else max_num_batched_tokens
+        k = self.num_speculative_blocks
         if self.mamba_cache_mode == "align":  # the running state, its source, a checkpoint
-            return min(_cdiv(max_model_len, self.block_size),
-                       2 + self.num_prefill_checkpoint_blocks)
-        return min(_cdiv(max_model_len, self.block_size), _cdiv(step, self.block_size) + 1)
+            return min(_cdiv(max_model_len, self.block_size) + k,
+                       2 + self.num_prefill_checkpoint_blocks + k)
+        return min(_cdiv(max_model_len, self.block_size), _cdiv(step, self.block_size) + 1) + k
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -166,6 +166,8 @@ def _specs(cfg: dict[str, Any], classes: dict[str, Any], mamba_kw: dict[str, Any
                 kw["mamba_cache_mode"] = "align"
                 if g.get("checkpoint"):
                     kw.update(num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1)
+            if g.get("spec"):  # MTP/EAGLE's speculative state blocks
+                kw["num_speculative_blocks"] = g["spec"]
             out.append(classes["mamba"](block_size=bs, shapes=((2, 4),), dtypes=(torch.float32,),
                                         **kw))
             continue

@@ -2,13 +2,14 @@
 
 kvcore manages what vLLM's full-attention, sliding-window, chunked-local and cross-attention
 managers manage (cross attention, as in vLLM, only with prefix caching off), Mamba states in
-vLLM's ``"align"`` and ``"none"`` modes, and vLLM's scratch groups: circular buffers
-(``CircularBufferSpec``, the CSA compressor ring) and sliding windows rebuilt by bounded replay
-(``SlidingWindowMLASpec(bounded_replay=True)``).  vLLM's ``prefix_match_unit`` is
+vLLM's ``"align"`` and ``"none"`` modes (with MTP/EAGLE's speculative state blocks, and under
+EAGLE with ``"align"`` checkpoints at its replay boundary), and vLLM's scratch groups: circular
+buffers (``CircularBufferSpec``, the CSA compressor ring) and sliding windows rebuilt by bounded
+replay (``SlidingWindowMLASpec(bounded_replay=True)``).  vLLM's ``prefix_match_unit`` is
 honoured (kvcore hashes where vLLM does) while hits stay on block boundaries.  Anything else a
-vLLM 0.32 or 0.33 configuration can ask of its KV-cache manager — speculative Mamba blocks,
-copy-on-write partial hits (``prefix_match_unit`` finer than a Mamba ``"align"`` group's blocks),
-context parallelism, host-resident groups, ... — is refused here, at engine start, with an
+vLLM 0.32 or 0.33 configuration can ask of its KV-cache manager — copy-on-write partial hits
+(``prefix_match_unit`` finer than a Mamba ``"align"`` group's blocks), context parallelism,
+host-resident groups, ... — is refused here, at engine start, with an
 :class:`~kvcore.errors.UnsupportedFeatureError` that names it and the setting that turns it
 off: kvcore never runs a configuration in which it would behave differently from vLLM.
 """
@@ -132,10 +133,6 @@ def _mamba_spec(group_id: int, spec: Any) -> MambaSpec:
     if mode not in ("align", "none"):
         raise refuse(f"Mamba state groups in mamba_cache_mode={mode!r} (group {group_id})",
                      "use mamba_cache_mode='align' (vLLM's default with prefix caching)")
-    if spec.num_speculative_blocks:
-        raise refuse(f"speculative Mamba state blocks ({spec.num_speculative_blocks} in group "
-                     f"{group_id}: MTP/EAGLE on a hybrid model)",
-                     "run the hybrid model without speculative decoding")
     if spec.num_prefill_checkpoint_blocks > 1:
         raise refuse(f"{spec.num_prefill_checkpoint_blocks} Mamba prefill checkpoint blocks "
                      f"(group {group_id})", "use a Mamba backend with at most one")
@@ -145,7 +142,8 @@ def _mamba_spec(group_id: int, spec: Any) -> MambaSpec:
     return MambaSpec(block_size=spec.block_size, shapes=shapes, dtypes=dtypes,
                      mamba_cache_mode=mode,
                      num_prefill_checkpoint_blocks=spec.num_prefill_checkpoint_blocks,
-                     prefill_checkpoint_alignment=spec.prefill_checkpoint_alignment)
+                     prefill_checkpoint_alignment=spec.prefill_checkpoint_alignment,
+                     num_speculative_blocks=spec.num_speculative_blocks)
 
 
 def kvcore_config(kv_cache_config: Any, *, scheduler_block_size: int, hash_block_size: int,

@@ -109,9 +109,14 @@ class KVCacheManagerAdapter:
                                version=version)
         eagle_ids, drop_ids = eagle_groups(kv_cache_config, use_eagle, version)
         has_mamba = any(g.spec.holds_state for g in config.groups)
-        if has_mamba and (drop_ids or num_hash_lookahead_tokens):
-            raise refuse("speculative decoding (EAGLE/MTP) on a hybrid Mamba model",
+        if has_mamba and num_hash_lookahead_tokens:
+            raise refuse("lookahead block hashes (vLLM 0.33's EAGLE/MTP without a block drop) "
+                         "on a hybrid Mamba model",
                          "run the hybrid model without speculative decoding")
+        if has_mamba and drop_ids and not use_eagle:
+            # vLLM moves Mamba checkpoints to EAGLE's replay boundary only under use_eagle.
+            raise refuse("an EAGLE block drop on a hybrid Mamba model without use_eagle (groups "
+                         "flagged is_eagle_group)", "pass use_eagle with the EAGLE groups")
         self.vllm_version = version
         self.settings = settings
         self.kv_cache_config = kv_cache_config
