@@ -309,7 +309,8 @@ class BlockPool:
             if trusted is not False:
                 check_flag("trusted", trusted)
             self._check_takeable(batch, "touch")
-        self.cache_version += 1  # a hit taken: a free block may leave the free side
+        if batch:
+            self.cache_version += 1  # a hit taken: a free block may leave the free side
         observer = self._observer
         if observer is not None:
             for block in batch:
