@@ -75,7 +75,7 @@ class _Failure:
 
 # A fresh lookup not yet known to fail: (request, view, hit, answer, cap, num_tokens, num_hashes,
 # the pool's version).  A tuple: made for every admission's lookup, where an object costs more.
-_Looked = tuple[Any, Any, Any, tuple[Any, int, int], "int | None", int, int, int]
+_Looked = tuple[Any, Any, Any, tuple[Any, int, int], int | None, int, int, int]
 
 
 class RetryMemo:
