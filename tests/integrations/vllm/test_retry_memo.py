@@ -22,8 +22,8 @@ from kvcore.integrations.vllm.settings import KvcoreSettings, parse_settings
 from kvcore.sim.traces import TraceRequest
 from tests.integrations.vllm.helpers import kv_config, managers, request
 
-MEMO = Engine("kvcore", KvcoreSettings())
-NO_MEMO = Engine("kvcore-no-memo", KvcoreSettings(retry_memo=False))
+MEMO = Engine.parse("kvcore")
+NO_MEMO = Engine.parse("kvcore+no-memo")
 VLLM = Engine.parse("vllm")
 
 
@@ -60,6 +60,10 @@ def test_a_blocked_head_gets_the_same_schedule_with_the_memo(
 
 
 def test_settings_turn_the_memo_off() -> None:
+    assert MEMO.settings is not None and MEMO.settings.retry_memo
+    assert NO_MEMO.settings == KvcoreSettings(retry_memo=False) and NO_MEMO.lru
+    memo_off = Engine.parse("kvcore:slru+hints=8+no-memo@lpm").settings
+    assert memo_off is not None and not memo_off.retry_memo and memo_off.queue_hints == 8
     assert parse_settings({}).retry_memo is True
     assert parse_settings({"retry_memo": False}).retry_memo is False
     with pytest.raises(InvalidArgumentError, match=r"retry_memo.*must be a bool.*'yes'"):
