@@ -22,7 +22,8 @@ Engines (:mod:`~kvcore.integrations.vllm.replay_engine`): ``vllm``, ``kvcore`` (
 ``kvcore:POLICY``, a schedule policy for vLLM's waiting queue as a suffix (``kvcore@lpm``,
 ``kvcore:recommended@dfs-weight``; ``--max-waiting-steps`` sets every kvcore engine's starvation
 bound), ``+no-memo`` before it for an engine without the head-of-line retry memo, and the
-offline bounds ``kvcore:belady`` and ``kvcore:reuse_oracle``, which only this replay builds (:mod:`~kvcore.integrations.vllm.replay_oracle`; vLLM's configuration refuses them).
+offline bounds ``kvcore:belady`` and ``kvcore:reuse_oracle``, which only this replay builds
+(:mod:`~kvcore.integrations.vllm.replay_oracle`; vLLM's configuration refuses them).
 
 Each engine reports the prefix-cache hit rate (vLLM's ``PrefixCacheStats``), preemptions, and
 the scheduler's CPU time per step (``schedule`` + ``update_from_output``; median over steps,
