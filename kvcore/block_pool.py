@@ -24,7 +24,7 @@ for as long as they still hold (a scheduler retrying the head of its queue)::
       replaced or evicted (watch(None): any)     set), reference counts that stay above 0,
     a reset of the prefix cache                blocks freed (num_free_blocks grows instead),
     touch, pin (a free block taken by a hit)   blocks allocated (num_free_blocks shrinks),
-                                               hints (set_hints), retain, release notes
+    the manager's retain_longer_hits           hints (set_hints), retain, release notes
 
 A lookup of hashes all watched answers the same while ``cache_version`` is unchanged; an
 allocation that failed fails again, given the same arguments, while ``cache_version`` is
