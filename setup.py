@@ -37,6 +37,7 @@ COMPILED_MODULES = [
     # reads (vLLM's types are opaque to the compiler: vLLM is imported when the adapter is).
     "kvcore/integrations/vllm/manager.py",
     "kvcore/integrations/vllm/request.py",
+    "kvcore/integrations/vllm/retry.py",
 ]
 
 

@@ -14,6 +14,22 @@ to the head (reused first), so a request freeing its blocks tail-first leaves it
 longest.  A scheduler may declare upcoming prefixes (``set_hints``): free blocks caching them
 wait in a *reserve* that is reused only once the policy has no block left (a soft pin).
 Block 0 is the null block, taken at construction; the first allocation returns ids 1, 2, ...
+
+``cache_version`` lets a caller keep the answer of a lookup, and the failure of an allocation,
+for as long as they still hold (a scheduler retrying the head of its queue)::
+
+    changes that bump cache_version            changes that do not
+    -----------------------------------------  -------------------------------------------
+    an entry under a watched hash cached,      entries under other hashes (while a watch is
+      replaced or evicted (watch(None): any)     set), reference counts that stay above 0,
+    a reset of the prefix cache                blocks freed (num_free_blocks grows instead),
+    touch, pin (a free block taken by a hit)   blocks allocated (num_free_blocks shrinks),
+    the manager's retain_longer_hits           hints (set_hints), retain, release notes
+
+A lookup of hashes all watched answers the same while ``cache_version`` is unchanged; an
+allocation that failed fails again, given the same arguments, while ``cache_version`` is
+unchanged and ``num_free_blocks`` has not grown (only a hit taken, or the hit blocks evicted,
+lowers what it needs along with the free count).
 """
 
 from __future__ import annotations
@@ -119,6 +135,10 @@ class BlockPool:
         self.num_evicted_blocks = 0
         self.num_resets = 0  # successful reset_prefix_cache calls
         self.num_rejected_hits = 0  # lookups whose block held another prefix (verify mode)
+        # See the module docstring: bumped by changes to entries under the watched hashes
+        # (None: under any hash), resets and hits taken.
+        self.cache_version = 0
+        self._watched: frozenset[BlockHash] | None = None
 
     @property
     def enable_events(self) -> bool:
@@ -194,6 +214,21 @@ class BlockPool:
                 raise
             raise error from None
         return out
+
+    def watch(self, hashes: frozenset[BlockHash] | None) -> None:
+        """Bump ``cache_version`` from now on only for changes to the entries under ``hashes``
+        (in any group), besides resets and hits taken; ``None``: for changes under any hash (the
+        default).  Changes nothing else (see the module docstring)."""
+        if hashes is not None and not isinstance(hashes, frozenset):
+            raise InvalidArgumentError(f"watch takes a frozenset of block hashes or None, got "
+                                       f"{hashes!r:.80}")
+        self._watched = hashes
+
+    def _changed(self, keys: Iterable[BlockHash]) -> None:
+        """Entries under ``keys`` changed: bump ``cache_version`` if one of them is watched."""
+        watched = self._watched
+        if watched is None or not watched.isdisjoint(keys):
+            self.cache_version += 1
 
     def cached_blocks_map(self, group_id: int) -> dict[BlockHash, KVCacheBlock]:
         """Group ``group_id``'s hash → block map (read-only view for hot lookups by managers)."""
@@ -274,6 +309,8 @@ class BlockPool:
             if trusted is not False:
                 check_flag("trusted", trusted)
             self._check_takeable(batch, "touch")
+        if batch:
+            self.cache_version += 1  # a hit taken: a free block may leave the free side
         observer = self._observer
         if observer is not None:
             for block in batch:
@@ -307,6 +344,7 @@ class BlockPool:
         """
         batch = check_collection("pin's blocks", blocks)
         self._check_takeable(batch, "pin")
+        self.cache_version += 1  # as touch: a free block may leave the free side
         reserved = self._hint_reserve.held
         for block in batch:
             if block.is_null:
@@ -505,6 +543,15 @@ class BlockPool:
             else:
                 cached[h] = block
             stored.append(i)
+        if stored:
+            watched = self._watched
+            if watched is None:
+                self.cache_version += 1
+            else:
+                for i in stored:
+                    if hashes[num_cached_blocks + i] in watched:
+                        self.cache_version += 1
+                        break
         # An event also when every new block was null or masked out, as vLLM sends it; none
         # for a call that only repeats what is cached.
         events = self.events
@@ -516,6 +563,7 @@ class BlockPool:
         """``block``'s hash is a partial prompt-tail entry and the block is now full: drop the
         entry (and any extra keys) so the full hash replaces it, as vLLM promotes it."""
         removed = self._maps.drop_keys(block)
+        self._changed(removed)
         if self.events is not None:
             for h in removed:
                 self.events.removed(h, group_id)
@@ -554,6 +602,9 @@ class BlockPool:
             block.group_id = -1
             block.prefix_node = None
             removed = [h]
+        watched = self._watched
+        if watched is None or not watched.isdisjoint(removed):
+            self.cache_version += 1
         self.num_evicted_blocks += 1
         if self.events is not None:
             for h in removed:
@@ -575,8 +626,10 @@ class BlockPool:
         if not self.enable_caching or block.is_null:
             return
         idx = self._check_partial(request, block, num_tokens, hash_block_size, group_id)
-        removed = self._maps.add_partial(block, request.block_hashes[idx - 1], num_tokens,
-                                         group_id)
+        key = request.block_hashes[idx - 1]
+        removed = self._maps.add_partial(block, key, num_tokens, group_id)
+        if removed is not None:
+            self._changed((key, *removed))
         events = self.events
         if removed is None or events is None:
             return
@@ -638,6 +691,7 @@ class BlockPool:
             block.group_id = -1
             block.prefix_node = None
         self.num_resets += 1
+        self.cache_version += 1
         if self._observer is not None:
             self._observer.reset()
         if self.events is not None:

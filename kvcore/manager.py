@@ -771,6 +771,9 @@ class KVCacheManager:
                                         f"{self.num_groups - 1})")
             ids.append(g)
         self.coordinator.retained_hit_groups = frozenset(ids)
+        # Lookups and allocations answer differently now: a caller remembering them (the vLLM
+        # adapter's retry memo) must ask again (BlockPool's cache_version).
+        self.pool.cache_version += 1
 
     def _trim_retained(self, hits: Sequence[Sequence[KVCacheBlock]], num_reused: int
                        ) -> Sequence[Sequence[KVCacheBlock]]:

@@ -1,7 +1,9 @@
 """A hypothesis state machine drives a BlockPool with random owners (requests) allocating, hitting
 the prefix cache, decoding, caching, evicting and freeing, and compares it after every step with a
 plain-Python reference model: free-queue order, reference counts and hash maps must be identical,
-and ``check_invariants`` must pass with exact ownership."""
+and ``check_invariants`` must pass with exact ownership.  A watch on some request's hashes
+(``BlockPool.watch``) checks ``cache_version``'s promise: while it is unchanged, every lookup of
+those hashes answers as before, and no block of their hit has left the free side."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from kvcore import Request
 from kvcore.block_pool import BlockPool
 from kvcore.errors import DoubleFreeError
 from kvcore.testing import check_invariants
-from kvcore.types import KVCacheBlock
+from kvcore.types import BlockHash, KVCacheBlock
 from tests.factories import make_request, pool_snapshot
 
 BS = 2
@@ -92,6 +94,17 @@ class Owner:
     num_cached: int = 0
 
 
+@dataclass
+class Watch:
+    """What a lookup of the watched hashes found, and the pool's version then."""
+
+    hashes: list[BlockHash]
+    version: int
+    answers: list[int | None]
+    hit: list[KVCacheBlock]
+    num_free_hits: int
+
+
 class PoolMachine(RuleBasedStateMachine):
     owners = Bundle("owners")
 
@@ -101,6 +114,22 @@ class PoolMachine(RuleBasedStateMachine):
         self.model = ReferenceModel(NUM_BLOCKS)
         self.live: dict[str, Owner] = {}
         self.counter = 0
+        self.watched: Watch | None = None
+
+    def _look(self, hashes: list[BlockHash]) -> tuple[list[int | None], list[KVCacheBlock]]:
+        """Every group's entry under each hash, and group 0's leading run of hits."""
+        answers: list[int | None] = []
+        for g in range(GROUPS):
+            for h in hashes:
+                found = self.pool.get_cached_block(h, [g])
+                answers.append(found[0].block_id if found else None)
+        hit: list[KVCacheBlock] = []
+        for h in hashes:
+            found = self.pool.get_cached_block(h, [0])
+            if found is None:
+                break
+            hit.append(found[0])
+        return answers, hit
 
     def _cache_full(self, o: Owner) -> None:
         num_full = min(o.request.num_tokens // BS, len(o.blocks))
@@ -182,6 +211,23 @@ class PoolMachine(RuleBasedStateMachine):
         with pytest.raises(ValueError):
             self.pool.get_new_blocks(n)
         assert pool_snapshot(self.pool) == before
+
+    @rule(tokens=st.lists(st.integers(0, 1), min_size=2, max_size=9), every=st.booleans())
+    def watch(self, tokens: list[int], every: bool) -> None:
+        hashes = list(make_request("w", tokens, BS).block_hashes)
+        self.pool.watch(None if every else frozenset(hashes))
+        answers, hit = self._look(hashes)
+        self.watched = Watch(hashes, self.pool.cache_version, answers, hit,
+                             sum(1 for b in hit if b.ref_cnt == 0))
+
+    @invariant()
+    def an_unchanged_version_keeps_the_watched_answers(self) -> None:
+        w = self.watched
+        if w is None or self.pool.cache_version != w.version:
+            return
+        answers, hit = self._look(w.hashes)
+        assert answers == w.answers and hit == w.hit
+        assert sum(1 for b in hit if b.ref_cnt == 0) >= w.num_free_hits
 
     @invariant()
     def matches_model_and_invariants_hold(self) -> None:

@@ -26,7 +26,10 @@ Where vLLM's manager surface and kvcore's differ, the adapter speaks vLLM:
 * the hooks of features kvcore refuses at start (boundary-state partial tails) report nothing
   or raise if reached anyway;
 * ``block_pool``, ``coordinator`` and its ``single_type_managers`` are views answering the
-  names vLLM's callers read on vLLM's own objects (:mod:`~kvcore.integrations.vllm.views`).
+  names vLLM's callers read on vLLM's own objects (:mod:`~kvcore.integrations.vllm.views`);
+* the waiting queue's head that did not fit, asked again every step, is answered from memory
+  while nothing that decides the answer has changed (the ``retry_memo`` setting,
+  :mod:`~kvcore.integrations.vllm.retry`): the same lookup, the same failure.
 
 Requests are seen through :class:`~kvcore.integrations.vllm.request.VllmRequestView`, made once
 per admission, so kvcore hashes nothing itself: its prefix cache and events use vLLM's hashes
@@ -50,6 +53,7 @@ from kvcore.hashing import EngineHashes
 from kvcore.integrations.vllm.config import eagle_groups, kvcore_config, refuse, zeroing_groups
 from kvcore.integrations.vllm.events import VllmEventRecorder, int_hash
 from kvcore.integrations.vllm.request import VllmRequestView
+from kvcore.integrations.vllm.retry import RetryMemo
 from kvcore.integrations.vllm.settings import KvcoreSettings
 from kvcore.integrations.vllm.version import VllmVersion, installed
 from kvcore.integrations.vllm.views import BlockPoolView, coordinator_view
@@ -168,6 +172,10 @@ class KVCacheManagerAdapter:
         self._zeroing = zeroing_groups(kv_cache_config)
         self._new_block_ids: list[list[int]] = [[] for _ in range(self.num_kv_cache_groups)]
         self._steps = 0
+        # The head-of-line retry's memo (None: off, or nothing to remember without caching).
+        self.retry_memo: RetryMemo | None = (
+            RetryMemo(self.kv.pool, self.kv.coordinator.managers)
+            if settings.retry_memo and enable_caching else None)
 
     # -- requests -------------------------------------------------------------------------
     def _view(self, request: Any) -> VllmRequestView:
@@ -226,6 +234,15 @@ class KVCacheManagerAdapter:
         ``max_cache_hit_length`` tokens (vLLM 0.33; default and bound: all but the last)."""
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return self.empty_kv_cache_blocks, 0, 0
+        retry = self.retry_memo
+        if retry is not None:
+            look = retry.lookup(request, max_cache_hit_length)
+            if look is not None:  # the head again, nothing changed: the same answer
+                self._lookup = look.view
+                if (look.answer[1] and self.enable_kv_cache_events
+                        and getattr(request, "kv_cache_report_mode", "incremental") == "full"):
+                    self.kv.report_prefix_hit(look.view, look.hit)
+                return look.answer
         view = self._view(request)
         hit, num_hit_tokens = self.kv.get_computed_blocks(view, max_cache_hit_length)
         if (num_hit_tokens and self.enable_kv_cache_events
@@ -233,7 +250,10 @@ class KVCacheManagerAdapter:
             self.kv.report_prefix_hit(view, hit)
         # kvcore's own hit object rides along: allocate_slots hands it back unchanged.  The
         # boundary travels with it; vLLM's scheduler keeps it on the request for the admission.
-        return self._blocks(hit), num_hit_tokens, lookup_boundary(hit, view)
+        answer = self._blocks(hit), num_hit_tokens, lookup_boundary(hit, view)
+        if retry is not None:
+            retry.looked_up(request, view, hit, answer, max_cache_hit_length)
+        return answer
 
     def cached_prefix_tokens(self, request: Any) -> int:
         """The tokens of ``request``'s prefix cached now, as ``get_computed_blocks`` would hit
@@ -291,7 +311,18 @@ class KVCacheManagerAdapter:
         # truncated, or the shared empty one).  None (older vLLM, or 0): the one the hit carries.
         boundary = None if running else getattr(request, "shared_prefix_boundary", 0) or None
         watermark = self.watermark_blocks
-        if watermark and has_scheduled_reqs and request.status in _WATERMARKED:
+        watermarked = bool(watermark) and has_scheduled_reqs and request.status in _WATERMARKED
+        retry = None if running else self.retry_memo
+        key = None
+        if retry is not None:
+            # Everything besides the pool that decides whether an admission fits.
+            key = (num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
+                   num_external_computed_tokens, delay_cache_blocks, num_encoder_tokens,
+                   full_sequence_must_fit, reserved_blocks, watermarked, skip_zeroing_group_ids,
+                   request.num_tokens, request.num_computed_tokens, boundary)
+            if retry.refuses(request, key, new_computed_blocks):
+                return None
+        if watermarked:
             new = self.kv.allocate_slots(
                 view, num_new_tokens, num_new_computed_tokens, hits,
                 num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks,
@@ -304,6 +335,8 @@ class KVCacheManagerAdapter:
                 num_encoder_tokens, full_sequence_must_fit, reserved_blocks,
                 shared_prefix_boundary=boundary)
         if new is None:
+            if retry is not None and key is not None:
+                retry.failed(request, key, new_computed_blocks)
             return None
         if self._zeroing:
             self._record_zeroing(rid, running, new, hits, num_external_computed_tokens,
@@ -312,6 +345,8 @@ class KVCacheManagerAdapter:
             self._views[rid] = view
             if self._lookup is view:
                 self._lookup = None
+            if retry is not None:
+                retry.forget(request)
         return self._blocks(new)
 
     def _record_zeroing(self, rid: str, running: bool, new: Sequence[Sequence[KVCacheBlock]],
@@ -334,6 +369,8 @@ class KVCacheManagerAdapter:
         """Release the request's blocks, tail first; nothing for a request without blocks."""
         view = self._views.pop(request.request_id, None)
         if view is None:
+            if self.retry_memo is not None:  # a waiting request left (aborted)
+                self.retry_memo.forget(request)
             return
         self.kv.free(view)
 
@@ -497,6 +534,8 @@ class KVCacheManagerAdapter:
         """A scheduling step starts; checks kvcore's invariants every
         ``check_invariants_every`` steps."""
         self.kv.new_step()
+        if self.retry_memo is not None:
+            self.retry_memo.step += 1
         every = self.settings.check_invariants_every
         if every:
             self._steps += 1

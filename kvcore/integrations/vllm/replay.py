@@ -21,8 +21,9 @@ first step (the replay's behaviour before it had a clock, which earlier benchmar
 Engines (:mod:`~kvcore.integrations.vllm.replay_engine`): ``vllm``, ``kvcore`` (LRU),
 ``kvcore:POLICY``, a schedule policy for vLLM's waiting queue as a suffix (``kvcore@lpm``,
 ``kvcore:recommended@dfs-weight``; ``--max-waiting-steps`` sets every kvcore engine's starvation
-bound), and the offline bounds ``kvcore:belady`` and ``kvcore:reuse_oracle``, which only this
-replay builds (:mod:`~kvcore.integrations.vllm.replay_oracle`; vLLM's configuration refuses them).
+bound), ``+no-memo`` before it for an engine without the head-of-line retry memo, and the
+offline bounds ``kvcore:belady`` and ``kvcore:reuse_oracle``, which only this replay builds
+(:mod:`~kvcore.integrations.vllm.replay_oracle`; vLLM's configuration refuses them).
 
 Each engine reports the prefix-cache hit rate (vLLM's ``PrefixCacheStats``), preemptions, and
 the scheduler's CPU time per step (``schedule`` + ``update_from_output``; median over steps,
@@ -358,7 +359,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "(recommended, learned, slru, slru:protected_share=0.7, s3fifo, arc; +hints=N: "
                     "queue hints), a schedule "
                     "policy for vLLM's waiting queue as a suffix (kvcore@lpm, "
-                    "kvcore:recommended@dfs-weight; fcfs, lpm, dfs-weight, recommended), or the "
+                    "kvcore:recommended@dfs-weight; fcfs, lpm, dfs-weight, recommended), "
+                    "+no-memo before it: without the head-of-line retry memo, or the "
                     "offline bounds kvcore:belady and kvcore:reuse_oracle (arrival order only) "
                     "(default: %(default)s)")
     ap.add_argument("--block-size", type=int, default=16)

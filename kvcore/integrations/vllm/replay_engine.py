@@ -9,6 +9,8 @@ command line (``--engines``)::
                                            brings its own; ``+hints=0`` turns them off)
     kvcore[:POLICY]@SCHEDULE               ... and a schedule policy for vLLM's waiting queue:
                                            fcfs, lpm, dfs-weight, recommended
+    kvcore[...]+no-memo[@SCHEDULE]         ... without the head-of-line retry memo
+                                           (``retry_memo`` off: the A/B of its cost)
     kvcore:belady, kvcore:reuse_oracle     offline bounds (arrival order only: no @SCHEDULE)
 
 Every kvcore engine's settings are parsed as ``additional_config["kvcore"]`` is
@@ -47,6 +49,9 @@ class Engine:
         naming the engine and what is wrong with it."""
         name = text.strip()
         base, at, schedule = name.partition("@")  # eviction options never hold an "@"
+        no_memo = base.endswith("+no-memo")
+        if no_memo:
+            base = base[:-len("+no-memo")]
         if base == "vllm":
             if at:
                 raise InvalidArgumentError(
@@ -70,6 +75,8 @@ class Engine:
             raw["queue_hints"] = int(hints)
         if at:
             raw["schedule_policy"] = schedule
+        if no_memo:
+            raw["retry_memo"] = False
         if max_waiting_steps is not None:
             raw["max_waiting_steps"] = max_waiting_steps
         try:

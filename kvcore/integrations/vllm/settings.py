@@ -36,6 +36,11 @@ Keys (all optional):
     ``0.34.0.dev5+g0123abc``), with a warning naming it (default ``false``: such a build is
     refused at engine start; :mod:`~kvcore.integrations.vllm.version`).  A build of a version
     kvcore does not list must also pass the contract probe.
+``retry_memo``
+    Answer the waiting queue's head that did not fit, which vLLM's scheduler asks again every
+    step, from memory while nothing that decides the answer has changed: the same lookup and the
+    same failed allocation, the schedule unchanged (:mod:`kvcore.integrations.vllm.retry`;
+    default ``true``; ``false`` asks kvcore's manager every time).
 
 This module does not import vLLM: it is what the vLLM integration and its tests share with
 kvcore's own command line.
@@ -68,8 +73,8 @@ def _count(name: str, value: object, least: int = 0) -> int:
     return value
 
 
-def _flag(raw: Mapping[object, object], name: str) -> bool:
-    value = raw.get(name, False)
+def _flag(raw: Mapping[object, object], name: str, default: bool = False) -> bool:
+    value = raw.get(name, default)
     if not isinstance(value, bool):
         raise InvalidArgumentError(f"additional_config['kvcore'][{name!r}] must be a bool, "
                                    f"got {value!r}")
@@ -88,6 +93,7 @@ class KvcoreSettings:
     max_waiting_steps: int = MAX_WAITING_STEPS
     lpm_lookups_per_step: int = 32
     allow_unreleased_vllm: bool = False
+    retry_memo: bool = True
 
 
 _KEYS = tuple(f.name for f in fields(KvcoreSettings))
@@ -119,6 +125,7 @@ def parse_settings(raw: object) -> KvcoreSettings:
                                    f"(or {RECOMMENDED_NAME!r})") from None
     verify = _flag(raw, "verify_hits")
     unreleased = _flag(raw, "allow_unreleased_vllm")
+    retry_memo = _flag(raw, "retry_memo", True)
     try:
         schedule = resolve_schedule_policy(raw.get("schedule_policy", "fcfs"))
     except InvalidArgumentError as exc:
@@ -135,7 +142,8 @@ def parse_settings(raw: object) -> KvcoreSettings:
                                  raw.get("max_waiting_steps", MAX_WAITING_STEPS), 1),
         lpm_lookups_per_step=_count("lpm_lookups_per_step", raw.get("lpm_lookups_per_step", 32),
                                     1),
-        allow_unreleased_vllm=unreleased)
+        allow_unreleased_vllm=unreleased,
+        retry_memo=retry_memo)
 
 
 def settings_from_additional_config(additional_config: object) -> KvcoreSettings | None:
