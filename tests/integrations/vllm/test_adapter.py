@@ -173,15 +173,10 @@ def _mamba(mode: str = "align", **kw: int) -> MambaSpec:
      "prefix caching with cross attention"),
     (lambda: kv_config(full(32), swa(32, block_size=32)), {"hash_block_size": 16},
      "prefix_match_unit"),
-    (lambda: kv_config(num_blocks=16).__class__(
-        num_blocks=16, kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["a"], full(), is_eagle_group=True),
-                         KVCacheGroupSpec(["b"], swa(32))]), {"use_eagle": True},
-     "EAGLE block drop"),
     (lambda: kv_config(), {"dcp_world_size": 2}, "context parallelism"),
     (lambda: kv_config(), {"num_prefill_lookahead": 3}, "multi-module MTP"),
 ], ids=["mamba-spec-blocks", "mamba-eagle", "cross-attention", "partial-hash-hits",
-        "partial-eagle", "dcp", "mtp"])
+        "dcp", "mtp"])
 def test_refused_configurations_name_the_feature(config, kwargs, names) -> None:  # type: ignore[no-untyped-def]
     args = dict(kv_cache_config=config(), max_model_len=4096, scheduler_block_size=16,
                 hash_block_size=16, enable_caching=True)
@@ -191,6 +186,30 @@ def test_refused_configurations_name_the_feature(config, kwargs, names) -> None:
     with pytest.raises(UnsupportedFeatureError, match=names) as info:
         KVCacheManagerAdapter(**args, settings=KvcoreSettings())
     assert "kvcore does not implement" in str(info.value)
+
+
+@pytest.mark.parametrize("use_eagle", [True, False])
+@pytest.mark.parametrize("flagged", [(0,), (1,), (0, 2)])
+def test_eagle_drops_in_the_groups_vllm_drops_in(flagged: tuple[int, ...],
+                                                 use_eagle: bool) -> None:
+    """Groups flagged ``is_eagle_group``: the groups whose hits drop (each group view's
+    ``use_eagle``, the coordinator's sets) are vLLM's, on the installed version (0.32 drops in
+    flagged groups whatever ``use_eagle`` says, 0.33 only with it), and so is the hit."""
+    specs = [full(), swa(32), swa(64)]
+    config = kv_config(num_blocks=64).__class__(
+        num_blocks=64, kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s, is_eagle_group=i in flagged)
+                         for i, s in enumerate(specs)])
+    theirs, ours = managers(config, use_eagle=use_eagle)
+    assert ([m.use_eagle for m in ours.coordinator.single_type_managers]
+            == [m.use_eagle for m in theirs.coordinator.single_type_managers])
+    assert ours.coordinator.eagle_group_ids == theirs.coordinator.eagle_group_ids
+    assert ours.coordinator.drop_eagle_group_ids == getattr(
+        theirs.coordinator, "drop_eagle_group_ids", theirs.coordinator.eagle_group_ids)
+    for m in (theirs, ours):
+        admit(m, request("a", range(150)))
+    hits = [admit(m, request("b", [*range(150), 7]))[0] for m in (theirs, ours)]
+    assert hits[0] == hits[1] and hits[0] > 0
 
 
 def test_scratch_groups_are_mapped_and_unknown_ones_refused() -> None:
