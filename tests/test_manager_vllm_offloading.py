@@ -15,6 +15,7 @@ from kvcore import KVCacheManager
 from kvcore.errors import InvalidArgumentError, InvalidGroupError, NoFreeBlocksError
 from kvcore.settings import CacheSettings
 from kvcore.specs import ChunkedLocalAttentionSpec, SlidingWindowSpec
+from kvcore.testing.checked import checked
 from kvcore.testing.snapshot import manager_snapshot
 from tests.factories import admit, full_spec, ids, make_manager, swa_spec
 
@@ -181,7 +182,7 @@ def test_a_pool_held_short_refuses_allocations_and_keeps_its_cache() -> None:
 
 
 def test_holding_takes_the_blocks_reused_last() -> None:
-    m = make_manager(full_spec(4), num_blocks=16)
+    m = checked(make_manager(full_spec(4), num_blocks=16))  # invariants after every call
     _cached_prompt(m, list(range(12)))
     order = ids(list(m.pool.policy))
     m.set_num_free_blocks(5)
