@@ -1,8 +1,9 @@
-"""Extension modules of the optional compiled build (see build_backend/kvcore_build.py).
+"""Extension modules of the compiled build (build_backend/kvcore_build.py decides when).
 
-Without ``KVCORE_COMPILE=1`` this adds nothing: pyproject.toml describes the package.  With it,
-``pip install .`` compiles kvcore's hot modules with mypyc (the same source; the ``.py`` files are
-installed too).  kvcore.testing, kvcore.sim, kvcore.bench and the CLI stay interpreted.
+When the backend builds the compiled wheel (the default of ``pip install .`` where a C compiler
+is present, or ``KVCORE_COMPILE=1``), this compiles kvcore's hot modules with mypyc (the same
+source; the ``.py`` files are installed too); otherwise it adds nothing and pyproject.toml
+describes the package.  kvcore.testing, kvcore.sim, kvcore.bench and the CLI stay interpreted.
 """
 
 from __future__ import annotations

@@ -27,8 +27,9 @@ from kvcore.types import KVCacheBlocks, KVRequest
 
 
 def _is_compiled() -> bool:
-    """Whether this is the mypyc-compiled build (``KVCORE_COMPILE=1 pip install .``): its hot
-    modules, kvcore.manager among them, are then extension modules."""
+    """Whether this is the mypyc-compiled build (``pip install .`` where a C compiler is present,
+    build_backend/kvcore_build.py): its hot modules, kvcore.manager among them, are then
+    extension modules."""
     from importlib.machinery import EXTENSION_SUFFIXES
 
     from kvcore import manager

@@ -75,6 +75,25 @@ class UnsupportedFeatureError(KVCoreError, ValueError):
     message names the feature and the setting that turns it off."""
 
 
+class ViewAttributeError(UnsupportedFeatureError, AttributeError):
+    """A name read or set on one of the vLLM integration's views of vLLM internals (its block
+    pool, coordinator, single-type managers, free queue, blocks) that the view does not provide:
+    code written against vLLM's own objects reached a vLLM internal kvcore was not checked
+    against.  Also an ``AttributeError``, so ``hasattr`` and ``getattr(view, name, default)``
+    keep their meaning.  ``view`` and ``name`` say which."""
+
+    def __init__(self, view: str, name: str, *, setting: bool = False) -> None:
+        self.view = view
+        self.name = name
+        what = (f"setting {name!r} on kvcore's {view}: a vLLM internal kvcore's view does not "
+                f"let a caller set (the view shows kvcore's own state)" if setting else
+                f"reading {name!r} on kvcore's {view}: a vLLM internal kvcore's view does not "
+                f"provide")
+        super().__init__(
+            f"{what}; the caller reached past vLLM's KVCacheManager interface into something "
+            f"kvcore was not checked against: run this caller without kvcore")
+
+
 class InvariantError(KVCoreError, AssertionError):
     """A structural invariant (see DESIGN.md, "Invariants") does not hold.
 

@@ -243,6 +243,8 @@ def check_manager_invariants(manager: ManagerState) -> None:
                           ``withhold`` name real blocks (the blocks ``set_num_free_blocks``
                           holds back own one reference each)
                           (and count in their ``ref_cnt``, checked with the pool's ownership)
+    ``pending-copy``      each endpoint of a pending block copy (``pending_copies``) holds a
+                          withheld reference for each copy it is an endpoint of
     ``null-placement``    null blocks only in groups whose type allows them, as a leading run
                           (anywhere for types with ``null_gaps``)
     ``block-count``       every computed token has a slot; no table exceeds max_model_len, nor
@@ -271,6 +273,23 @@ def check_manager_invariants(manager: ManagerState) -> None:
         if not (0 < bid < len(blocks)) or n <= 0:
             raise InvariantError("withheld", f"withheld block {bid} with {n} references")
         owners[("withheld", bid)] = [[blocks[bid]] * n]  # references deferred frees hold
+    withheld = manager.withheld_blocks()
+    retained: dict[int, int] = {}
+    for g, m in enumerate(coord.managers):
+        entries: list[object] = list(m.pending_copies)  # anything an outside holder appended
+        for pair in entries:
+            ends = tuple(pair) if isinstance(pair, (tuple, list)) else ()
+            if len(ends) != 2 or not all(isinstance(b, KVCacheBlock) and 0 < b.block_id < len(blocks)
+                                         for b in ends):
+                raise _fail("pending-copy", f"group {g}'s pending copy {pair!r} is not a "
+                            "(source, destination) pair of blocks")
+            for block in ends:
+                bid = block.block_id
+                retained[bid] = n = retained.get(bid, 0) + 1
+                if n > withheld.get(bid, 0) or blocks[bid] is not block:
+                    raise _fail("pending-copy", f"group {g}'s pending copy {pair!r} retains "
+                                f"block {bid} {n} time(s), withheld {withheld.get(bid, 0)}",
+                                block)
     held = manager.held_free_blocks()
     if held:  # one reference each, taken by set_num_free_blocks
         owners["held free"] = [held]
@@ -314,7 +333,7 @@ def check_manager_invariants(manager: ManagerState) -> None:
                     raise InvariantError("block-count", f"request {rid!r} has {len(blocks)} blocks "
                                          f"in group {g} for {request.num_computed_tokens} computed "
                                          "tokens", observed=(len(blocks), needed))
-                if len(blocks) > -(-manager.max_model_len // bs):
+                if len(blocks) > -(-manager.max_model_len // bs) + m.num_speculative_blocks:
                     raise InvariantError("block-count", f"request {rid!r} has {len(blocks)} blocks "
                                          f"in group {g}, more than max_model_len allows")
             cap = m.max_table_blocks

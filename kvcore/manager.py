@@ -33,6 +33,7 @@ from kvcore.coordinator.base import KVCacheCoordinator
 from kvcore.errors import (
     BlockStateError,
     InvalidArgumentError,
+    InvalidGroupError,
     InvalidHitError,
     NoFreeBlocksError,
     RequestStateError,
@@ -555,6 +556,72 @@ class KVCacheManager:
                 del withheld[bid]
         self.pool.free_blocks(blocks)
 
+    def withhold_new_blocks(self, num_blocks: SupportsIndex) -> list[KVCacheBlock]:
+        """Take ``num_blocks`` blocks from the free side for a holder outside the manager (vLLM's
+        ``block_pool.get_new_blocks``: the destination of a block copy, a connector's staging
+        block), each with one reference withheld like :meth:`pop_blocks_for_free`'s until
+        :meth:`free_withheld` returns it.  The blocks are the pool's allocation victims: a
+        cached one is evicted (``BlockRemoved``), as any allocation does.
+
+        Raises :class:`~kvcore.errors.NoFreeBlocksError` if fewer blocks are free, and
+        :class:`~kvcore.errors.InvalidArgumentError` for a count that is not an int >= 0; either
+        way nothing changes."""
+        n = check_count("num_blocks", num_blocks)
+        if n > self.pool.num_free_blocks:
+            raise NoFreeBlocksError(f"withhold_new_blocks: {n} blocks asked for, only "
+                                    f"{self.pool.num_free_blocks} are free")
+        blocks = self.pool.get_new_blocks(n)
+        withheld = self._withheld
+        for block in blocks:
+            bid = block.block_id
+            withheld[bid] = withheld.get(bid, 0) + 1
+        return blocks
+
+    def take_block_copies(self) -> tuple[list[tuple[KVCacheBlock, KVCacheBlock]],
+                                         list[KVCacheBlock]]:
+        """Drain every group's pending block copies (``SingleTypeKVCacheManager.pending_copies``:
+        ``(source, destination)`` pairs a copy-on-write recorded, group after group, each in the
+        order recorded) and return them with their retained endpoints (``[source, destination]``
+        of each pair, in order).
+
+        Each endpoint of a pending copy holds one withheld reference (a copy-on-write withholds
+        them when it records the pair; a holder that records a copy itself withholds them with
+        :meth:`withhold` or :meth:`withhold_new_blocks`), so neither can be reused before the
+        copy has run: the caller returns the retained endpoints with :meth:`free_withheld` once
+        the step that runs the copies has been processed (vLLM's scheduler does, through its
+        deferred frees).  A pair that is not two of this pool's blocks, or endpoints listed more
+        often than they are withheld, raise :class:`~kvcore.errors.BlockStateError` and change
+        nothing (the pending lists stay as they are)."""
+        managers = self.coordinator.managers
+        if not any(m.pending_copies for m in managers):
+            return [], []
+        pairs: list[tuple[KVCacheBlock, KVCacheBlock]] = []
+        counts: dict[int, int] = {}
+        mine = self.pool.blocks
+        for m in managers:
+            # Entries as objects: an outside holder may have appended anything (the compiled
+            # build would otherwise raise its own TypeError on a wrong entry).
+            entries: list[object] = list(m.pending_copies)
+            for pair in entries:
+                ends = tuple(pair) if isinstance(pair, (tuple, list)) else ()
+                if len(ends) != 2 or not all(
+                        isinstance(b, KVCacheBlock) and not b.is_null
+                        and 0 <= b.block_id < len(mine) and mine[b.block_id] is b for b in ends):
+                    raise BlockStateError(f"pending copy {pair!r} of group {m.group_id} is not "
+                                          "a (source, destination) pair of this pool's blocks")
+                src, dst = ends
+                for block in ends:
+                    counts[block.block_id] = n = counts.get(block.block_id, 0) + 1
+                    if n > self._withheld.get(block.block_id, 0):
+                        raise BlockStateError(
+                            f"pending copy {pair!r} of group {m.group_id}: block "
+                            f"{block.block_id} retained by {n} pending copies but withheld "
+                            f"{self._withheld.get(block.block_id, 0)} time(s)")
+                pairs.append((src, dst))
+        for m in managers:
+            m.pending_copies.clear()
+        return pairs, [b for pair in pairs for b in pair]
+
     @property
     def num_withheld_blocks(self) -> int:
         """References handed out by :meth:`pop_blocks_for_free` and not returned yet."""
@@ -729,6 +796,44 @@ class KVCacheManager:
                 hashes.append(request.block_hashes)
         self.pool.set_hints(self.coordinator.hint_hashes(hashes))
 
+    @property
+    def retained_hit_groups(self) -> frozenset[int]:
+        """The groups whose lookups keep their longer hit (:meth:`retain_longer_hits`)."""
+        return self.coordinator.retained_hit_groups
+
+    def retain_longer_hits(self, group_ids: Iterable[int]) -> None:
+        """Let these groups keep their own longer hit (vLLM's ``retains_longer_hit``, for a KV
+        connector that loads the other groups' KV but not theirs): ``get_computed_blocks``
+        returns a retained full-attention group's hit blocks beyond the hit length all groups
+        agree on, and ``allocate_slots`` keeps as many of a retained group's hit blocks as the
+        local and external computed tokens cover (``cdiv(num_new_computed_tokens +
+        num_external_computed_tokens, block_size)``), so those blocks stand for the external
+        tokens in that group instead of fresh ones.  Replaces the previous set; an id that is
+        not a group raises :class:`InvalidGroupError` and changes nothing."""
+        # (elements as objects: the compiled build would turn a bool into an int on the way)
+        raw: list[object] = list(check_collection("group_ids", group_ids))
+        ids: list[int] = []
+        for g in raw:
+            if type(g) is not int or not 0 <= g < self.num_groups:
+                raise InvalidGroupError(f"retain_longer_hits: {g!r} is not a group id (0 to "
+                                        f"{self.num_groups - 1})")
+            ids.append(g)
+        self.coordinator.retained_hit_groups = frozenset(ids)
+
+    def _trim_retained(self, hits: Sequence[Sequence[KVCacheBlock]], num_reused: int
+                       ) -> Sequence[Sequence[KVCacheBlock]]:
+        """``hits`` with each retained group's blocks cut to the ``num_reused`` tokens the
+        allocation adopts (the same object when none is longer)."""
+        out = None
+        for g in self.coordinator.retained_hit_groups:
+            keep = -(-num_reused // self.coordinator.managers[g].block_size)
+            blocks = hits[g]
+            if isinstance(blocks, (list, tuple)) and len(blocks) > keep:
+                if out is None:
+                    out = list(hits)
+                out[g] = blocks[:keep]
+        return hits if out is None else tuple(out)
+
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop these blocks from the prefix cache (reference counts unchanged)."""
         self.pool.evict_blocks(block_ids)
@@ -801,6 +906,9 @@ class KVCacheManager:
                 f"request {rid!r}: {num_new_computed_tokens} hit + {num_external_computed_tokens} "
                 f"external tokens exceed its {request.num_tokens} tokens")
         if has_hits or num_new_computed_tokens:
+            if self.coordinator.retained_hit_groups:
+                hits = self._trim_retained(hits, num_new_computed_tokens
+                                           + num_external_computed_tokens)
             look = hits.lookup if type(hits) is LookupHit else None
             pool = self.pool
             if (look is None or look[0] is not request or look[1] != num_new_computed_tokens
@@ -869,7 +977,10 @@ class KVCacheManager:
                     # state at the end of the computed tokens (vLLM: a connector that refills
                     # Mamba state behind a deeper full-attention hit).
                     m.spec.holds_state and num_external_tokens
-                    and len(blocks) * bs < num_hit_tokens):
+                    and len(blocks) * bs < num_hit_tokens) and not (
+                    # A retained group's longer hit stands for external tokens it covers.
+                    num_external_tokens and g in self.coordinator.retained_hit_groups
+                    and num_hit_tokens < len(blocks) * bs < total_computed + bs):
                 raise InvalidHitError(
                     f"request {rid!r}: num_new_computed_tokens={num_hit_tokens} but group {g} "
                     f"has {len(blocks)} hit blocks of {bs} tokens")

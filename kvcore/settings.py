@@ -52,7 +52,8 @@ class CacheSettings:
         verify_hits: cached blocks keep their token ids and every hit is confirmed against the
             request's tokens, so a hash collision cannot produce a wrong-KV hit.
         use_eagle: EAGLE/MTP speculative decoding: every prefix hit drops its last block (as
-            vLLM's ``use_eagle``; not with chunked local attention).
+            vLLM's ``use_eagle``; not with chunked local attention), and Mamba "align" groups
+            keep their checkpoints at EAGLE's replay boundary.
         eagle_groups: with ``use_eagle``, the KV-cache groups (ids) whose hits drop their last
             block, as vLLM's ``is_eagle_group`` flags (the draft model's groups); ``None``, the
             default: every group.  Groups of one spec are searched together, so one of them
@@ -68,7 +69,8 @@ class CacheSettings:
         eagle_junction_tail: under EAGLE with sparse retention (a sliding window and a
             ``prefix_cache_retention_interval``), also keep the window tail one block below a
             request's shared-prefix junction, where a sibling that diverges right after the
-            junction hits (vLLM 0.33; ``False``: vLLM 0.32, which keeps only the junction's).
+            junction hits, and a Mamba "align" group the state one block below it (vLLM 0.33;
+            ``False``: vLLM 0.32, which keeps only the junction's).
         mamba_recache_prompt_boundary: Mamba "align" groups mark the state at the prompt's last
             block boundary before its end as cached this step (not hittable until the next)
             whenever a chunk ends there, even when it was cached or hit earlier (vLLM 0.32;

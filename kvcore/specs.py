@@ -241,7 +241,15 @@ class MambaSpec(KVCacheSpec):
     one new block; with ``num_prefill_checkpoint_blocks`` (1: Mamba2 layers) the prompt's last
     chunk also gets a block for the state at the prompt's last block boundary before its end,
     exported from inside the step (``prefill_checkpoint_alignment``: the token granularity the
-    backend can export at), so a repeated prompt hits there."""
+    backend can export at), so a repeated prompt hits there.
+
+    ``num_speculative_blocks`` (vLLM's, MTP/EAGLE drafting on a hybrid model: one per draft
+    token) gives every request that many state blocks past its running state, where the
+    verification step writes the states after each draft token: in ``"none"`` mode the table
+    simply reaches that many blocks further; in ``"align"`` mode they follow the running state
+    block and move along with it (a step that advances the state past them moves them to the
+    table's new end and nulls their old positions).  A prefill checkpoint in ``"align"`` mode
+    with speculative blocks needs the hit alignment equal to the block size (vLLM's layout)."""
 
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[torch.dtype, ...]
@@ -250,6 +258,7 @@ class MambaSpec(KVCacheSpec):
     mamba_cache_mode: str = "none"
     num_prefill_checkpoint_blocks: int = 0
     prefill_checkpoint_alignment: int | None = None
+    num_speculative_blocks: int = 0
     kind: ClassVar[str] = "mamba"
     holds_state: ClassVar[bool] = True
 
@@ -265,6 +274,9 @@ class MambaSpec(KVCacheSpec):
         if n and self.mamba_cache_mode != "align":
             raise InvalidArgumentError("num_prefill_checkpoint_blocks needs mamba_cache_mode "
                                        f"'align', got {self.mamba_cache_mode!r}")
+        k = self.num_speculative_blocks
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+            raise InvalidArgumentError(f"num_speculative_blocks must be an int >= 0, got {k!r}")
         if self.prefill_checkpoint_alignment is not None:
             _positive("prefill_checkpoint_alignment", self.prefill_checkpoint_alignment)
         elif n:  # (vLLM's models pair them: a checkpoint without it is never exported)
@@ -282,10 +294,11 @@ class MambaSpec(KVCacheSpec):
     def max_blocks_per_request(self, max_model_len: int,
                                max_num_batched_tokens: int | None = None) -> int:
         step = max_model_len if max_num_batched_tokens is None else max_num_batched_tokens
+        k = self.num_speculative_blocks
         if self.mamba_cache_mode == "align":  # the running state, its source, a checkpoint
-            return min(_cdiv(max_model_len, self.block_size),
-                       2 + self.num_prefill_checkpoint_blocks)
-        return min(_cdiv(max_model_len, self.block_size), _cdiv(step, self.block_size) + 1)
+            return min(_cdiv(max_model_len, self.block_size) + k,
+                       2 + self.num_prefill_checkpoint_blocks + k)
+        return min(_cdiv(max_model_len, self.block_size), _cdiv(step, self.block_size) + 1) + k
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -352,11 +365,21 @@ class KVCacheConfig:
     alignment.  Mamba ``"align"`` groups keep only the states at those boundaries (and one per
     ``k`` tokens); other attention types cache densely whatever it is (Mamba groups in ``"none"``
     mode refuse it).
+
+    ``prefix_match_unit`` (vLLM's ``CacheConfig`` setting of the same name) hashes prompts every
+    that many tokens instead of every gcd of the prefix-cacheable groups' block sizes; it must
+    divide each of those block sizes, and with a single group be its block size (as vLLM
+    requires).  Hits still end on the hit alignment (block boundaries),
+    as with the gcd: a finer unit only moves where full-attention groups register a prompt's
+    partial tail.  (vLLM serves partial-block hits — a hit ending inside a block, the shared
+    tail block copied on write — when a Mamba ``"align"`` group's blocks are larger than the
+    unit; kvcore does not implement them, and its vLLM adapter refuses such a configuration.)
     """
 
     num_blocks: int
     groups: tuple[KVCacheGroup, ...] = field(default=())
     prefix_cache_retention_interval: int | None = None
+    prefix_match_unit: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_blocks.__class__ is not int or self.num_blocks < 2:
@@ -385,6 +408,20 @@ class KVCacheConfig:
                    for g in self.groups):
                 raise InvalidArgumentError("prefix_cache_retention_interval is not implemented "
                                            "for Mamba groups outside 'align' mode (leave it None)")
+        unit = self.prefix_match_unit
+        if unit is not None:
+            if type(unit) is not int or unit <= 0:
+                raise InvalidArgumentError(f"prefix_match_unit must be None or a positive int, "
+                                           f"got {unit!r}")
+            sizes = [g.spec.block_size for g in self.groups if g.spec.prefix_cacheable]
+            if len(self.groups) == 1 and unit != self.groups[0].spec.block_size:
+                raise InvalidArgumentError(
+                    f"prefix_match_unit={unit}: with a single KV-cache group hits land on its "
+                    f"block size ({self.groups[0].spec.block_size} tokens); leave it unset or "
+                    "set it to the block size (vLLM refuses it too)")
+            if any(size % unit for size in sizes):
+                raise InvalidArgumentError(f"prefix_match_unit={unit} must divide every prefix-"
+                                           f"cacheable group's block size, got {sizes}")
         windows = sorted({g.spec.prefix_replay_tokens for g in self.groups
                           if g.spec.prefix_replay_tokens})
         if len(windows) > 1:
@@ -397,8 +434,11 @@ class KVCacheConfig:
 
     @property
     def hash_block_size(self) -> int:
-        """Token granularity of block hashes: the gcd of the prefix-cacheable groups' block
-        sizes (scratch groups and cross attention are never hashed)."""
+        """Token granularity of block hashes: ``prefix_match_unit`` when set, else the gcd of
+        the prefix-cacheable groups' block sizes (scratch groups and cross attention are never
+        hashed)."""
+        if self.prefix_match_unit is not None:
+            return self.prefix_match_unit
         sizes = [g.spec.block_size for g in self.groups if g.spec.prefix_cacheable]
         return math.gcd(*sizes) if sizes else self.groups[0].spec.block_size
 

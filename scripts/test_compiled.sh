@@ -8,8 +8,8 @@
 #            which the compiled build does not change), the notebook test, and the tests whose
 #            outcome does not depend on the build: they read the source tree (layering, the
 #            README, the conformance runner's inputs), build and install their own package from
-#            it (test_package, test_install_with_vllm), or check the text of the pytest summary
-#            of a run without the vLLM peer (test_peer_summary).
+#            it (test_package, test_install_with_vllm, test_compiled_wheel), or check the text
+#            of the pytest summary of a run without the vLLM peer (test_peer_summary).
 #
 # The venv (default .venv-compiled, or $KVCORE_COMPILED_VENV) gets the compiled kvcore from
 # `KVCORE_COMPILE=1 pip install --no-deps .` (a wheel; the build needs setuptools and mypy, which
@@ -76,7 +76,8 @@ if [ "$core" = 1 ]; then
     args+=(tests --ignore=tests/runner --deselect tests/test_notebook.py
            --ignore=tests/test_layering.py --ignore=tests/test_readme.py
            --ignore=tests/test_vllm_conformance.py --ignore=tests/test_package.py
-           --ignore=tests/test_install_with_vllm.py --ignore=tests/test_peer_summary.py)
+           --ignore=tests/test_install_with_vllm.py --ignore=tests/test_peer_summary.py
+           --ignore=tests/test_compiled_wheel.py)
 else
     args+=(tests)
 fi

@@ -33,6 +33,9 @@ PEER_BUILD = "bash scripts/peer_vllm.sh"
 INSTALL_TESTS = "KVCORE_INSTALL_TESTS=1"
 DYNAMO_INSTALL = ".venv/bin/pip install -e '.[dynamo]'"  # tests/test_dynamo_interop.py
 ROUTER_BUILD = "bash scripts/vllm_router.sh"  # tests/test_vllm_router_interop.py
+# tests/test_compiled_wheel.py
+COMPILED_WHEEL_BUILD = ("KVCORE_COMPILED_WHEEL=$(bash scripts/compiled_wheel.sh | tail -n 1) "
+                        ".venv/bin/python -m pytest tests/test_compiled_wheel.py")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -63,3 +66,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(
             f"vllm-router kv_aware interop test skipped ({len(skipped)} tests: its venv is "
             f"missing); enable it with: {ROUTER_BUILD}", yellow=True, bold=True)
+    skipped = [r for r in terminalreporter.stats.get("skipped", [])
+               if isinstance(r.longrepr, tuple) and COMPILED_WHEEL_BUILD in str(r.longrepr[2])]
+    if skipped:
+        terminalreporter.write_line(
+            f"compiled-wheel install test skipped ({len(skipped)} test: no wheel built); run it "
+            f"with: {COMPILED_WHEEL_BUILD}", yellow=True, bold=True)

@@ -1,5 +1,6 @@
 """Which build is running: ``kvcore.__compiled__`` and ``kvcore --version`` agree with the modules
-actually imported (the pure-Python package, or ``KVCORE_COMPILE=1 pip install .``).
+actually imported (the pure-Python package of an editable install, or the compiled build of
+``pip install .``; tests/test_compiled_wheel.py checks which build a wheel is).
 
 ``scripts/test_compiled.sh`` runs the suite with ``KVCORE_EXPECT_BUILD=compiled``; set it to
 ``pure`` (or leave it unset) for the reference build."""

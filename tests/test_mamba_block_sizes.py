@@ -144,7 +144,8 @@ def test_every_layout_of_mixed_block_sizes_runs_each_policy_lookahead_and_retent
     assert {s.hash_lookahead for s in mixed} == {0, 3}
     assert {s.retention for s in mixed} == {None, 0, 16}
     layouts = {s.specs for s in mixed}
-    assert len(layouts) == 5
+    assert len(layouts) == 6
+    assert any(getattr(x, "num_speculative_blocks", 0) for specs in layouts for x in specs)
     assert all(len({x.block_size for x in specs}) > 1 for specs in layouts)
     built = Setup("x", mixed[-1].specs, hash_lookahead=3, eviction_policy="arc").build()
     assert built.num_hash_lookahead_tokens == 3 and built.pool.eviction_policy == "arc"

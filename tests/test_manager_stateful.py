@@ -161,6 +161,9 @@ TestTwoSlidingGroupsTruncatedHash = _machine("full+swa5+swa5 truncated").TestCas
 TestNoPrefixCache = _machine("nocache full+swa").TestCase
 TestPartialTailEntriesEagleVerify = _machine("full8+swa4 eagle verify").TestCase
 TestHybridThreeTypesEagleColliding = _machine("full+swa7+mamba eagle tokens").TestCase
+# MTP/EAGLE on a hybrid model: speculative Mamba state blocks moved along an "align" table, its
+# checkpoints at EAGLE's replay boundary.
+TestMambaAlignSpeculativeEagleVerify = _machine("full+mamba-align spec3 eagle verify").TestCase
 # Different block sizes per group (the hit alignment larger than the Mamba group's blocks, or
 # the hashes finer than the Mamba group's), crossed with lookahead hashes, sparse retention and
 # each eviction policy: the content oracle proves every hit and table.

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from kvcore.coordinator import HybridCoordinator, NoPrefixCacheCoordinator, UnitaryCoordinator
-from kvcore.errors import UnsupportedFeatureError
 from kvcore.specs import ChunkedLocalAttentionSpec, CrossAttentionSpec, MambaSpec
 from kvcore.types import KVCacheBlock
 from tests.factories import admit, decode, full_spec, make_manager, manager_snapshot, swa_spec
@@ -179,14 +178,33 @@ def test_mamba_align_holds_the_running_state_its_source_and_the_prompt_checkpoin
     m.check_invariants()
 
 
-def test_mamba_align_failed_allocation_changes_nothing_and_eagle_is_refused() -> None:
-    m = mgr(full_spec(BS), mamba_align_spec(), num_blocks=4)
+@pytest.mark.parametrize("use_eagle", [False, True])
+def test_mamba_align_failed_allocation_changes_nothing(use_eagle: bool) -> None:
+    m = mgr(full_spec(BS), mamba_align_spec(), num_blocks=4, use_eagle=use_eagle)
     a = m.make_request("a", range(16))
     before = manager_snapshot(m)
     assert m.allocate_slots(a, 16) is None  # 4 attention blocks + 1 state block > 3 free
     assert manager_snapshot(m) == before
-    with pytest.raises(UnsupportedFeatureError, match="EAGLE"):
-        mgr(full_spec(BS), mamba_align_spec(), num_blocks=8, use_eagle=True)
+
+
+def test_mamba_speculative_failed_growth_changes_nothing() -> None:
+    """A running request whose growth fails keeps its table, speculative blocks included, and
+    the next growth moves them as if the failed call never happened."""
+    spec = MambaSpec(block_size=BS, shapes=((2, 4),), dtypes=(torch.float32,),
+                     mamba_cache_mode="align", num_speculative_blocks=2)
+    m = mgr(full_spec(BS), spec, num_blocks=12)
+    a = m.make_request("a", range(30))
+    assert m.allocate_slots(a, 4) is not None  # 1 + (1 running + 2 speculative) blocks
+    a.num_computed_tokens = 4
+    hog = m.make_request("hog", range(12))
+    assert m.allocate_slots(hog, 12) is not None  # 3 + 3 more: 1 block left free
+    before = manager_snapshot(m)
+    assert m.allocate_slots(a, 20) is None  # needs 5 attention blocks
+    assert manager_snapshot(m) == before
+    m.free(hog)
+    assert m.allocate_slots(a, 20) is not None
+    assert len(m.get_blocks("a")[1]) == 6 + 2
+    m.check_invariants()
 
 
 # -- cross attention ------------------------------------------------------------------------------

@@ -4,8 +4,9 @@ directory: the shipped trace and its attribution and license note are package da
 
 Kept cheap: nothing is downloaded (the builds use this interpreter's setuptools, without build
 isolation; the fresh venv gets the pip bundled with Python (offline) and reaches kvcore's
-dependencies through a ``.pth`` file naming this interpreter's site directories) and the replay
-is 20 requests."""
+dependencies through a ``.pth`` file naming this interpreter's site directories), the wheel is
+the pure-Python one (``KVCORE_COMPILE=0``: a py3-none-any wheel; tests/test_compiled_wheel.py
+checks the compiled default) and the replay is 20 requests."""
 
 from __future__ import annotations
 
@@ -57,8 +58,10 @@ def test_an_installed_wheel_replays_the_shipped_trace_from_anywhere(tmp_path: Pa
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
           "--no-index", "-q", "-w", str(dist), str(dist / sdist)], tmp_path, KVCORE_COMPILE="0")
     (wheel,) = dist.glob("kvcore-*.whl")
+    assert wheel.name.endswith("-py3-none-any.whl"), wheel.name  # KVCORE_COMPILE=0: pure Python
     with zipfile.ZipFile(wheel) as whl:
         assert {TRACE, NOTE} <= set(whl.namelist())
+        assert not [n for n in whl.namelist() if n.endswith((".so", ".pyd"))]
 
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)  # its own pip: older pips' --python is unreliable
@@ -68,15 +71,18 @@ def test_an_installed_wheel_replays_the_shipped_trace_from_anywhere(tmp_path: Pa
     # The wheel first (before the .pth below, through which pip would find this interpreter's
     # kvcore already installed), then the dependencies (torch, numpy, ...) from this
     # interpreter's site directories, after the venv's own.
-    _run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)], tmp_path)
+    # (without $PYTHONPATH: a source tree named there, with a kvcore.egg-info from an earlier
+    # build in it, would pass for an installed kvcore, and pip would install nothing)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("KVCORE_MOONCAKE_TRACE", "PYTHONPATH", "KVCORE_EXPECT_BUILD")}
+    _run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)], tmp_path,
+         env)
     deps = [p for p in sys.path if p.endswith("site-packages")] or [
         sysconfig.get_paths()["purelib"]]
     (site / "_kvcore_test_dependencies.pth").write_text("\n".join(deps) + "\n")
 
     empty = tmp_path / "empty"
     empty.mkdir()
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("KVCORE_MOONCAKE_TRACE", "PYTHONPATH", "KVCORE_EXPECT_BUILD")}
     out = _run([str(env_dir / "bin" / "kvcore"), "replay", "mooncake-synthetic", "--limit", "20",
                 "--block-size", "512"], empty, env)
     assert out.startswith("replayed mooncake-synthetic: 20 of 20 requests finished"), out[:500]

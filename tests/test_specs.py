@@ -201,3 +201,34 @@ def test_mamba_align_holds_at_most_three_state_blocks_and_takes_sparse_retention
     none = MambaSpec(block_size=16, shapes=((2, 4),), dtypes=(torch.float32,))
     with pytest.raises(InvalidArgumentError, match="outside 'align' mode"):
         KVCacheConfig(8, (KVCacheGroup(("m",), none),), prefix_cache_retention_interval=0)
+
+
+def test_prefix_match_unit_sets_the_hash_granularity() -> None:
+    """vLLM's prefix_match_unit: hashes every unit (it must divide every prefix-cacheable
+    group's block size); hits stay on the hit alignment, finer units or not."""
+
+    def config(*specs: FullAttentionSpec | SlidingWindowSpec | MambaSpec,
+               unit: object) -> KVCacheConfig:
+        return KVCacheConfig(8, tuple(KVCacheGroup((f"l{i}",), s) for i, s in enumerate(specs)),
+                             None, unit)  # type: ignore[arg-type]  # bad units on purpose
+
+    full8 = full(8)
+    swa4 = SlidingWindowSpec(block_size=4, num_kv_heads=8, head_size=128, sliding_window=8)
+    assert config(full8, swa4, unit=None).hash_block_size == 4
+    assert config(full8, swa4, unit=2).hash_block_size == 2
+    assert config(full8, swa4, unit=2).alignment_tokens == 8  # hits stay on block boundaries
+    for bad in (0, -2, 2.0, True, "2"):
+        with pytest.raises(InvalidArgumentError, match="prefix_match_unit must be None or a "
+                                                       "positive int"):
+            config(full8, unit=bad)
+    assert config(full8, unit=8).hash_block_size == 8
+    with pytest.raises(InvalidArgumentError, match="with a single KV-cache group hits land on "
+                                                   r"its block size \(8 tokens\)"):
+        config(full8, unit=2)  # kvcore's one-group lookup reads one hash per block, as vLLM's
+    with pytest.raises(InvalidArgumentError, match="must divide every prefix-cacheable group's "
+                                                   r"block size, got \[8, 4\]"):
+        config(full8, swa4, unit=8)
+    mamba = MambaSpec(block_size=8, shapes=((2,),), dtypes=(torch.float32,),
+                      mamba_cache_mode="align")
+    assert config(full8, mamba, unit=4).hash_block_size == 4
+    assert config(full8, mamba, unit=4).alignment_tokens == 8  # no partial-block hits

@@ -90,7 +90,12 @@ class KVCacheCoordinator:
         self._decoder = tuple(m for m in self.managers if not m.uses_encoder_tokens)
         # Types that count their own growth (Mamba "align") and the decoder types that do not.
         self._own_growth = tuple(m for m in self.managers if m.counts_own_growth)
-        self._dense_decoder = tuple(m for m in self._decoder if not m.counts_own_growth)
+        self._dense_decoder = tuple(m for m in self._decoder
+                                    if not m.counts_own_growth and not m.extra_slots)
+        # Decoder types whose tables reach ``extra_slots`` tokens past the slots (Mamba "none"
+        # with speculative state blocks): counted apart, so the common loop stays as it is.
+        self._padded = tuple(m for m in self._decoder
+                             if not m.counts_own_growth and m.extra_slots)
         # What each group is sized by: 0 the slots, 1 the encoder tokens, 2 the main model's.
         self._sizing = tuple(1 if m.uses_encoder_tokens else 2 if m.counts_own_growth else 0
                              for m in self.managers)
@@ -98,6 +103,9 @@ class KVCacheCoordinator:
         self._caching = tuple(m for m in self.managers if m.enable_caching)
         # What an allocation returns when no group got a block (shared: never mutated).
         self.no_blocks: GroupBlocks = tuple([] for _ in self.managers)
+        # Groups whose lookup keeps their own longer hit rather than the hit all groups agree
+        # on (vLLM's retains_longer_hit; KVCacheManager.retain_longer_hits sets them).
+        self.retained_hit_groups: frozenset[int] = frozenset()
         self._prepare()
 
     def _prepare(self) -> None:
@@ -195,7 +203,8 @@ class KVCacheCoordinator:
                     need += m.count_state_blocks(rid, main, (), 0, prefill_end, True)
                 else:
                     # (cdiv inlined, as in allocate_running: once per group per admission)
-                    need += -(-(num_encoder_tokens if sizing else num_slots) // m.block_size)
+                    need += -(-(num_encoder_tokens if sizing else num_slots + m.extra_slots)
+                              // m.block_size)
             if need > self.pool.num_free_blocks - reserved_blocks:
                 return None
         if shared_prefix_boundary:  # (read when caching: set once the allocation cannot fail)
@@ -229,6 +238,10 @@ class KVCacheCoordinator:
         need = 0
         for m in self._dense_decoder:
             n = -(-num_slots // m.block_size) - len(m.req_to_blocks[rid])
+            if n > 0:
+                need += n
+        for m in self._padded:
+            n = -(-(num_slots + m.extra_slots) // m.block_size) - len(m.req_to_blocks[rid])
             if n > 0:
                 need += n
         for m in own:

@@ -5,7 +5,9 @@ must exist in all of them).  Hit lengths are multiples of the lcm of the block s
 is a fixed point: each type either accepts the current candidate length or shrinks it, and any
 shrink restarts the round, until a round changes nothing.  Types whose hits are downward closed
 (a shorter prefix of a hit is still a hit: full attention) go first, since their left-to-right
-hit bounds everything else, so with one other type a single round suffices.
+hit bounds everything else, so with one other type a single round suffices.  A full-attention
+group in ``retained_hit_groups`` keeps its own longer hit (the lookup's length is still the
+agreed one; the allocation uses what the local and external tokens cover).
 """
 
 from __future__ import annotations
@@ -93,12 +95,13 @@ class HybridCoordinator(KVCacheCoordinator):
             hit_length = curr
             if self._single_round:
                 break
+        retained = self.retained_hit_groups
         for sg in self._spec_groups:
             if sg.is_full:
                 keep = cdiv(hit_length, sg.spec.block_size)
                 for gid in sg.group_ids:
                     trimmed = hit_blocks[gid]
-                    if trimmed is not None:
+                    if trimmed is not None and gid not in retained:
                         del trimmed[keep:]
         return (tuple(b if b is not None else [] for b in hit_blocks), hit_length,
                 longest if longest > hit_length else 0)

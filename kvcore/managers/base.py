@@ -157,6 +157,17 @@ class SingleTypeKVCacheManager:
         # lookup, ~140 instructions of every caching step (BENCHMARKS.md, issue 37's compiled
         # residual).
         self.follows_caching = False
+        # Block copies recorded and not yet taken (KVCacheManager.take_block_copies): a
+        # copy-on-write's (source, destination) pairs, each endpoint holding one withheld
+        # reference until the step that runs the copy has been processed.
+        self.pending_copies: list[tuple[KVCacheBlock, KVCacheBlock]] = []
+        # Tokens past the slots a request's table also covers (Mamba "none" with speculative
+        # state blocks: ``num_speculative_blocks * block_size``); the type's counts and
+        # allocations add them, and so does the coordinator where it counts inline.
+        self.extra_slots = 0
+        # Blocks a table may hold past the positions of its tokens (MambaSpec's speculative
+        # state blocks); 0 for every other type.
+        self.num_speculative_blocks = 0
 
     # -- the attention type's rules ---------------------------------------------------------------
     @classmethod

@@ -15,6 +15,7 @@ from kvcore._mypyc import mypyc_attr
 from kvcore.errors import UnsupportedFeatureError
 from kvcore.hashing import hashes_at
 from kvcore.managers.base import HitQuery, ManagerContext, SingleTypeKVCacheManager
+from kvcore.managers.sliding_window import replay_boundaries
 from kvcore.request import RequestLike
 from kvcore.specs import KVCacheSpec, MambaSpec
 from kvcore.types import BlockHash, HitBlocks, KVCacheBlock, KVRequest
@@ -30,6 +31,13 @@ class MambaManager(SingleTypeKVCacheManager):
         super().__init__(spec, group_id, ctx)
         self.follows_caching = True  # _after_caching records the states cached this step
         self.cached_this_step: set[BlockHash] = set()  # hashes cached since new_step()
+        assert isinstance(spec, MambaSpec)
+        # Speculative state blocks (MTP/EAGLE drafting): "none" mode reaches that many blocks
+        # further (extra_slots, which the coordinator adds where it counts inline); "align"
+        # mode keeps them after the running state (MambaAlignManager).
+        self.num_speculative_blocks = spec.num_speculative_blocks
+        if spec.mamba_cache_mode != "align":
+            self.extra_slots = spec.num_speculative_blocks * spec.block_size
 
     @classmethod
     def find_longest_cache_hit(cls, query: HitQuery) -> tuple[HitBlocks, int]:
@@ -55,8 +63,13 @@ class MambaManager(SingleTypeKVCacheManager):
             # A state with this hash is still being computed (by whichever block): make the
             # allocation impossible this step, as vLLM does.
             return self.pool.num_blocks + 1
-        return super().get_num_blocks_to_allocate(request_id, num_tokens, new_computed_blocks,
-                                                  total_computed_tokens, max_blocks)
+        return super().get_num_blocks_to_allocate(request_id, num_tokens + self.extra_slots,
+                                                  new_computed_blocks, total_computed_tokens,
+                                                  max_blocks)
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+        """Grow the table to ``num_tokens`` slots plus the speculative state blocks."""
+        return super().allocate_new_blocks(request_id, num_tokens + self.extra_slots)
 
     def _after_caching(self, request: RequestLike, num_tokens: int, num_cached_before: int) -> None:
         """States cached now are not written until the step ends (``cached_this_step``)."""
@@ -74,11 +87,14 @@ class MambaManager(SingleTypeKVCacheManager):
         return frozenset(self.cached_this_step)
 
 
-def checkpoint_position(num_tokens: int, unit: int) -> int:
-    """The last multiple of ``unit`` strictly before ``num_tokens`` (0 if none): where a
-    request's prompt state is kept, one token short of its end, so a repeat of the prompt
-    still computes its last token (vLLM's ``get_mamba_prefill_checkpoint_position`` without
-    EAGLE)."""
+def checkpoint_position(num_tokens: int, unit: int, eagle: bool = False) -> int:
+    """Where a request's prompt state is kept (vLLM's ``get_mamba_prefill_checkpoint_position``):
+    the last multiple of ``unit`` strictly before ``num_tokens`` (0 if none), one token short of
+    its end, so a repeat of the prompt still computes its last token; under EAGLE (``eagle``)
+    one ``unit`` below the last multiple at or before ``num_tokens``: EAGLE's replay boundary,
+    where a hit lands once its last block is dropped."""
+    if eagle:
+        return max(num_tokens // unit * unit - unit, 0)
     return max((num_tokens - 1) // unit * unit, 0)
 
 
@@ -91,7 +107,11 @@ class MambaAlignManager(MambaManager):
     the checkpoint block for the prompt's last hit-aligned boundary, in that boundary's slot
     (the hit alignment, the lcm of every group's block size, may span several of this group's
     blocks); every other position is null.
-    A step therefore needs at most one new block (two with a checkpoint) whatever its length,
+    With ``num_speculative_blocks`` (MTP/EAGLE) that many blocks follow the running state's
+    (``_allocate_with_speculative``: vLLM's relocation); under EAGLE (``use_eagle``)
+    checkpoints sit at EAGLE's replay boundary (``checkpoint_position``).
+    A step therefore needs at most one new block (two with a checkpoint; a first allocation
+    also the speculative ones) whatever its length,
     which is why the coordinator asks this type for its count on every allocation
     (``counts_own_growth``), over the main model's tokens (draft tokens never reach a state
     layer).  Each newly cached state is also handed to KV connectors as a boundary-state
@@ -104,11 +124,22 @@ class MambaAlignManager(MambaManager):
     def __init__(self, spec: KVCacheSpec, group_id: int, ctx: ManagerContext) -> None:
         super().__init__(spec, group_id, ctx)
         assert isinstance(spec, MambaSpec)
-        if ctx.use_eagle:
-            # vLLM moves align-mode checkpoints to EAGLE's replay boundary; not implemented.
-            raise UnsupportedFeatureError("Mamba 'align' groups with EAGLE/MTP drafting "
-                                          "(use_eagle) are not implemented")
         self.has_checkpoints = spec.num_prefill_checkpoint_blocks > 0
+        if (self.num_speculative_blocks and self.has_checkpoints
+                and self.alignment_tokens != self.block_size):
+            # vLLM's layout puts the checkpoint right before the running state; with a hit
+            # alignment larger than the block it lies further back, which the speculative
+            # blocks' relocation cannot follow.
+            raise UnsupportedFeatureError(
+                f"speculative Mamba state blocks ({self.num_speculative_blocks}) with a prefill "
+                f"checkpoint in group {group_id}, whose {self.block_size}-token blocks are "
+                f"smaller than the {self.alignment_tokens}-token hit alignment")
+        # EAGLE/MTP drafting: checkpoints move to EAGLE's replay boundary (checkpoint_position).
+        self.eagle_checkpoints = ctx.use_eagle
+        self.junction_tail = ctx.eagle_junction_tail and ctx.use_eagle
+        # Requests that went through allocate_new_blocks since admission: their tables end
+        # with the speculative blocks (vLLM's allocated-block requests).
+        self.allocated: set[str] = set()
         self.checkpoint_alignment = spec.prefill_checkpoint_alignment
         # Sparse retention (KVCacheConfig.prefix_cache_retention_interval; vLLM's default 0):
         # only states a later request can resume at are cached.
@@ -135,8 +166,9 @@ class MambaAlignManager(MambaManager):
         self.pending_offloads: list[tuple[str, int, KVCacheBlock, int]] = []
 
     # -- counting ---------------------------------------------------------------------------------
-    def _needs_checkpoint(self, blocks: Sequence[KVCacheBlock], query_start: int,
-                          query_end: int, position: int, prefill_end: int) -> bool:
+    def _needs_checkpoint(self, request_id: str, blocks: Sequence[KVCacheBlock],
+                          query_start: int, query_end: int, position: int,
+                          prefill_end: int) -> bool:
         """Whether this chunk exports the checkpoint state at ``position`` (a multiple of the
         hit alignment, so of the block size) from inside the step, into table slot
         ``position // block_size - 1``: the slot that holds the state at ``position``, wholly
@@ -144,7 +176,10 @@ class MambaAlignManager(MambaManager):
         of the table ``blocks``) and before the running state's slot.  That is vLLM's
         ``cdiv(query_end, mamba_block_size) - 2`` when the hit alignment is the Mamba block
         size (vLLM's align mode sets them equal); with a larger alignment (another group's
-        larger blocks) the slot is further back and null positions lie between the two."""
+        larger blocks) the slot is further back and null positions lie between the two.  With
+        speculative blocks the slot may also lie inside the table: at a null position, or
+        among the speculative blocks of a request allocated before (that block then takes the
+        checkpoint)."""
         alignment = self.checkpoint_alignment
         if not self.has_checkpoints or alignment is None or query_end < prefill_end:
             return False
@@ -155,7 +190,11 @@ class MambaAlignManager(MambaManager):
                 and query_start + self.hash_block_size <= position
                 and query_start < position < query_end
                 and (position - query_start) % alignment == 0
-                and index >= len(blocks))
+                and (index >= len(blocks)
+                     or (self.num_speculative_blocks > 0
+                         and (blocks[index].is_null
+                              or (request_id in self.allocated
+                                  and index >= len(blocks) - self.num_speculative_blocks)))))
 
     def count_state_blocks(self, request_id: str, num_tokens: int,
                            new_computed_blocks: Sequence[KVCacheBlock], total_computed_tokens: int,
@@ -171,21 +210,24 @@ class MambaAlignManager(MambaManager):
         if self.retention_interval != 0:
             prefill_end = 0  # dense or interval retention: every chunk may export a checkpoint
         bs = self.block_size
+        spec = self.num_speculative_blocks
         blocks = self.req_to_blocks.get(request_id, ())
         # The running state's block when the table grows (none when the table already covers
         # the tokens: it may be longer, never a negative count that hides another group's
-        # need), plus the checkpoint's.
-        num_new = -(-num_tokens // bs) - len(new_computed_blocks) - len(blocks)
-        if num_new > 1:
-            num_new = 1
-        elif num_new < 0:
-            num_new = 0
-        position = checkpoint_position(num_tokens, self.alignment_tokens)
-        if self._needs_checkpoint(blocks, total_computed_tokens, num_tokens, position,
-                                  prefill_end):
-            num_new += 1  # (the table then grows by two slots at least: see _needs_checkpoint)
-        else:
+        # need), plus the checkpoint's, plus the speculative blocks a first allocation adds.
+        num_new = -(-num_tokens // bs) + spec - len(new_computed_blocks) - len(blocks)
+        position = checkpoint_position(num_tokens, self.alignment_tokens, self.eagle_checkpoints)
+        if not self._needs_checkpoint(request_id, blocks, total_computed_tokens, num_tokens,
+                                      position, prefill_end):
             position = 0
+        if num_new > 0:
+            cap = 2 if position else 1
+            if spec and request_id not in self.allocated:
+                cap += spec
+            if num_new > cap:
+                num_new = cap
+        else:
+            num_new = 0
         if record:
             self._staged = (request_id, (position, position // bs - 1) if position else None)
         hit_tokens = len(new_computed_blocks) * bs
@@ -201,8 +243,9 @@ class MambaAlignManager(MambaManager):
             held = -(-total_computed_tokens // bs)
             required = -(-num_tokens // bs)
             grown = 0
-            if required > held or position:
-                grown = max(required - max(held, required - 1 - (1 if position else 0)), 0)
+            if required + spec > held or position:
+                grown = max(required + spec - max(held, required - 1 - (1 if position else 0)),
+                            0)
             # (Positions before the last computed token are null: only the last gets a block.)
             exact = held - max((total_computed_tokens - 1) // bs, len(new_computed_blocks)) + grown
             if exact > num_new:
@@ -241,6 +284,8 @@ class MambaAlignManager(MambaManager):
         blocks = self.req_to_blocks.get(request_id)
         if blocks is None:
             blocks = self.req_to_blocks[request_id] = []
+        if self.num_speculative_blocks:
+            return self._allocate_with_speculative(request_id, blocks, num_tokens)
         required = -(-num_tokens // self.block_size)
         prev = len(blocks)
         if required <= prev:  # (a reserved checkpoint lies past the old end: none here)
@@ -261,6 +306,51 @@ class MambaAlignManager(MambaManager):
             blocks.extend([null] * (required - 2 - index))
             blocks.append(new[1])
         return blocks[prev:]  # the new positions, null ones included (as vLLM returns them)
+
+    def _allocate_with_speculative(self, request_id: str, blocks: list[KVCacheBlock],
+                                   num_tokens: int) -> list[KVCacheBlock]:
+        """``allocate_new_blocks`` with ``num_speculative_blocks`` (vLLM's layout): the table
+        grows to ``cdiv(num_tokens, block_size) + num_speculative_blocks`` positions, the
+        running state's slot followed by the speculative blocks.  Speculative blocks of an
+        earlier allocation that the new running state's slot has passed move to the table's
+        end, their old positions nulled (in a checkpoint step the one at the checkpoint's slot
+        stays: it takes the checkpoint); new blocks fill what is still missing.  Returns the
+        table's new positions (null ones and moved blocks included, as vLLM returns them)."""
+        spec = self.num_speculative_blocks
+        required = -(-num_tokens // self.block_size) + spec
+        checkpoint = self.checkpoints.get(request_id)
+        if checkpoint is not None and checkpoint[1] != required - spec - 2:
+            # The layout has room for a checkpoint only right before the running state's slot.
+            # One further back (EAGLE's boundary in a chunk that does not end on a block edge,
+            # which vLLM's scheduler never cuts in "align" mode) is not exported; the count
+            # included its block, as vLLM's does, so the allocation takes one block fewer.
+            del self.checkpoints[request_id]
+            checkpoint = None
+        has_checkpoint = 0 if checkpoint is None else 1
+        prev = len(blocks)
+        allocated = request_id in self.allocated
+        self.allocated.add(request_id)
+        if required <= prev and not has_checkpoint:
+            return []
+        if allocated:  # the running state sits before the speculative blocks
+            self.last_state_block_idx[request_id] = prev - 1 - spec
+        elif prev > 0:  # a hit or loaded tokens: the last block holds the state
+            self.last_state_block_idx[request_id] = prev - 1
+        keep_from = required - spec - 1 - has_checkpoint  # the running state's (checkpoint's) slot
+        null = self.null_block
+        if prev < keep_from:
+            blocks.extend([null] * (keep_from - prev))
+        if allocated:
+            for i in range(prev - spec, prev):
+                if i >= keep_from:
+                    break
+                block = blocks[i]
+                blocks[i] = null
+                blocks.append(block)
+        num_new = required - len(blocks)
+        if num_new > 0:
+            blocks.extend(self.pool.get_new_blocks(num_new))
+        return blocks[prev:]
 
     def _released_by(self, request_id: str, blocks: Sequence[KVCacheBlock],
                      num_computed_tokens: int) -> list[int]:
@@ -320,18 +410,23 @@ class MambaAlignManager(MambaManager):
     def cache_mask(self, request: KVRequest, start_block: int,
                    end_block: int) -> list[bool] | None:
         """Under sparse retention, only the states a later request can resume at: one per
-        retention interval, the prompt's replay boundary and the shared prefix the request's
-        admission found (vLLM's reachable-block mask for Mamba)."""
+        retention interval, the prompt's replay boundaries (under EAGLE, the aligned blocks
+        below a resend's and a longer sibling's match) and the shared prefix the request's
+        admission found (with ``eagle_junction_tail``, also one block below it) — vLLM's
+        reachable-block mask for Mamba."""
         if self.retention_interval is None:
             return None
         if self.retention_interval and self.retention_interval // self.block_size <= 1:
             return None
         mask = [self._retained(i, start_block) for i in range(start_block, end_block)]
         align = self.alignment_tokens
-        boundaries = [request.num_prompt_tokens - 1]
+        # (The replay boundaries follow whether any group drops, as vLLM's.)
+        boundaries = list(replay_boundaries(request.num_prompt_tokens, align, self.any_eagle))
         shared = self.shared_prefix_boundaries.get(request.request_id, 0)
         if shared:
             boundaries.append(shared)
+            if self.junction_tail:  # (as the sliding window's: see ManagerContext)
+                boundaries.append(shared - self.block_size)
         for boundary in boundaries:
             index = boundary // align * align // self.block_size - 1
             if start_block <= index < end_block:
@@ -366,7 +461,8 @@ class MambaAlignManager(MambaManager):
         block = self.req_to_blocks[rid][index]
         if block.is_null:
             return
-        kept = (position == checkpoint_position(request.num_prompt_tokens, self.alignment_tokens)
+        kept = (position == checkpoint_position(request.num_prompt_tokens, self.alignment_tokens,
+                                                self.eagle_checkpoints)
                 or self._retained(index, 0)
                 or position == self.shared_prefix_boundaries.get(rid, 0))
         if not kept:
@@ -387,7 +483,7 @@ class MambaAlignManager(MambaManager):
         the state there cached this step again, even one cached (or hit) earlier."""
         bs = self.block_size
         if num_tokens <= 0 or num_tokens % bs or num_tokens != checkpoint_position(
-                request.num_prompt_tokens, self.hash_block_size):
+                request.num_prompt_tokens, self.hash_block_size, self.eagle_checkpoints):
             return
         blocks = self.req_to_blocks[request.request_id]
         index = num_tokens // bs - 1
@@ -401,6 +497,7 @@ class MambaAlignManager(MambaManager):
         return super().pop_blocks(request_id)
 
     def _forget(self, request_id: str) -> None:
+        self.allocated.discard(request_id)
         self.last_state_block_idx.pop(request_id, None)
         self.num_retired_blocks.pop(request_id, None)
         self.checkpoints.pop(request_id, None)

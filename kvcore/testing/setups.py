@@ -38,16 +38,19 @@ def chunked(chunk: int, block_size: int = 4) -> KVCacheSpec:
     return _attn(ChunkedLocalAttentionSpec, block_size, attention_chunk_size=chunk)
 
 
-def mamba(block_size: int = 4) -> KVCacheSpec:
-    return MambaSpec(block_size=block_size, shapes=((2, 4),), dtypes=(torch.float32,))
+def mamba(block_size: int = 4, spec: int = 0) -> KVCacheSpec:
+    """A Mamba group in vLLM's "none" mode (``spec``: MTP/EAGLE's speculative state blocks)."""
+    return MambaSpec(block_size=block_size, shapes=((2, 4),), dtypes=(torch.float32,),
+                     num_speculative_blocks=spec)
 
 
-def mamba_align(block_size: int = 4, checkpoint: bool = False) -> KVCacheSpec:
+def mamba_align(block_size: int = 4, checkpoint: bool = False, spec: int = 0) -> KVCacheSpec:
     """A Mamba group in vLLM's "align" mode (``checkpoint``: with Mamba2's prefill checkpoint
-    block)."""
+    block; ``spec``: MTP/EAGLE's speculative state blocks)."""
     return MambaSpec(block_size=block_size, shapes=((2, 4),), dtypes=(torch.float32,),
                      mamba_cache_mode="align", num_prefill_checkpoint_blocks=int(checkpoint),
-                     prefill_checkpoint_alignment=1 if checkpoint else None)
+                     prefill_checkpoint_alignment=1 if checkpoint else None,
+                     num_speculative_blocks=spec)
 
 
 def cross(block_size: int = 4) -> KVCacheSpec:
@@ -70,6 +73,7 @@ class Setup:
     retention: int | None = None  # KVCacheConfig.prefix_cache_retention_interval
     hash_lookahead: int = 0  # CacheSettings.num_hash_lookahead_tokens
     eviction_policy: str = "lru"  # CacheSettings.eviction_policy
+    prefix_match_unit: int | None = None  # KVCacheConfig.prefix_match_unit
     # The class to build: a subclass of KVCacheManager drives your own manager (or one with a
     # planted bug, to see the driver catch it).
     manager_class: type[KVCacheManager] = KVCacheManager
@@ -77,7 +81,7 @@ class Setup:
     def build(self) -> KVCacheManager:
         groups = tuple(KVCacheGroup((f"layer{i}",), s) for i, s in enumerate(self.specs))
         hasher = CollidingHasher(self.collisions) if self.collisions else None
-        config = KVCacheConfig(self.num_blocks, groups, self.retention)
+        config = KVCacheConfig(self.num_blocks, groups, self.retention, self.prefix_match_unit)
         return self.manager_class(config, self.max_model_len,
                               enable_caching=self.enable_caching, verify_hits=self.verify_hits,
                               block_hasher=hasher, enable_events=True, use_eagle=self.use_eagle,
@@ -103,16 +107,26 @@ def _setups() -> tuple[Setup, ...]:
               retention=0),
         Setup("nocache full+swa", (full(4), swa(8, 4)), num_blocks=48, enable_caching=False),
         Setup("full8+swa4", (full(8), swa(6, 4)), num_blocks=48),  # partial prompt-tail entries
+        # Hashes every 2 tokens (prefix_match_unit): partial prompt-tail entries at 2-token
+        # boundaries, hits on 8-token ones.
+        Setup("full8+swa4 unit2", (full(8), swa(6, 4)), num_blocks=48, prefix_match_unit=2),
         Setup("full eagle", (full(4),), use_eagle=True),
         Setup("full8+swa4 eagle", (full(8), swa(6, 4)), num_blocks=48, use_eagle=True),
         Setup("full+swa7+mamba eagle", (full(4), swa(7, 4), mamba(4)), num_blocks=64,
               use_eagle=True),
+        # MTP/EAGLE on hybrid models: speculative Mamba state blocks in both modes, and an
+        # "align" group's checkpoints at EAGLE's replay boundary.
+        Setup("full+mamba spec2", (full(4), mamba(4, spec=2)), num_blocks=48),
+        Setup("full+mamba-align spec3 eagle", (full(4), mamba_align(4, checkpoint=True, spec=3)),
+              num_blocks=48, use_eagle=True),
     )
     verified = tuple(Setup(f"{s.name} verify", s.specs, s.num_blocks, s.max_model_len, True,
-                           s.enable_caching, use_eagle=s.use_eagle, retention=s.retention)
+                           s.enable_caching, use_eagle=s.use_eagle, retention=s.retention,
+                           prefix_match_unit=s.prefix_match_unit)
                      for s in base if s.enable_caching)
     colliding = tuple(Setup(f"{s.name} {mode}", s.specs, s.num_blocks, s.max_model_len, True,
-                            True, mode, s.use_eagle, retention=s.retention)
+                            True, mode, s.use_eagle, retention=s.retention,
+                            prefix_match_unit=s.prefix_match_unit)
                       for s in base if s.enable_caching
                       for mode in ("tokens", "constant", "truncated"))
     general = tuple(Setup(f"{s.name} general-path", s.specs, s.num_blocks, s.max_model_len,
@@ -137,6 +151,7 @@ def _mixed_block_sizes() -> tuple[Setup, ...]:
         # (name, groups, takes sparse retention)
         ("full8+mamba-align4", (full(8), mamba_align(4, checkpoint=True)), True),
         ("full4+mamba-align8", (full(4), mamba_align(8, checkpoint=True)), True),
+        ("full4+mamba-align8 spec2", (full(4), mamba_align(8, checkpoint=True, spec=2)), True),
         ("full8+swa6/4+mamba-align4", (full(8), swa(6, 4), mamba_align(4, checkpoint=True)),
          True),
         ("full8+mamba4", (full(8), mamba(4)), False),
@@ -158,7 +173,8 @@ def _mixed_block_sizes() -> tuple[Setup, ...]:
 SETUPS: tuple[Setup, ...] = _setups()
 """Full, sliding window, chunked local with chunk sizes that are not multiples of the block
 size, hybrids (different block sizes, partial prompt-tail entries, Mamba in both modes — "align"
-with a prefill checkpoint, and under sparse retention — cross attention),
+with a prefill checkpoint, and under sparse retention, and both with speculative state blocks —
+cross attention),
 EAGLE, caching off; each again with ``verify_hits`` and with each colliding hasher; a few with
 ``fast_path`` off; and the ``mixed-bs`` family: hybrids of different block sizes per group
 crossed with lookahead hashes, sparse retention and every eviction policy."""

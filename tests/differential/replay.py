@@ -169,6 +169,8 @@ def _specs(cfg: dict[str, Any], classes: dict[str, Any], mamba_kw: dict[str, Any
                 kw["mamba_cache_mode"] = "align"
                 if g.get("checkpoint"):
                     kw.update(num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1)
+            if g.get("spec"):  # MTP/EAGLE's speculative state blocks
+                kw["num_speculative_blocks"] = g["spec"]
             out.append(classes["mamba"](block_size=bs, shapes=((2, 4),), dtypes=(torch.float32,),
                                         **kw))
             continue
@@ -300,7 +302,8 @@ class KvcoreImpl(_Impl):
         self._lookup_boundary = lookup_boundary  # (the boundary travels with the hit)
         specs = _specs(cfg, classes, {})
         groups = [KVCacheGroup((f"layer{i}",), spec) for i, spec in enumerate(specs)]
-        config = KVCacheConfig(cfg["num_blocks"], tuple(groups), cfg.get("retention"))
+        config = KVCacheConfig(cfg["num_blocks"], tuple(groups), cfg.get("retention"),
+                               cfg.get("prefix_match_unit"))
         extra: dict[str, Any] = {"use_eagle": True} if cfg.get("eagle") else {}
         if cfg.get("eagle_groups") is not None:  # vLLM's is_eagle_group flags
             extra["eagle_groups"] = tuple(cfg["eagle_groups"])
@@ -372,7 +375,8 @@ class KvcoreImpl(_Impl):
 def vllm_block_sizes(cfg: dict[str, Any]) -> tuple[int, int]:
     """(scheduler_block_size, hash_block_size) as vLLM's ``resolve_kv_cache_block_sizes``
     derives them: one group -> its block size; several -> the lcm, and hashes at the gcd unless
-    caching is off or a Mamba group is not in "align" mode (then at the lcm); scratch groups
+    caching is off or a Mamba group is not in "align" mode (then at the lcm), or at the trace's
+    ``prefix_match_unit`` when it sets one; scratch groups
     (``swa_replay``, ``ring``) count in the lcm, not in the gcd."""
     groups = cfg["groups"]
     sizes = [g["block_size"] for g in groups]
@@ -383,7 +387,7 @@ def vllm_block_sizes(cfg: dict[str, Any]) -> tuple[int, int]:
                                            for g in groups):
         return sched, sched
     hashed = [g["block_size"] for g in groups if g["type"] not in SCRATCH] or sizes
-    return sched, math.gcd(*hashed)
+    return sched, cfg.get("prefix_match_unit") or math.gcd(*hashed)
 
 
 SCRATCH = ("swa_replay", "ring")

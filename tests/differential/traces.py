@@ -39,7 +39,8 @@ def pending_features() -> list[str]:
 KINDS = ["full", "full", "swa", "swa", "chunked", "hybrid", "hybrid_bs", "nocache",
          "mamba", "hybrid_mamba", "cross", "hybrid_partial", "mamba_align", "hybrid_align",
          "hybrid_align"]
-EAGLE_KINDS = {"full", "swa", "hybrid", "hybrid_bs", "mamba", "hybrid_mamba", "hybrid_partial"}
+EAGLE_KINDS = {"full", "swa", "hybrid", "hybrid_bs", "mamba", "hybrid_mamba", "hybrid_partial",
+               "mamba_align", "hybrid_align"}
 """vLLM rejects eagle with chunked local attention (an assertion in its hit search)."""
 SCRATCH_KINDS = ["hybrid_replay", "hybrid_ring", "dsv4"]
 """Kinds with vLLM's scratch groups (never prefix cached): a sliding window rebuilt by bounded
@@ -129,6 +130,14 @@ def random_config(rng: random.Random, pending: list[str] | None = None,
     else:  # hybrid_partial: full-attention block > hash block, so prompts end inside blocks
         groups = [{"type": "full", "block_size": rng.choice([8, 12])},
                   {"type": "swa", "block_size": 4, "window": rng.choice([4, 5, 8, 12])}]
+    for g in groups:
+        if g["type"] == "mamba":
+            # MTP/EAGLE's speculative state blocks on 40% of the Mamba traces, drawn from a
+            # generator seeded by the trace's own (not advanced: the other draws stay as they
+            # were).
+            side = random.Random(hash(rng.getstate()[1]))
+            if side.random() < 0.4:
+                g["spec"] = side.randint(1, 3)
     num_blocks = rng.randint(8, 48) * len(groups)
     eagle = rng.random() < 0.3 and kind in EAGLE_KINDS and "use_eagle" not in pending
     budget = rng.choice([None, 16, 32])  # per-step tokens: bounds full_sequence_must_fit
@@ -138,7 +147,10 @@ def random_config(rng: random.Random, pending: list[str] | None = None,
     if kind == "eagle_partial":
         config["eagle"] = True
         config["eagle_groups"] = eagle_groups
-    if lookahead_hashes and eagle and rng.random() < 0.5:
+    if lookahead_hashes and eagle and rng.random() < 0.5 and kind not in ("mamba_align",
+                                                                           "hybrid_align"):
+        # (Mamba "align" keeps EAGLE's block drop: kvcore refuses lookahead hashes on hybrid
+        # Mamba models.)
         config["eagle"] = False
         config["lookahead"] = rng.choice([1, 1, 2, 3])
         if kind == "swa":

@@ -11,8 +11,9 @@ Two ways in (both read kvcore's settings from ``additional_config["kvcore"]``, s
   ``"kvcore"`` entry.
 
 Configurations kvcore would manage differently from vLLM are refused at engine start
-(:mod:`~kvcore.integrations.vllm.config`), as is any other vLLM version
-(:mod:`~kvcore.integrations.vllm.version`).  Importing this package does not import vLLM; its
+(:mod:`~kvcore.integrations.vllm.config`), as are unreleased vLLM builds unless a setting allows
+them and any other vLLM version whose manager contract differs from what the adapter relies on
+(:mod:`~kvcore.integrations.vllm.version`, :mod:`~kvcore.integrations.vllm.contract`).  Importing this package does not import vLLM; its
 names below do, on first use.
 """
 

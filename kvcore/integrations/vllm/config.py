@@ -2,21 +2,26 @@
 
 kvcore manages what vLLM's full-attention, sliding-window, chunked-local and cross-attention
 managers manage (cross attention, as in vLLM, only with prefix caching off), Mamba states in
-vLLM's ``"align"`` and ``"none"`` modes, and vLLM's scratch groups: circular buffers
-(``CircularBufferSpec``, the CSA compressor ring) and sliding windows rebuilt by bounded replay
-(``SlidingWindowMLASpec(bounded_replay=True)``).  Anything else a vLLM 0.32 or 0.33
-configuration can ask of its KV-cache manager — speculative Mamba blocks, copy-on-write partial
-hits, context parallelism, host-resident groups, ... — is refused here, at engine start, with an
+vLLM's ``"align"`` and ``"none"`` modes (with MTP/EAGLE's speculative state blocks, and under
+EAGLE with ``"align"`` checkpoints at its replay boundary), and vLLM's scratch groups: circular
+buffers (``CircularBufferSpec``, the CSA compressor ring) and sliding windows rebuilt by bounded
+replay (``SlidingWindowMLASpec(bounded_replay=True)``).  vLLM's ``prefix_match_unit`` is
+honoured (kvcore hashes where vLLM does) while hits stay on block boundaries.  Anything else a
+vLLM 0.32 or 0.33 configuration can ask of its KV-cache manager — copy-on-write partial hits
+(``prefix_match_unit`` finer than a Mamba ``"align"`` group's blocks), context parallelism,
+host-resident groups, ... — is refused here, at engine start, with an
 :class:`~kvcore.errors.UnsupportedFeatureError` that names it and the setting that turns it
 off: kvcore never runs a configuration in which it would behave differently from vLLM.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 import torch
+from vllm.v1.core.kv_cache_utils import partial_hash_hits_enabled
 from vllm.v1.core.single_type_kv_cache_manager import (
     ChunkedLocalAttentionManager,
     CircularBufferManager,
@@ -131,10 +136,6 @@ def _mamba_spec(group_id: int, spec: Any) -> MambaSpec:
     if mode not in ("align", "none"):
         raise refuse(f"Mamba state groups in mamba_cache_mode={mode!r} (group {group_id})",
                      "use mamba_cache_mode='align' (vLLM's default with prefix caching)")
-    if spec.num_speculative_blocks:
-        raise refuse(f"speculative Mamba state blocks ({spec.num_speculative_blocks} in group "
-                     f"{group_id}: MTP/EAGLE on a hybrid model)",
-                     "run the hybrid model without speculative decoding")
     if spec.num_prefill_checkpoint_blocks > 1:
         raise refuse(f"{spec.num_prefill_checkpoint_blocks} Mamba prefill checkpoint blocks "
                      f"(group {group_id})", "use a Mamba backend with at most one")
@@ -144,7 +145,8 @@ def _mamba_spec(group_id: int, spec: Any) -> MambaSpec:
     return MambaSpec(block_size=spec.block_size, shapes=shapes, dtypes=dtypes,
                      mamba_cache_mode=mode,
                      num_prefill_checkpoint_blocks=spec.num_prefill_checkpoint_blocks,
-                     prefill_checkpoint_alignment=spec.prefill_checkpoint_alignment)
+                     prefill_checkpoint_alignment=spec.prefill_checkpoint_alignment,
+                     num_speculative_blocks=spec.num_speculative_blocks)
 
 
 def kvcore_config(kv_cache_config: Any, *, scheduler_block_size: int, hash_block_size: int,
@@ -160,6 +162,27 @@ def kvcore_config(kv_cache_config: Any, *, scheduler_block_size: int, hash_block
         kv_cache_config.num_blocks,
         tuple(KVCacheGroup(tuple(g.layer_names), _spec(i, g)) for i, g in enumerate(groups)),
         getattr(kv_cache_config, "prefix_cache_retention_interval", None))
+    if enable_caching and len(groups) > 1 and partial_hash_hits_enabled(
+            groups, hash_block_size, 1,
+            [KVCacheSpecRegistry.get_manager_class(g.kv_cache_spec, None) for g in groups]):
+        # vLLM's hits may then end inside a block (every hash unit), the shared tail block
+        # copied on write; kvcore's end on block boundaries.
+        coarse = [i for i, g in enumerate(config.groups)
+                  if getattr(g.spec, "mamba_cache_mode", "") == "align"
+                  and g.spec.block_size > hash_block_size]
+        raise refuse(f"partial-block hits: hashing every {hash_block_size} tokens "
+                     f"(prefix_match_unit, or the gcd of the block sizes), finer than the blocks "
+                     f"of Mamba 'align' groups {coarse} (copy-on-write of the shared tail block)",
+                     "leave cache_config.prefix_match_unit unset and give every group the "
+                     "Mamba block size")
+    if enable_caching and config.hash_block_size != hash_block_size:
+        # vLLM hashes at its prefix_match_unit (hits still on block boundaries): so does kvcore.
+        sizes = [g.spec.block_size for g in config.groups if g.spec.prefix_cacheable]
+        if any(size % hash_block_size for size in sizes):
+            raise refuse(f"hashing blocks of {hash_block_size} tokens for groups whose block "
+                         f"sizes are {sizes} (gcd {config.hash_block_size})",
+                         "give every prefix-cacheable group the same block size")
+        config = dataclasses.replace(config, prefix_match_unit=hash_block_size)
     cross = [i for i, g in enumerate(config.groups) if isinstance(g.spec, CrossAttentionSpec)]
     none_mode = [i for i, g in enumerate(config.groups)
                  if getattr(g.spec, "mamba_cache_mode", "align") == "none"]
@@ -177,10 +200,6 @@ def kvcore_config(kv_cache_config: Any, *, scheduler_block_size: int, hash_block
         raise refuse(f"a scheduler block size of {scheduler_block_size} tokens for groups whose "
                      f"block sizes have lcm {lcm} (context parallelism "
                      "scales blocks)", "turn decode/prefill context parallelism off")
-    if enable_caching and config.hash_block_size != hash_block_size:
-        raise refuse(f"hashing blocks of {hash_block_size} tokens for groups whose block sizes "
-                     f"have gcd {config.hash_block_size} (prefix_match_unit: partial-block hits "
-                     "with copy-on-write)", "leave cache_config.prefix_match_unit unset")
     return config
 
 

@@ -19,8 +19,12 @@ Where vLLM's manager surface and kvcore's differ, the adapter speaks vLLM:
   nothing, as in vLLM (kvcore's own manager refuses it: a double free there is a bug);
 * before a running request grows, blocks that left its window are released on vLLM's
   processed-token boundary even if the allocation then fails, as vLLM does;
-* the hooks of features kvcore refuses at start (zeroing, copy-on-write, boundary-state
-  offloads) report nothing or raise if reached anyway;
+* block copies (copy-on-write) recorded in a group's pending list — by kvcore, or by a caller
+  through the group view's ``_pending_cow_copies`` — leave through
+  ``take_kv_cache_block_copies`` with their endpoints withheld, which vLLM's scheduler returns
+  through ``block_pool.free_blocks`` once the copy's step has been processed;
+* the hooks of features kvcore refuses at start (boundary-state partial tails) report nothing
+  or raise if reached anyway;
 * ``block_pool``, ``coordinator`` and its ``single_type_managers`` are views answering the
   names vLLM's callers read on vLLM's own objects (:mod:`~kvcore.integrations.vllm.views`).
 
@@ -62,8 +66,10 @@ class KVCacheManagerAdapter:
 
     Constructed by vLLM's ``Scheduler.__init__`` with its own keyword arguments (the integration
     binds ``settings``); raises :class:`~kvcore.errors.UnsupportedFeatureError` for a vLLM
-    version other than 0.32 and 0.33 and for any configuration kvcore would manage differently
-    from vLLM.  ``vllm_version`` overrides the installed version (tests); ``eviction_policy``, a
+    version kvcore does not run on (:func:`~kvcore.integrations.vllm.version.installed`) and for
+    any configuration kvcore would manage differently from vLLM.  ``vllm_version`` is the
+    version already checked (kvcore's scheduler passes it; tests override the installed one);
+    ``eviction_policy``, a
     policy factory, replaces the settings' policy (the vLLM replay's offline bounds, which
     vLLM's configuration refuses: :mod:`~kvcore.integrations.vllm.replay_oracle`).
     """
@@ -79,8 +85,9 @@ class KVCacheManagerAdapter:
                  settings: KvcoreSettings | None = None,
                  vllm_version: VllmVersion | None = None,
                  eviction_policy: PolicyFactory | None = None) -> None:
-        version = vllm_version if vllm_version is not None else installed()
         settings = settings if settings is not None else KvcoreSettings()
+        version = (vllm_version if vllm_version is not None
+                   else installed(allow_unreleased=settings.allow_unreleased_vllm))
         if dcp_world_size > 1 or pcp_world_size > 1:
             raise refuse(f"context parallelism (decode {dcp_world_size}, prefill "
                          f"{pcp_world_size} ranks)", "set decode_context_parallel_size=1")
@@ -102,9 +109,14 @@ class KVCacheManagerAdapter:
                                version=version)
         eagle_ids, drop_ids = eagle_groups(kv_cache_config, use_eagle, version)
         has_mamba = any(g.spec.holds_state for g in config.groups)
-        if has_mamba and (drop_ids or num_hash_lookahead_tokens):
-            raise refuse("speculative decoding (EAGLE/MTP) on a hybrid Mamba model",
+        if has_mamba and num_hash_lookahead_tokens:
+            raise refuse("lookahead block hashes (vLLM 0.33's EAGLE/MTP without a block drop) "
+                         "on a hybrid Mamba model",
                          "run the hybrid model without speculative decoding")
+        if has_mamba and drop_ids and not use_eagle:
+            # vLLM moves Mamba checkpoints to EAGLE's replay boundary only under use_eagle.
+            raise refuse("an EAGLE block drop on a hybrid Mamba model without use_eagle (groups "
+                         "flagged is_eagle_group)", "pass use_eagle with the EAGLE groups")
         self.vllm_version = version
         self.settings = settings
         self.kv_cache_config = kv_cache_config
@@ -118,7 +130,6 @@ class KVCacheManagerAdapter:
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
         self.metrics_collector = metrics_collector
         self.mamba_shared_prefix_checkpoint = False
-        self.retained_hit_group_ids: tuple[int, ...] = ()
         # Published hashes: 64-bit ints (vLLM's default) or the bytes.  Read once, as vLLM's
         # environment is fixed once its engine has started.
         convert = int_hash if envs.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES else None
@@ -180,6 +191,18 @@ class KVCacheManagerAdapter:
     @property
     def usage(self) -> float:
         return self.kv.usage
+
+    @property
+    def retained_hit_group_ids(self) -> tuple[int, ...]:
+        """The groups whose hit blocks beyond the agreed hit an admission keeps as far as its
+        local and external tokens reach (vLLM's; a KV connector's bind sets it, with the
+        groups' ``retains_longer_hit``: kvcore keeps one set behind both,
+        ``KVCacheManager.retain_longer_hits``)."""
+        return tuple(sorted(self.kv.retained_hit_groups))
+
+    @retained_hit_group_ids.setter
+    def retained_hit_group_ids(self, group_ids: Iterable[int]) -> None:
+        self.kv.retain_longer_hits(group_ids)
 
     def make_prefix_cache_stats(self) -> VllmPrefixCacheStats | None:
         stats = self.prefix_cache_stats
@@ -447,7 +470,17 @@ class KVCacheManagerAdapter:
             self._new_block_ids[g].extend(b.block_id for b in tables[g][start_token // bs:])
 
     def take_kv_cache_block_copies(self) -> tuple[list[Any], list[KVCacheBlock]]:
-        return [], []  # no copy-on-write (partial-block hits are refused at start)
+        """The block copies recorded since the last call, as vLLM's ``KVCacheBlockCopy``
+        objects, and their endpoints (source and destination of each copy, in order), which stay
+        withheld: vLLM's scheduler returns them through ``block_pool.free_blocks`` once the step
+        that runs the copies has been processed (kvcore's ``take_block_copies``)."""
+        pairs, retained = self.kv.take_block_copies()
+        if not pairs:
+            return [], []
+        from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
+
+        return [KVCacheBlockCopy(src_block_id=src.block_id, dst_block_id=dst.block_id)
+                for src, dst in pairs], retained
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
         """The Mamba "align" states cached since the last call, for a KV connector:

@@ -46,29 +46,42 @@ def _connectors(connector: Any) -> Iterator[Any]:
 
 
 def _binds_through_views(cls: Any) -> bool:
-    """Whether a connector class that binds vLLM's block pool uses only what kvcore's
-    :class:`~kvcore.integrations.vllm.views.BlockPoolView` implements with vLLM's semantics:
-    vLLM's ``SimpleCPUOffloadConnector`` (native CPU offloading, ``--kv-offloading-size``), or
-    a subclass that keeps its binds."""
+    """Whether a connector class that binds vLLM's block pool or manager uses only what kvcore's
+    views (:mod:`~kvcore.integrations.vllm.views`) implement with vLLM's semantics: vLLM's
+    ``SimpleCPUOffloadConnector`` (native CPU offloading, ``--kv-offloading-size``) and
+    ``OffloadingConnector`` (whose bind, in vLLM versions that override it, retains the
+    full-attention groups' longer hits and looks hits up through the coordinator), or a
+    subclass that keeps their binds.  Anything such a bind reaches that a view does not
+    provide raises :class:`~kvcore.errors.ViewAttributeError` at engine start."""
+    bases = []
     try:
         from vllm.distributed.kv_transfer.kv_connector.v1.simple_cpu_offload_connector import (
             SimpleCPUOffloadConnector,
         )
+        bases.append(SimpleCPUOffloadConnector)
     except ImportError:  # pragma: no cover - both supported versions ship it
-        return False
-    return (issubclass(cls, SimpleCPUOffloadConnector)
-            and cls.bind_gpu_block_pool is SimpleCPUOffloadConnector.bind_gpu_block_pool
-            and cls.bind_kv_cache_manager is KVConnectorBase_V1.bind_kv_cache_manager)
+        pass
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
+            OffloadingConnector,
+        )
+        bases.append(OffloadingConnector)
+    except ImportError:  # pragma: no cover - both supported versions ship it
+        pass
+    return any(issubclass(cls, base)
+               and cls.bind_gpu_block_pool is base.bind_gpu_block_pool
+               and cls.bind_kv_cache_manager is base.bind_kv_cache_manager for base in bases)
 
 
 def _check_connector(connector: Any) -> None:
     """Refuse a KV connector that binds vLLM's block pool or cache manager (overrides
     ``bind_gpu_block_pool`` / ``bind_kv_cache_manager``: it reads and changes vLLM's pool
-    internals), except ``SimpleCPUOffloadConnector``, whose every call on the pool kvcore's
-    views answer with vLLM's semantics (``touch`` / ``free_blocks`` as withheld references,
-    the free-queue walk, the cached-block lookups).  A connector that only uses the
-    ``KVConnectorBase_V1`` scheduler interface is accepted, NixlConnector and
-    OffloadingConnector included (NixlConnector's ``supports_divergent_local_hybrid_hits``
+    internals), except ``SimpleCPUOffloadConnector`` and ``OffloadingConnector``, whose every
+    call on the pool, coordinator and managers kvcore's views answer with vLLM's semantics
+    (``touch`` / ``free_blocks`` as withheld references, the free-queue walk, the cached-block
+    lookups; the retained longer hits and the coordinator's lookups).  A connector that only
+    uses the ``KVConnectorBase_V1`` scheduler interface is accepted, NixlConnector
+    included (NixlConnector's ``supports_divergent_local_hybrid_hits``
     asks the manager for a per-group lookup, which for every model kvcore accepts is the plain
     one)."""
     if connector is None:
@@ -82,8 +95,8 @@ def _check_connector(connector: Any) -> None:
                 and not _binds_through_views(cls)):
             raise refuse(f"the KV connector {cls.__name__}, which binds vLLM's own block pool "
                          "or cache manager", "use a connector that only uses the "
-                         "KVConnectorBase_V1 scheduler interface (e.g. NixlConnector) or "
-                         "SimpleCPUOffloadConnector")
+                         "KVConnectorBase_V1 scheduler interface (e.g. NixlConnector), "
+                         "SimpleCPUOffloadConnector or OffloadingConnector")
 
 
 class KvcoreSchedulerMixin:
@@ -115,8 +128,10 @@ class KvcoreSchedulerMixin:
         if settings is None:
             vllm_init(vllm_config, kv_cache_config, *args, **kwargs)
             return
-        installed_vllm()  # a vLLM version kvcore was not checked against is refused here
-        factory = self.kvcore_manager_factory(settings)
+        # A vLLM version kvcore was not checked against is refused (or probed) here, once: the
+        # adapter is handed the result.
+        version = installed_vllm(allow_unreleased=settings.allow_unreleased_vllm)
+        factory = functools.partial(self.kvcore_manager_factory(settings), vllm_version=version)
         with _CONSTRUCTION_LOCK:
             # The one name vLLM's __init__ constructs its manager by, restored right after.
             vllm_class = vllm_scheduler_module.KVCacheManager

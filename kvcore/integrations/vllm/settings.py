@@ -31,6 +31,11 @@ Keys (all optional):
 ``check_invariants_every``
     Check every pool and manager invariant at the start of every N-th scheduler step (``0`` =
     never); a broken one raises :class:`~kvcore.errors.InvariantError` naming the rule.
+``allow_unreleased_vllm``
+    Run on a pre-release or development build of a supported vLLM (``0.33.1rc1``,
+    ``0.34.0.dev5+g0123abc``), with a warning naming it (default ``false``: such a build is
+    refused at engine start; :mod:`~kvcore.integrations.vllm.version`).  A build of a version
+    kvcore does not list must also pass the contract probe.
 
 This module does not import vLLM: it is what the vLLM integration and its tests share with
 kvcore's own command line.
@@ -63,6 +68,14 @@ def _count(name: str, value: object, least: int = 0) -> int:
     return value
 
 
+def _flag(raw: Mapping[object, object], name: str) -> bool:
+    value = raw.get(name, False)
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(f"additional_config['kvcore'][{name!r}] must be a bool, "
+                                   f"got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class KvcoreSettings:
     """Validated settings (see the module docstring); build them with :func:`parse_settings`."""
@@ -74,6 +87,7 @@ class KvcoreSettings:
     schedule_policy: str = "fcfs"
     max_waiting_steps: int = MAX_WAITING_STEPS
     lpm_lookups_per_step: int = 32
+    allow_unreleased_vllm: bool = False
 
 
 _KEYS = tuple(f.name for f in fields(KvcoreSettings))
@@ -103,10 +117,8 @@ def parse_settings(raw: object) -> KvcoreSettings:
     except InvalidArgumentError as exc:
         raise InvalidArgumentError(f"additional_config['kvcore']['eviction_policy']: {exc} "
                                    f"(or {RECOMMENDED_NAME!r})") from None
-    verify = raw.get("verify_hits", False)
-    if not isinstance(verify, bool):
-        raise InvalidArgumentError(f"additional_config['kvcore']['verify_hits'] must be a bool, "
-                                   f"got {verify!r}")
+    verify = _flag(raw, "verify_hits")
+    unreleased = _flag(raw, "allow_unreleased_vllm")
     try:
         schedule = resolve_schedule_policy(raw.get("schedule_policy", "fcfs"))
     except InvalidArgumentError as exc:
@@ -122,7 +134,8 @@ def parse_settings(raw: object) -> KvcoreSettings:
         max_waiting_steps=_count("max_waiting_steps",
                                  raw.get("max_waiting_steps", MAX_WAITING_STEPS), 1),
         lpm_lookups_per_step=_count("lpm_lookups_per_step", raw.get("lpm_lookups_per_step", 32),
-                                    1))
+                                    1),
+        allow_unreleased_vllm=unreleased)
 
 
 def settings_from_additional_config(additional_config: object) -> KvcoreSettings | None:

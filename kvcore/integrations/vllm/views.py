@@ -4,9 +4,14 @@ vLLM's scheduler, its connectors and its unit tests reach past ``KVCacheManager`
 ``coordinator``, the coordinator's ``single_type_managers`` and the ``block_pool``.  The adapter
 hands them these views instead: each answers the names those callers read (found by grep over
 vLLM 0.32's and 0.33's sources and tests) from kvcore's live state — nothing is copied, so a
-view never goes stale — and is read-only where vLLM's callers only read.  Names a caller reads
-that are missing here mean a caller kvcore was not checked against: an ``AttributeError`` then,
-never a silent default.
+view never goes stale — and is read-only where vLLM's callers only read.  A name a caller reads
+or sets that a view does not provide means a caller kvcore was not checked against: every view
+then raises :class:`~kvcore.errors.ViewAttributeError` naming the view and the name (a
+``UnsupportedFeatureError`` that is also an ``AttributeError``, so ``hasattr`` and ``getattr``
+with a default keep working), never a silent default.  Setting a name raises it too, except the
+names kvcore honours (``GroupView.retains_longer_hit`` / ``retains_complete_hit``,
+``FreeBlockQueueView.num_free_blocks``): a view never
+grows an attribute nothing reads.
 
 Blocks of request tables (``KVCacheBlocks``, ``req_to_blocks``, the free queue's list) are
 kvcore's :class:`~kvcore.types.KVCacheBlock` objects, which carry vLLM's block names
@@ -14,8 +19,9 @@ kvcore's :class:`~kvcore.types.KVCacheBlock` objects, which carry vLLM's block n
 ``_block_hash`` vLLM's key).  The blocks the pool view looks up for a connector that binds vLLM's
 pool (``blocks[i]``, ``get_cached_block``, ``free_block_queue.iter_blocks_after``) are
 :class:`BlockView` objects, whose ``block_hash`` is vLLM's key (hash and group id), as a CPU
-tier keyed by vLLM's keys needs.  The pool view's two mutating calls, ``touch`` and
-``free_blocks``, go through kvcore's manager (``withhold`` / ``free_withheld``), so its
+tier keyed by vLLM's keys needs.  The pool view's mutating calls, ``touch``, ``get_new_blocks`` and
+``free_blocks``, go through kvcore's manager (``withhold`` / ``withhold_new_blocks`` /
+``free_withheld``), so its
 invariants hold after every call, and a call kvcore cannot honour raises a typed error and
 changes nothing.
 """
@@ -25,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import chain
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, ClassVar, overload
 
 from vllm.v1.core.single_type_kv_cache_manager import (
     CrossAttentionManager as VllmCrossAttentionManager,
@@ -33,7 +39,12 @@ from vllm.v1.core.single_type_kv_cache_manager import (
 
 from kvcore.block_pool import BlockPool
 from kvcore.coordinator.hybrid import HybridCoordinator
-from kvcore.errors import BlockStateError, UnsupportedFeatureError
+from kvcore.errors import (
+    BlockStateError,
+    InvalidArgumentError,
+    UnsupportedFeatureError,
+    ViewAttributeError,
+)
 from kvcore.managers.base import SingleTypeKVCacheManager
 from kvcore.types import BlockHash, KVCacheBlock
 
@@ -41,7 +52,31 @@ if TYPE_CHECKING:
     from kvcore.manager import KVCacheManager
 
 
-class BlockView:
+class _View:
+    """Base of every view: a name the view does not provide raises
+    :class:`~kvcore.errors.ViewAttributeError`, read or set.  A view's own slots are set once,
+    by its constructor; afterwards only the names in ``_settable`` can be set (properties that
+    kvcore honours)."""
+
+    __slots__ = ()
+    _settable: ClassVar[frozenset[str]] = frozenset()
+
+    def __getattr__(self, name: str) -> Any:  # only reached when the name is not found
+        raise ViewAttributeError(type(self).__name__, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in self._settable:
+            try:
+                object.__getattribute__(self, name)
+            except AttributeError:  # a slot the constructor has not filled yet
+                if any(name in getattr(k, "__slots__", ()) for k in type(self).__mro__):
+                    object.__setattr__(self, name, value)
+                    return
+            raise ViewAttributeError(type(self).__name__, name, setting=True)
+        object.__setattr__(self, name, value)
+
+
+class BlockView(_View):
     """One of kvcore's blocks with vLLM's ``KVCacheBlock`` names, read live: ``block_id``,
     ``ref_cnt``, ``is_null``, and ``block_hash`` / ``_block_hash`` as vLLM's key (hash and group
     id; ``None`` while uncached).  ``block_hash_num_tokens`` is the prefix a partial prompt-tail
@@ -99,7 +134,7 @@ def _unwrap(blocks: Iterable[object]) -> list[object]:
     return out
 
 
-class BlockViews(Sequence[BlockView]):
+class BlockViews(_View, Sequence[BlockView]):
     """vLLM's ``BlockPool.blocks``: block id -> :class:`BlockView`, one view per block, made on
     first use.  An id outside the pool raises ``IndexError`` naming it (vLLM's list does)."""
 
@@ -140,11 +175,12 @@ class BlockViews(Sequence[BlockView]):
         return map(self.view, self._pool.blocks)
 
 
-class FreeBlockQueueView:
+class FreeBlockQueueView(_View):
     """vLLM's ``FreeKVCacheBlockQueue`` names over kvcore's free side (the eviction policy, plus
     the hint reserve when hints are declared)."""
 
     __slots__ = ("_kv", "_pool", "_views")
+    _settable: ClassVar[frozenset[str]] = frozenset({"num_free_blocks"})
 
     def __init__(self, kv: KVCacheManager, views: BlockViews) -> None:
         self._kv = kv
@@ -212,7 +248,7 @@ def _after(lists: Sequence[Any], cursor: KVCacheBlock) -> Iterator[KVCacheBlock]
         node = node.next_free
 
 
-class CachedBlockHashesByBlockView(Mapping[int, frozenset[bytes]]):
+class CachedBlockHashesByBlockView(_View, Mapping[int, frozenset[bytes]]):
     """vLLM's ``cached_block_hashes_by_block``, read-only: block id -> the vLLM keys of the
     partial prompt-tail entries a cached block carries besides its hash (only blocks that
     carry some are keys)."""
@@ -241,7 +277,7 @@ class CachedBlockHashesByBlockView(Mapping[int, frozenset[bytes]]):
         return sum(1 for _ in self)
 
 
-class CachedBlockMapView(Mapping[BlockHash, KVCacheBlock]):
+class CachedBlockMapView(_View, Mapping[BlockHash, KVCacheBlock]):
     """vLLM's ``cached_block_hash_to_block``, read-only: the cached blocks by hash, over all
     groups (kvcore keeps one map per group: a hash cached in two groups maps to the lower
     group's block and is iterated once per group; ``len`` counts cached blocks)."""
@@ -275,11 +311,12 @@ class CachedBlockMapView(Mapping[BlockHash, KVCacheBlock]):
             for g in range(pool.num_groups) for h, block in pool.cached_blocks_map(g).items()})
 
 
-class BlockPoolView:
-    """vLLM's ``BlockPool`` names over kvcore's pool (see the module docstring).  Its two
+class BlockPoolView(_View):
+    """vLLM's ``BlockPool`` names over kvcore's pool (see the module docstring).  Its
     mutating names are references held outside kvcore's requests: ``touch`` takes them
     (kvcore's ``KVCacheManager.withhold``: vLLM's ``SimpleCPUOffloadConnector`` pins blocks it
-    copies), ``free_blocks`` returns them and the blocks a deferred free withheld
+    copies), ``get_new_blocks`` takes fresh blocks so (``withhold_new_blocks``: a block copy's
+    endpoints), ``free_blocks`` returns them and the blocks a deferred free withheld
     (``KVCacheManager.free_withheld``)."""
 
     __slots__ = ("_kv", "_pool", "_views", "cached_block_hash_to_block",
@@ -353,6 +390,14 @@ class BlockPoolView:
         and changes nothing."""
         self._kv.free_withheld(_unwrap(ordered_blocks))
 
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """vLLM's ``get_new_blocks`` for a holder outside the scheduler's requests (a block
+        copy's endpoints): ``num_blocks`` blocks off the free side, each with one reference
+        withheld until ``free_blocks`` returns it (kvcore's ``withhold_new_blocks``).  Asking
+        for more than are free raises :class:`~kvcore.errors.NoFreeBlocksError` and changes
+        nothing."""
+        return self._kv.withhold_new_blocks(num_blocks)
+
     def get_cached_block(self, block_hash: BlockHash,
                          kv_cache_group_ids: Sequence[int]) -> list[BlockView] | None:
         """The block cached under ``block_hash`` in each of these groups, or ``None`` if any
@@ -361,20 +406,34 @@ class BlockPoolView:
         return None if found is None else [self._views.view(b) for b in found]
 
 
-class GroupView:
+class GroupView(_View):
     """vLLM's ``SingleTypeKVCacheManager`` names over one of kvcore's single-type managers:
     the group's id, spec and block size, whether its hits drop the EAGLE block, and (read-only)
-    its block tables and cached-block watermarks."""
+    its block tables and cached-block watermarks.
 
-    __slots__ = ("_manager", "block_pool", "block_size", "kv_cache_group_id", "kv_cache_spec",
-                 "num_cached_block", "req_to_blocks", "use_eagle")
+    ``retains_longer_hit`` and ``retains_complete_hit`` can be set (a KV connector's bind
+    does, for the full-attention groups whose resident KV it reuses while it loads the other
+    groups'): kvcore honours the first through ``KVCacheManager.retain_longer_hits`` (the
+    group's lookups keep its own longer hit, and an admission keeps as much of it as the local
+    and external tokens cover, as vLLM's manager does with ``retained_hit_group_ids``; one set
+    behind both names).  The second is recorded and read back: a retained hit in kvcore is
+    already the group's complete own hit up to the lookup's cap (kvcore searches each
+    full-attention group once, before any other type, and never shortens it), so it changes
+    nothing more.  Both take a bool; anything else raises
+    :class:`~kvcore.errors.InvalidArgumentError` and changes nothing."""
 
-    retains_longer_hit = False
+    __slots__ = ("_complete", "_kv", "_manager", "block_pool", "block_size",
+                 "kv_cache_group_id", "kv_cache_spec", "num_cached_block", "req_to_blocks",
+                 "use_eagle")
+    _settable = frozenset({"retains_longer_hit", "retains_complete_hit"})
+
     records_new_block_ids = False
 
-    def __init__(self, manager: SingleTypeKVCacheManager, spec: Any, block_pool: BlockPoolView
-                 ) -> None:
+    def __init__(self, kv: KVCacheManager, manager: SingleTypeKVCacheManager, spec: Any,
+                 block_pool: BlockPoolView) -> None:
+        self._kv = kv
         self._manager = manager
+        self._complete = False
         self.kv_cache_group_id = manager.group_id
         self.kv_cache_spec = spec
         self.block_size: int = spec.block_size
@@ -392,6 +451,44 @@ class GroupView:
     def _null_block(self) -> KVCacheBlock:
         return self._manager.null_block
 
+    @property
+    def _pending_cow_copies(self) -> list[tuple[KVCacheBlock, KVCacheBlock]]:
+        """vLLM's pending copy-on-write list: the group's live ``pending_copies`` list.  A pair
+        appended here is taken by the adapter's ``take_kv_cache_block_copies``; each endpoint
+        must hold a withheld reference (``block_pool.get_new_blocks`` / ``touch``) that the
+        take hands over as the copy's retention (else the take raises
+        :class:`~kvcore.errors.BlockStateError`, changing nothing)."""
+        return self._manager.pending_copies
+
+    @property
+    def retains_longer_hit(self) -> bool:
+        """Whether the group keeps its own longer hit (see the class docstring)."""
+        return self.kv_cache_group_id in self._kv.retained_hit_groups
+
+    @retains_longer_hit.setter
+    def retains_longer_hit(self, value: bool) -> None:
+        groups = set(self._kv.retained_hit_groups)
+        if _flag("retains_longer_hit", value):
+            groups.add(self.kv_cache_group_id)
+        else:
+            groups.discard(self.kv_cache_group_id)
+        self._kv.retain_longer_hits(sorted(groups))
+
+    @property
+    def retains_complete_hit(self) -> bool:
+        """What a caller set (see the class docstring); ``False`` until then."""
+        return self._complete
+
+    @retains_complete_hit.setter
+    def retains_complete_hit(self, value: bool) -> None:
+        object.__setattr__(self, "_complete", _flag("retains_complete_hit", value))
+
+
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(f"{name} must be a bool, got {value!r}")
+    return value
+
 
 @VllmCrossAttentionManager.register
 class CrossAttentionGroupView(GroupView):
@@ -402,10 +499,13 @@ class CrossAttentionGroupView(GroupView):
     __slots__ = ()
 
 
-class CoordinatorView:
+class CoordinatorView(_View):
     """vLLM's ``KVCacheCoordinator`` names over kvcore's coordinator: the pool, one
     :class:`GroupView` per group, the EAGLE group sets, and the block count the scheduler's
     reservation of in-flight prefills reads."""
+
+    __slots__ = ("_kv", "block_pool", "drop_eagle_group_ids", "eagle_group_ids",
+                 "kv_cache_config", "single_type_managers")
 
     enable_partial_hash_hits = False
     num_reprefillable_tokens = 0
@@ -417,7 +517,7 @@ class CoordinatorView:
         self.block_pool = block_pool
         self.single_type_managers = tuple(
             (CrossAttentionGroupView if m.uses_encoder_tokens else GroupView)(
-                m, g.kv_cache_spec, block_pool)
+                kv, m, g.kv_cache_spec, block_pool)
             for m, g in zip(kv.coordinator.managers, kv_cache_config.kv_cache_groups))
         self.eagle_group_ids = eagle_group_ids
         self.drop_eagle_group_ids = drop_eagle_group_ids
@@ -441,6 +541,19 @@ class CoordinatorView:
         coord = self._kv.coordinator
         return coord.full_attention_group_id if isinstance(coord, HybridCoordinator) else None
 
+    def find_longest_cache_hit(self, block_hashes: Sequence[Any], max_cache_hit_length: int
+                               ) -> tuple[tuple[list[KVCacheBlock], ...], int, int]:
+        """vLLM's coordinator lookup, for a connector: (hit blocks per group, the hit length
+        all groups agree on, how many tokens beyond it some group found cached — vLLM's
+        ``num_uncached_common_prefix_tokens``).  A retained group keeps its own longer hit.  No request is
+        given, so with ``verify_hits`` the hit is not proven against tokens here (the
+        adapter's ``get_computed_blocks`` does that for the hit a request is admitted with).
+        Changes no state."""
+        blocks, length, longest = self._kv.coordinator.find_longest_cache_hit(
+            block_hashes, max_cache_hit_length, None)
+        # (kvcore's third value is the longest group hit when longer than the agreed one)
+        return tuple(list(b) for b in blocks), length, longest - length if longest else 0
+
     def find_longest_cache_hit_per_group(
             self, block_hashes: Sequence[Any], max_cache_hit_length: int
     ) -> tuple[tuple[list[KVCacheBlock], ...], tuple[int, ...]]:
@@ -459,6 +572,8 @@ class HybridCoordinatorView(CoordinatorView):
     ``HybridKVCacheCoordinator`` (an abstract base class), so vLLM's
     ``isinstance(coordinator, HybridKVCacheCoordinator)`` checks (its offloading connector,
     its tests) see what vLLM would have built."""
+
+    __slots__ = ()
 
 
 def coordinator_view(kv: KVCacheManager, kv_cache_config: Any, block_pool: BlockPoolView,

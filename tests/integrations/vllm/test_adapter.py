@@ -165,18 +165,16 @@ def _mamba(mode: str = "align", **kw: int) -> MambaSpec:
 
 
 @pytest.mark.parametrize(("config", "kwargs", "names"), [
-    (lambda: kv_config(full(), _mamba(num_speculative_blocks=2)), {},
-     "speculative Mamba state blocks"),
-    (lambda: kv_config(full(), _mamba()), {"use_eagle": True}, "hybrid Mamba model"),
     (lambda: kv_config(full(), CrossAttentionSpec(block_size=16, num_kv_heads=1, head_size=32,
                                                   dtype=torch.float16)), {},
      "prefix caching with cross attention"),
-    (lambda: kv_config(full(32), swa(32, block_size=32)), {"hash_block_size": 16},
-     "prefix_match_unit"),
+    (lambda: kv_config(full(32), MambaSpec(block_size=32, shapes=((2, 4),),
+                                           dtypes=(torch.float32,), mamba_cache_mode="align")),
+     {"hash_block_size": 16}, "partial-block hits: hashing every 16 tokens .* finer than the "
+     "blocks of Mamba 'align' groups \\[1\\]"),
     (lambda: kv_config(), {"dcp_world_size": 2}, "context parallelism"),
     (lambda: kv_config(), {"num_prefill_lookahead": 3}, "multi-module MTP"),
-], ids=["mamba-spec-blocks", "mamba-eagle", "cross-attention", "partial-hash-hits",
-        "dcp", "mtp"])
+], ids=["cross-attention", "partial-hash-hits", "dcp", "mtp"])
 def test_refused_configurations_name_the_feature(config, kwargs, names) -> None:  # type: ignore[no-untyped-def]
     args = dict(kv_cache_config=config(), max_model_len=4096, scheduler_block_size=16,
                 hash_block_size=16, enable_caching=True)
@@ -210,6 +208,49 @@ def test_eagle_drops_in_the_groups_vllm_drops_in(flagged: tuple[int, ...],
         admit(m, request("a", range(150)))
     hits = [admit(m, request("b", [*range(150), 7]))[0] for m in (theirs, ours)]
     assert hits[0] == hits[1] and hits[0] > 0
+
+
+def test_a_prefix_match_unit_without_partial_hits_hashes_where_vllm_does() -> None:
+    """vLLM's prefix_match_unit on a model without Mamba "align" groups: hashes every unit,
+    hits on block boundaries (vLLM enables partial-block hits only with such a group); kvcore
+    hashes at the same unit, so it reads vLLM's hashes as vLLM does."""
+    m = KVCacheManagerAdapter(kv_config(full(32), swa(32, block_size=32)), max_model_len=4096,
+                              scheduler_block_size=32, hash_block_size=16, enable_caching=True,
+                              settings=KvcoreSettings())
+    assert m.kv.hash_block_size == 16 and m.kv.config.prefix_match_unit == 16
+    assert m.block_pool.hash_block_size == 16
+
+
+@pytest.mark.parametrize("mode", ["align", "none"])
+def test_speculative_mamba_blocks_and_eagle_are_managed(mode: str) -> None:
+    """MTP/EAGLE on a hybrid model: the speculative state blocks reach kvcore's spec, and the
+    block counts of a first allocation (the scheduler's reservation of in-flight prefills
+    reads them) are vLLM's own manager's, for every prompt length around the block edges
+    ("align" under EAGLE: one state block plus the speculative ones; "none": the tokens'
+    blocks plus them)."""
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager
+
+    from kvcore import specs
+
+    args: dict[str, Any] = dict(
+        kv_cache_config=kv_config(full(), _mamba(mode, num_speculative_blocks=2)),
+        max_model_len=4096, scheduler_block_size=16, hash_block_size=16,
+        enable_caching=mode == "align", use_eagle=mode == "align")
+    ours = KVCacheManagerAdapter(**args, settings=KvcoreSettings())
+    theirs = VllmKVCacheManager(**args)
+    spec = ours.kv.config.groups[1].spec
+    assert isinstance(spec, specs.MambaSpec) and spec.num_speculative_blocks == 2
+    empty = ours.empty_kv_cache_blocks.blocks
+    counts = []
+    for main in (1, 15, 16, 17, 40, 64):
+        for lookahead in (0, 3):
+            got = [m.coordinator.get_num_blocks_to_allocate(
+                "x", main + lookahead, empty, 0, 0, 0, main, apply_admission_cap=True,
+                prefill_end=main) for m in (ours, theirs)]
+            assert got[0] == got[1], (main, lookahead, got)
+            counts.append(got[0])
+    full_blocks = -(-64 // 16)
+    assert counts[-2] == full_blocks + (1 + 2 if mode == "align" else full_blocks + 2)
 
 
 def test_scratch_groups_are_mapped_and_unknown_ones_refused() -> None:
@@ -365,18 +406,6 @@ def test_supported_versions_parse(text: str) -> None:
 def test_other_versions_are_refused_naming_the_supported_ones(text: str) -> None:
     with pytest.raises(UnsupportedFeatureError, match=r"supports vLLM 0\.32, 0\.33"):
         parse_version(text)
-
-
-def test_an_unsupported_installed_version_stops_the_scheduler_at_start(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    import vllm.version
-
-    from kvcore.integrations.vllm.replay import Engine, ReplaySetup, make_scheduler
-
-    monkeypatch.setattr(vllm.version, "__version__", "0.34.0")
-    with pytest.raises(UnsupportedFeatureError, match=r"not vLLM 0\.34\.0"):
-        make_scheduler(ReplaySetup(), Engine.parse("kvcore"))
-    make_scheduler(ReplaySetup(), Engine.parse("vllm"))  # vLLM alone is not kvcore's business
 
 
 def test_lookahead_hashes_are_refused_on_vllm_032() -> None:

@@ -75,6 +75,22 @@ def test_adapter_matches_vllm_on_every_trace(traces: list[dict[str, Any]]) -> No
         assert sum(1 for t in traces if t["config"].get("lookahead")) > 20
 
 
+def test_adapter_matches_vllm_with_a_prefix_match_unit() -> None:
+    """vLLM's prefix_match_unit finer than every block (hashes every 2 tokens) on hybrid
+    attention models without Mamba "align" groups: hits stay on block boundaries and partial
+    prompt tails are registered at the unit, in kvcore as in vLLM."""
+    traces = [generate_trace(seed, pending=[], lookahead_hashes=VERSION.lookahead_hashes,
+                             vllm=f"{VERSION.major}.{VERSION.minor}",
+                             kinds=["hybrid", "hybrid_bs", "hybrid_partial"],
+                             extra={"prefix_match_unit": 2})
+              for seed in range(NUM_TRACES // 8)]
+    theirs = replay_all("vllm", traces)
+    ours = replay_all("adapter", traces)
+    assert sum(1 for obs in ours for o in obs if o.get("hit", 0) > 0) > 20
+    failures = _differences(traces, ours, theirs)
+    assert not failures, f"{len(failures)} traces differ; first: {failures[0]}"
+
+
 @pytest.mark.skipif(not VERSION.lookahead_hashes,
                     reason="lookahead hashes exist from vLLM 0.33 (0.32 refuses them: "
                            "test_adapter.py)")
