@@ -54,6 +54,8 @@ class ManagerState(Protocol):
 
     def withheld_blocks(self) -> dict[int, int]: ...
 
+    def held_free_blocks(self) -> list[KVCacheBlock]: ...
+
 OwnerBlocks = Iterable[KVCacheBlock] | Iterable[Iterable[KVCacheBlock]]
 """What one owner holds references on: a block list, or one per group (a request's table)."""
 
@@ -238,7 +240,8 @@ def check_manager_invariants(manager: ManagerState) -> None:
     ``request-registry``  a request has blocks in some group iff the manager tracks it (and only
                           tracked requests have prefix chains or shared-prefix boundaries)
     ``withheld``          references handed out by ``pop_blocks_for_free`` or taken by
-                          ``withhold`` name real blocks
+                          ``withhold`` name real blocks (the blocks ``set_num_free_blocks``
+                          holds back own one reference each)
                           (and count in their ``ref_cnt``, checked with the pool's ownership)
     ``pending-copy``      each endpoint of a pending block copy (``pending_copies``) holds a
                           withheld reference for each copy it is an endpoint of
@@ -287,6 +290,9 @@ def check_manager_invariants(manager: ManagerState) -> None:
                     raise _fail("pending-copy", f"group {g}'s pending copy {pair!r} retains "
                                 f"block {bid} {n} time(s), withheld {withheld.get(bid, 0)}",
                                 block)
+    held = manager.held_free_blocks()
+    if held:  # one reference each, taken by set_num_free_blocks
+        owners["held free"] = [held]
     check_invariants(manager.pool, owners)
     if coord.prefix_chains is not None:
         stale = sorted(set(coord.prefix_chains.request_ids()) - set(requests))

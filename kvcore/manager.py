@@ -153,7 +153,7 @@ class KVCacheManager:
 
     # Fixed attributes, as in the compiled build (whose instances have no __dict__): the two
     # builds' objects have the same layout, which kvcore.testing's checked() relies on.
-    __slots__ = ("_admission_caps", "_block_sizes", "_empty", "_reads_releases",
+    __slots__ = ("_admission_caps", "_block_sizes", "_empty", "_held_free", "_reads_releases",
                  "_requests", "_sparse_retention", "_withheld",
                  "block_hasher", "config", "coordinator", "enable_caching", "fast_path",
                  "hash_block_size", "log_stats", "max_model_len", "max_num_batched_tokens",
@@ -207,6 +207,8 @@ class KVCacheManager:
         # Deferred frees: block id -> references pop_blocks_for_free handed out and
         # free_withheld has not returned yet.
         self._withheld: dict[int, int] = {}
+        # Free blocks set_num_free_blocks holds back, the first reused first when given back.
+        self._held_free: list[KVCacheBlock] = []
         self._sparse_retention = config.prefix_cache_retention_interval is not None
         self._empty = KVCacheBlocks(() for _ in range(self.num_groups))
         self._admission_caps = tuple(
@@ -629,6 +631,52 @@ class KVCacheManager:
         """Withheld references per block id (a copy)."""
         return dict(self._withheld)
 
+    def set_num_free_blocks(self, num_free_blocks: SupportsIndex) -> None:
+        """Hold free blocks back from allocation, or give held ones back, until exactly
+        ``num_free_blocks`` blocks are free: a pool short of blocks on demand, for tests and
+        drills (vLLM's scheduler tests exhaust its pool by setting its free queue's count).
+
+        Held blocks leave the free side as they are (``BlockPool.pin``: their prefix-cache
+        entries stay, no access is recorded, nothing is evicted), those reused last first, so
+        later allocations take the blocks they would have taken anyway.  While held they count
+        as in use: ``num_free_blocks`` and ``usage`` leave them out, ``reset_prefix_cache``
+        refuses, and a hit on one shares it.  Blocks freed meanwhile are free as usual (the
+        count rises).  Given back (a larger count), they return to the free side as freed
+        blocks do, those that were to be reused first first; ``set_num_free_blocks`` of the
+        free and held blocks together gives every held block back.
+
+        A count above the free and held blocks together raises
+        :class:`~kvcore.errors.NoFreeBlocksError`, a negative or non-int one
+        :class:`~kvcore.errors.InvalidArgumentError`; both change nothing.  Costs one walk of
+        the free side when holding (not for hot paths)."""
+        n = check_count("num_free_blocks", num_free_blocks)
+        pool = self.pool
+        free = pool.num_free_blocks
+        held = self._held_free
+        if n > free + len(held):
+            raise NoFreeBlocksError(f"set_num_free_blocks({n}): only {free} blocks are free and "
+                                    f"{len(held)} held back ({free + len(held)} in all)")
+        if n < free:
+            # The free side in reuse order (the policy's, then the hint reserve's): hold its end.
+            order = [*pool.policy, *pool.reserve]
+            take = order[n:]
+            pool.pin(take)
+            held[:0] = take  # (ahead of the blocks held earlier, which were reused later)
+        elif n > free:
+            give = held[:n - free]
+            del held[:n - free]
+            pool.free_blocks(give)
+
+    @property
+    def num_held_free_blocks(self) -> int:
+        """Free blocks :meth:`set_num_free_blocks` holds back."""
+        return len(self._held_free)
+
+    def held_free_blocks(self) -> list[KVCacheBlock]:
+        """The blocks :meth:`set_num_free_blocks` holds back, the first given back first (a
+        copy)."""
+        return list(self._held_free)
+
     def cache_blocks(self, request: KVRequest, num_computed_tokens: SupportsIndex) -> None:
         """Cache the request's blocks that are full within its first ``num_computed_tokens``
         tokens (e.g. after a delayed KV transfer completed)."""
@@ -939,7 +987,7 @@ class KVCacheManager:
                 raise InvalidHitError(
                     f"request {rid!r}: num_new_computed_tokens={num_hit_tokens} but group {g} "
                     f"has {len(blocks)} hit blocks of {bs} tokens")
-            needed_from = m.get_num_skipped_tokens(total_computed) // bs
+            needed_from = m.get_num_unread_tokens(total_computed) // bs
             hashes = hashes_at(request.block_hashes, self.hash_block_size, bs)
             i = 0
             try:  # the common case in one tight pass; _bad_hit explains a failure

@@ -54,6 +54,13 @@ class CacheSettings:
         use_eagle: EAGLE/MTP speculative decoding: every prefix hit drops its last block (as
             vLLM's ``use_eagle``; not with chunked local attention), and Mamba "align" groups
             keep their checkpoints at EAGLE's replay boundary.
+        eagle_groups: with ``use_eagle``, the KV-cache groups (ids) whose hits drop their last
+            block, as vLLM's ``is_eagle_group`` flags (the draft model's groups); ``None``, the
+            default: every group.  Groups of one spec are searched together, so one of them
+            listed makes them all drop (as vLLM); a sliding window's retention and the hybrid
+            caching one block past the aligned boundary follow each group's own drop, the
+            prompt's replay boundaries follow whether any group drops.  An id past the
+            model's groups is refused when the manager is built.
         num_hash_lookahead_tokens: EAGLE/MTP lookahead hashes (vLLM 0.33's): each block's hash
             also covers the next this many tokens, which the drafter's KV at the block's last
             position read, so a block is hashed (and cached) only once they exist and hits need
@@ -84,6 +91,7 @@ class CacheSettings:
     enable_events: bool = False
     verify_hits: bool = False
     use_eagle: bool = False
+    eagle_groups: tuple[int, ...] | None = None
     num_hash_lookahead_tokens: int = 0
     eagle_junction_tail: bool = True
     mamba_recache_prompt_boundary: bool = False
@@ -107,6 +115,13 @@ class CacheSettings:
         hints = self.queue_hints
         if type(hints) is not int or hints < 0:
             raise InvalidArgumentError(f"queue_hints must be an int >= 0, got {hints!r}")
+        groups = self.eagle_groups
+        if groups is not None and (
+                type(groups) is not tuple
+                or any(type(g) is not int or g < 0 for g in groups)
+                or len(set(groups)) != len(groups)):
+            raise InvalidArgumentError(f"eagle_groups must be None or a tuple of distinct group "
+                                       f"ids (ints >= 0), got {groups!r}")
         lookahead = self.num_hash_lookahead_tokens
         if type(lookahead) is not int or lookahead < 0:
             raise InvalidArgumentError(f"num_hash_lookahead_tokens must be an int >= 0, got "

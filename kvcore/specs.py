@@ -118,10 +118,17 @@ class SlidingWindowSpec(KVCacheSpec):
     sliding-window layers) makes the group scratch: never cached nor hit; after a prefix hit
     of the other groups a scheduler recomputes the hit's last ``sliding_window`` tokens
     (``prefix_replay_tokens``) to rebuild it, into fresh blocks (the positions below the window
-    of the hit's next token are null, as for any window)."""
+    of the hit's next token are null, as for any window).
+
+    ``extra_retained_tokens`` (vLLM's, for multi-module MTP, which re-prefills that many of a
+    request's last tokens): a request keeps the blocks of that many tokens below its window
+    too (they are released that much later and count in ``max_blocks_per_request``), though
+    attention does not read them (``needed_positions``) and hits need no more blocks.  Not with
+    ``bounded_replay``."""
 
     sliding_window: int
     bounded_replay: bool = False
+    extra_retained_tokens: int = 0
     kind: ClassVar[str] = "sliding_window"
     admission_capped: ClassVar[bool] = True
 
@@ -131,6 +138,20 @@ class SlidingWindowSpec(KVCacheSpec):
         if not isinstance(self.bounded_replay, bool):
             raise InvalidArgumentError(f"bounded_replay must be a bool, got "
                                        f"{self.bounded_replay!r}")
+        extra = self.extra_retained_tokens
+        if type(extra) is not int or extra < 0:
+            raise InvalidArgumentError(f"extra_retained_tokens must be an int >= 0, got "
+                                       f"{extra!r}")
+        if extra and self.bounded_replay:
+            raise InvalidArgumentError(f"extra_retained_tokens ({extra}) with bounded_replay: a "
+                                       "replayed scratch window retains nothing for later")
+
+    @property
+    def retained_tokens(self) -> int:
+        """Tokens before a request's next one whose blocks it keeps: the window's
+        ``sliding_window - 1`` plus ``extra_retained_tokens`` (vLLM 0.33's
+        ``num_retained_tokens``)."""
+        return self.sliding_window - 1 + self.extra_retained_tokens
 
     @property
     def prefix_cacheable(self) -> bool:
@@ -148,10 +169,10 @@ class SlidingWindowSpec(KVCacheSpec):
 
     def max_blocks_per_request(self, max_model_len: int,
                                max_num_batched_tokens: int | None = None) -> int:
-        # The last window-1 computed tokens plus one step's new tokens are live; +1 because the
-        # window need not start on a block boundary.
+        # The last window-1 computed tokens (and the extra retained ones) plus one step's new
+        # tokens are live; +1 because the window need not start on a block boundary.
         step = max_model_len if max_num_batched_tokens is None else max_num_batched_tokens
-        return _cdiv(min(self.sliding_window - 1 + step, max_model_len), self.block_size) + 1
+        return _cdiv(min(self.retained_tokens + step, max_model_len), self.block_size) + 1
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -70,6 +70,7 @@ class ManagerOptions(TypedDict, total=False):
     manager_classes: ManagerClasses | None
     block_hasher: BlockHasher | None
     use_eagle: bool
+    eagle_groups: tuple[int, ...] | None
     num_hash_lookahead_tokens: int
     eagle_junction_tail: bool
     fast_path: bool

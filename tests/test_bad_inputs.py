@@ -510,6 +510,20 @@ CASES = [
     Case("config", "a junction-tail flag of 1", lambda w: CacheSettings(
         eagle_junction_tail=1), InvalidArgumentError,  # type: ignore[arg-type]
          "eagle_junction_tail must be a bool, got 1"),
+    Case("config", "EAGLE groups as a list", lambda w: CacheSettings(
+        use_eagle=True, eagle_groups=[1]), InvalidArgumentError,  # type: ignore[arg-type]
+         "eagle_groups must be None or a tuple of distinct group ids"),
+    Case("config", "an EAGLE group past the model's groups", lambda w: make_manager(
+        full_spec(4), swa_spec(8), use_eagle=True, eagle_groups=(0, 3)), InvalidGroupError,
+         "eagle_groups [3] name no group"),
+    Case("config", "extra retained tokens of -1", lambda w: SlidingWindowSpec(
+        block_size=4, num_kv_heads=1, head_size=8, sliding_window=8,
+        extra_retained_tokens=-1), InvalidArgumentError, "extra_retained_tokens must be an int"),
+    Case("manager", "a negative free-block count", lambda w: w.m.set_num_free_blocks(-1),
+         InvalidArgumentError, "num_free_blocks must be a non-negative int, got -1",
+         f"{M}.set_num_free_blocks"),
+    Case("manager", "a free-block count above the free blocks", lambda w: w.m.set_num_free_blocks(
+        16), NoFreeBlocksError, "set_num_free_blocks(16): only 12 blocks are free and 0 held"),
     Case("config", "a prompt-boundary flag that is a str", lambda w: CacheSettings(
         mamba_recache_prompt_boundary="yes"), InvalidArgumentError,  # type: ignore[arg-type]
          "mamba_recache_prompt_boundary must be a bool"),
@@ -628,6 +642,7 @@ CANNOT_FAIL = {
     f"{M}.requests": "returns a copy",
     f"{M}.take_events": "drains a list",
     f"{M}.withheld_blocks": "returns a copy",
+    f"{M}.held_free_blocks": "returns a copy",
     f"{M}.make_prefix_cache_stats": "starts a new interval",
     f"{M}.reset_prefix_cache": "refuses with False, changing nothing (tested in test_manager)",
     f"{M}.new_step": "clears a per-step set",

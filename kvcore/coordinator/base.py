@@ -16,6 +16,7 @@ from collections.abc import Collection, Iterable, Sequence
 from typing import ClassVar
 
 from kvcore.block_pool import BlockPool
+from kvcore.errors import InvalidGroupError
 from kvcore.hashing import hashes_at
 from kvcore.managers import make_manager
 from kvcore.managers.base import ManagerContext, SingleTypeKVCacheManager, cdiv
@@ -24,6 +25,26 @@ from kvcore.settings import CacheSettings
 from kvcore.specs import KVCacheConfig
 from kvcore.types import BlockHash, GroupBlocks, KVCacheBlock, KVRequest, PrefixNode
 from kvcore.verify import HitVerifier, PrefixChains
+
+
+def dropping_groups(config: KVCacheConfig, settings: CacheSettings) -> frozenset[int] | None:
+    """The groups whose hits drop their last block under EAGLE (``CacheSettings.use_eagle``
+    and ``eagle_groups``): ``None`` for every group, empty without EAGLE.  Groups with equal
+    specs are searched together, so a listed group's equals drop too (vLLM propagates the flag
+    within a spec group alike).  An id past the model's groups raises
+    :class:`~kvcore.errors.InvalidGroupError` naming it."""
+    if not settings.use_eagle:
+        return frozenset()
+    listed = settings.eagle_groups
+    if listed is None:
+        return None
+    n = config.num_groups
+    bad = sorted(g for g in listed if g >= n)
+    if bad:
+        raise InvalidGroupError(f"eagle_groups {bad} name no group of this model (it has {n}: "
+                                f"ids 0 to {n - 1})")
+    specs = [config.groups[g].spec for g in listed]
+    return frozenset(i for i, g in enumerate(config.groups) if g.spec in specs)
 
 
 class KVCacheCoordinator:
@@ -42,17 +63,20 @@ class KVCacheCoordinator:
         self.pool = pool
         self.enable_caching = enable_caching = settings.enable_caching
         self.verify_hits = pool.verify_hits
-        self.use_eagle = settings.use_eagle
+        # EAGLE: the groups whose hits drop their last block (None: all) and whether any does.
+        self.eagle_group_ids = eagle_ids = dropping_groups(config, settings)
+        self.use_eagle = settings.use_eagle and (eagle_ids is None or bool(eagle_ids))
         self.hash_block_size = config.hash_block_size
         self.alignment_tokens = alignment_tokens = config.alignment_tokens
         self.cache_alignment = alignment_tokens if self.aligns_caching else None
         self.prefix_chains = (PrefixChains(settings.num_hash_lookahead_tokens) if self.verify_hits
                               else None)
         ctx = ManagerContext(pool, enable_caching, self.hash_block_size, alignment_tokens,
-                             settings.use_eagle, self.prefix_chains,
+                             self.use_eagle, self.prefix_chains,
                              config.prefix_cache_retention_interval,
                              eagle_junction_tail=settings.eagle_junction_tail,
-                             mamba_recache_prompt_boundary=settings.mamba_recache_prompt_boundary)
+                             mamba_recache_prompt_boundary=settings.mamba_recache_prompt_boundary,
+                             eagle_group_ids=eagle_ids)
         # Per running request, the shared-prefix boundary of its admission lookup (read by
         # sparse-retention caching; written at admission, dropped when the request is freed).
         self.shared_prefix_boundaries = ctx.shared_prefix_boundaries
@@ -298,15 +322,15 @@ class KVCacheCoordinator:
 
     def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
         """Every caching group caches the request's blocks full within ``num_tokens`` tokens
-        (aligned down to ``cache_alignment``; under EAGLE, one block further, since an aligned
-        hit is found one block past its boundary)."""
+        (aligned down to ``cache_alignment``; in a group whose hits drop under EAGLE, one block
+        further, since an aligned hit is found one block past its boundary)."""
         rid = request.request_id
         align = self.cache_alignment
         aligned = num_tokens if align is None else num_tokens - num_tokens % align
         eagle = self.use_eagle and align is not None
         for m in self._caching:
             n = aligned
-            if eagle and aligned:
+            if eagle and aligned and m.use_eagle:
                 # An EAGLE lookup matches one block past an aligned boundary and drops it: that
                 # block must be cached too (as vLLM).
                 n = min(num_tokens, aligned + m.block_size)

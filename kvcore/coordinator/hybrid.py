@@ -29,6 +29,9 @@ class _SpecGroup:
     spec: KVCacheSpec
     group_ids: list[int]
     manager_cls: type[SingleTypeKVCacheManager]
+    drops_eagle: bool = False
+    """Whether this spec group's hits drop their last block under EAGLE (its groups' own
+    ``use_eagle``: equal specs drop alike, see ``dropping_groups``)."""
 
     @property
     def is_full(self) -> bool:
@@ -51,7 +54,8 @@ class HybridCoordinator(KVCacheCoordinator):
                     sg.group_ids.append(i)
                     break
             else:
-                spec_groups.append(_SpecGroup(manager.spec, [i], type(manager)))
+                spec_groups.append(_SpecGroup(manager.spec, [i], type(manager),
+                                              manager.use_eagle))
         spec_groups.sort(key=lambda sg: not sg.is_full)  # stable: full attention first
         self._spec_groups = spec_groups
         self._single_round = len(spec_groups) == 2 and spec_groups[0].is_full
@@ -62,8 +66,9 @@ class HybridCoordinator(KVCacheCoordinator):
         hit_blocks: list[list[KVCacheBlock] | None] = [None] * n
         hit_lengths = [0] * n
         hit_length = max_length
-        # EAGLE: each spec group drops its last block once per candidate length; it looks one
-        # block past the candidate (except types that never drop) so the drop lands on it.
+        # EAGLE: each spec group that drops (all, or those of CacheSettings.eagle_groups) drops
+        # its last block once per candidate length; it looks one block past the candidate
+        # (except types that never drop) so the drop lands on it.
         eagle_done: set[int] = set()
         longest = 0  # the longest hit any group found (vLLM's uncached shared prefix)
         while True:
@@ -73,7 +78,7 @@ class HybridCoordinator(KVCacheCoordinator):
                 if sg.is_full and hit_blocks[first] is not None:
                     curr = min(curr, hit_lengths[first])  # downward closed: just trim later
                     continue
-                drop = self.use_eagle and idx not in eagle_done
+                drop = sg.drops_eagle and idx not in eagle_done
                 blocks, length = self._search(sg, block_hashes, curr, verifier, drop)
                 if drop:
                     eagle_done.add(idx)
@@ -124,7 +129,7 @@ class HybridCoordinator(KVCacheCoordinator):
         hit_blocks: list[list[KVCacheBlock]] = [[] for _ in range(n)]
         hit_lengths = [0] * n
         for sg in self._spec_groups:
-            blocks, length = self._search(sg, block_hashes, max_length, None, self.use_eagle)
+            blocks, length = self._search(sg, block_hashes, max_length, None, sg.drops_eagle)
             for gid, group_blocks in zip(sg.group_ids, blocks):
                 hit_blocks[gid] = group_blocks
                 hit_lengths[gid] = length

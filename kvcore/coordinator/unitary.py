@@ -24,7 +24,7 @@ class UnitaryCoordinator(KVCacheCoordinator):
         # 232 ns in pure Python against 40 ns for the three writes below (timeit, CPython 3.11,
         # 2026-11-27), about 2% of a unique 128-token request's 10 µs manager cycle.
         self._query = HitQuery((), 0, (0,), self.pool, m.spec, m.block_size,
-                               drop_last=self.use_eagle)
+                               drop_last=m.use_eagle)
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int,
                                verifier: HitVerifier | None) -> tuple[GroupBlocks, int, int]:

@@ -36,7 +36,8 @@ def cdiv(a: int, b: int) -> int:
 class ManagerContext:
     """What the single-type managers of one KV-cache manager share: the pool, whether prefix
     caching is on, the hash granularity and the hit alignment (tokens), EAGLE/MTP drafting
-    (hits drop their last block), the verify-mode prefix chains, the sparse-retention interval
+    (``use_eagle``: some group's hits drop their last block; ``eagle_group_ids``: which groups
+    drop, ``None`` for all of them), the verify-mode prefix chains, the sparse-retention interval
     (``KVCacheConfig.prefix_cache_retention_interval``) and, per running request, the shared
     prefix its admission lookup found some group holding beyond the common hit (a token
     position; the coordinator keeps it), and whether EAGLE retention also keeps the tail one
@@ -54,6 +55,7 @@ class ManagerContext:
     shared_prefix_boundaries: dict[str, int] = field(default_factory=dict)
     eagle_junction_tail: bool = True
     mamba_recache_prompt_boundary: bool = False
+    eagle_group_ids: frozenset[int] | None = None
 
 
 @dataclass(slots=True)
@@ -136,7 +138,11 @@ class SingleTypeKVCacheManager:
         self.enable_caching = ctx.enable_caching and spec.prefix_cacheable
         self.hash_block_size = ctx.hash_block_size
         self.alignment_tokens = ctx.alignment_tokens
-        self.use_eagle = ctx.use_eagle
+        # EAGLE: whether this group's hits drop their last block (``use_eagle``), and whether
+        # any group's do (``any_eagle``: the prompt's replay boundaries follow it, as vLLM's).
+        self.any_eagle = ctx.use_eagle
+        ids = ctx.eagle_group_ids
+        self.use_eagle = ctx.use_eagle and (ids is None or group_id in ids)
         self.null_block = ctx.pool.null_block
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}
@@ -180,8 +186,14 @@ class SingleTypeKVCacheManager:
     entry when its blocks are larger than the hash block (full attention, as vLLM)."""
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
-        """Leading tokens whose KV the next token no longer reads (0: keep everything)."""
+        """Leading tokens whose KV the request no longer keeps (0: keep everything)."""
         return 0
+
+    def get_num_unread_tokens(self, num_computed_tokens: int) -> int:
+        """Leading tokens whose KV the next token does not read: the skipped ones, unless the
+        type keeps some it does not read (a window's ``extra_retained_tokens``); a prefix hit
+        may hold the null block there."""
+        return self.get_num_skipped_tokens(num_computed_tokens)
 
     def cache_mask(self, request: KVRequest, start_block: int,
                    end_block: int) -> list[bool] | None:

@@ -28,10 +28,11 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
         if self.alignment_tokens != self.block_size:
             raise InvalidArgumentError(
                 "chunked local attention needs every group to use the same block size")
-        if ctx.use_eagle:
+        if self.use_eagle:
             raise InvalidArgumentError(
-                "use_eagle is not supported with chunked local attention (nor by vLLM): dropping "
-                "a hit's last block can move it into another chunk")
+                f"use_eagle is not supported with chunked local attention (nor by vLLM): group "
+                f"{group_id} would drop a hit's last block, which can move it into another "
+                "chunk (leave the group out of eagle_groups)")
         self.attention_chunk_size = spec.attention_chunk_size
 
     @classmethod

@@ -420,7 +420,8 @@ class MambaAlignManager(MambaManager):
             return None
         mask = [self._retained(i, start_block) for i in range(start_block, end_block)]
         align = self.alignment_tokens
-        boundaries = list(replay_boundaries(request.num_prompt_tokens, align, self.use_eagle))
+        # (The replay boundaries follow whether any group drops, as vLLM's.)
+        boundaries = list(replay_boundaries(request.num_prompt_tokens, align, self.any_eagle))
         shared = self.shared_prefix_boundaries.get(request.request_id, 0)
         if shared:
             boundaries.append(shared)

@@ -2,8 +2,8 @@
 
 A hit needs only the last ``cdiv(w - 1, block_size)`` blocks before the hit boundary, so the
 search runs right to left for the right-most run of that many contiguous cached blocks; earlier
-positions become the null block.  Blocks wholly outside the window are released as the request
-advances.  Only blocks a hit can end on are cached (``cache_mask``), sparser still under a
+positions become the null block.  Blocks wholly outside the window (and below the spec's
+``extra_retained_tokens`` more) are released as the request advances.  Only blocks a hit can end on are cached (``cache_mask``), sparser still under a
 retention interval (``KVCacheConfig.prefix_cache_retention_interval``).
 """
 
@@ -24,6 +24,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         assert isinstance(spec, SlidingWindowSpec)
         super().__init__(spec, group_id, ctx)
         self.sliding_window = spec.sliding_window
+        self.retained_tokens = spec.retained_tokens  # the window's tokens and the extra ones
         self.retention_interval = ctx.retention_interval
         self.shared_prefix_boundaries = ctx.shared_prefix_boundaries
         self.junction_tail = ctx.eagle_junction_tail and self.use_eagle
@@ -72,6 +73,10 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         return out, len(out[0]) * bs
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        # (retained_tokens: sliding_window - 1, plus the spec's extra_retained_tokens.)
+        return max(0, num_computed_tokens - self.retained_tokens)
+
+    def get_num_unread_tokens(self, num_computed_tokens: int) -> int:
         return max(0, num_computed_tokens - self.sliding_window + 1)
 
     def cache_mask(self, request: KVRequest, start_block: int,
@@ -101,7 +106,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
                 if i >= shift and (i - shift) % per_segment >= per_segment - need:
                     mask[i - start_block] = True
         if retention is not None:
-            boundaries = replay_boundaries(request.num_prompt_tokens, align, self.use_eagle)
+            # (The replay boundaries follow whether any group drops, as vLLM's.)
+            boundaries = replay_boundaries(request.num_prompt_tokens, align, self.any_eagle)
             shared = self.shared_prefix_boundaries.get(request.request_id, 0)
             if shared:
                 boundaries = ((*boundaries, shared, shared - bs) if self.junction_tail

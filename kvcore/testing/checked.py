@@ -56,7 +56,7 @@ _M = TypeVar("_M", bound=KVCacheManager)
 CHECKED_CALLS = ("get_computed_blocks", "allocate_slots", "free", "pop_blocks_for_free",
                  "free_withheld", "cache_blocks", "uncache_blocks", "remove_skipped_blocks",
                  "reset_prefix_cache", "evict_blocks", "new_step", "record_prefix_cache_stats",
-                 "take_events", "make_prefix_cache_stats")
+                 "take_events", "make_prefix_cache_stats", "set_num_free_blocks")
 
 
 class _CheckState:

@@ -12,7 +12,10 @@ implementation under test, so it runs in the vLLM peer venv without kvcore.
 
 A trace is ``{"config": {...}, "ops": [...]}``.  The config names the groups (``full``, ``swa``,
 ``chunked``, ``mamba``, ``cross``; the scratch groups ``swa_replay``, a sliding window rebuilt by
-bounded replay, and ``ring``, a circular buffer), the pool size, ``caching``, ``eagle`` (``use_eagle``),
+bounded replay, and ``ring``, a circular buffer; a group's ``heads`` sets its KV heads, a
+window's ``extra`` vLLM's ``extra_retained_tokens``), the pool size, ``caching``, ``eagle``
+(``use_eagle``), ``eagle_groups`` (the groups vLLM flags ``is_eagle_group``, kvcore's
+``CacheSettings.eagle_groups``; absent: vLLM flags none, so every group drops),
 ``retention`` (``prefix_cache_retention_interval``: sliding-window blocks cached sparsely),
 ``lookahead`` (vLLM 0.33's ``num_hash_lookahead_tokens``: each hash covers that many tokens
 after its block; a vLLM peer must be 0.33),
@@ -171,8 +174,11 @@ def _specs(cfg: dict[str, Any], classes: dict[str, Any], mamba_kw: dict[str, Any
             out.append(classes["mamba"](block_size=bs, shapes=((2, 4),), dtypes=(torch.float32,),
                                         **kw))
             continue
-        common = dict(block_size=bs, num_kv_heads=1, head_size=8, dtype=torch.float16)
+        common = dict(block_size=bs, num_kv_heads=g.get("heads", 1), head_size=8,
+                      dtype=torch.float16)
         if g["type"] == "swa":
+            if g.get("extra"):  # vLLM's extra_retained_tokens (multi-module MTP)
+                common["extra_retained_tokens"] = g["extra"]
             out.append(classes["swa"](sliding_window=g["window"], **common))
         elif g["type"] == "swa_replay":  # vLLM: SlidingWindowMLASpec(bounded_replay=True)
             out.append(classes["swa_replay"](sliding_window=g["window"], bounded_replay=True,
@@ -299,6 +305,8 @@ class KvcoreImpl(_Impl):
         config = KVCacheConfig(cfg["num_blocks"], tuple(groups), cfg.get("retention"),
                                cfg.get("prefix_match_unit"))
         extra: dict[str, Any] = {"use_eagle": True} if cfg.get("eagle") else {}
+        if cfg.get("eagle_groups") is not None:  # vLLM's is_eagle_group flags
+            extra["eagle_groups"] = tuple(cfg["eagle_groups"])
         if cfg.get("vllm") == "0.32":  # the peer's EAGLE retention (see CacheSettings)
             extra["eagle_junction_tail"] = False
             extra["mamba_recache_prompt_boundary"] = True
@@ -417,7 +425,9 @@ class VllmImpl(_Impl):
         # Mamba "none": every block cached, hit = right-most cached state, no sub-block hits
         # (kvcore's semantics); "align" is vLLM's checkpointing mode with partial hits.
         specs = _specs(cfg, classes, {"mamba_cache_mode": "none"})
-        groups = [KVCacheGroupSpec([f"layer{i}"], spec) for i, spec in enumerate(specs)]
+        flagged = cfg.get("eagle_groups") or ()
+        groups = [KVCacheGroupSpec([f"layer{i}"], spec, is_eagle_group=i in flagged)
+                  for i, spec in enumerate(specs)]
         sched_bs, hash_bs = vllm_block_sizes(cfg)
         fn = get_hash_fn_by_name("sha256")
         init_none_hash(fn)

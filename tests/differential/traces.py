@@ -48,6 +48,33 @@ replay next to full attention, a circular buffer next to full attention, and bot
 layout).  Drawn only when asked for (``kinds``), so the other kinds' seeds keep their traces."""
 
 
+SPEC_KINDS = ["eagle_partial", "swa_retain"]
+"""Kinds for two spec features vLLM's offloading tests use, drawn only when asked for
+(``kinds``): an EAGLE block drop in some groups only (``eagle_groups``: vLLM's
+``is_eagle_group``, both versions drop there with ``use_eagle``), and sliding windows that
+retain extra tokens below the window (vLLM's ``extra_retained_tokens``)."""
+
+
+def _spec_kind_config(rng: random.Random, kind: str) -> tuple[list[dict[str, Any]], list[int]]:
+    """The groups of a ``SPEC_KINDS`` configuration and its EAGLE groups."""
+    if kind == "eagle_partial":
+        # Two specs (a second full-attention group differs in heads), or full attention with
+        # a sliding window of the same or a larger block; one group flagged, or both.
+        layout = rng.choice(["full_full", "full_swa", "full_swa_bs"])
+        other: dict[str, Any] = (
+            {"type": "full", "block_size": 4, "heads": 2} if layout == "full_full"
+            else {"type": "swa", "block_size": 4 if layout == "full_swa" else 8,
+                  "window": rng.choice([4, 5, 8, 9, 16])})
+        groups = [{"type": "full", "block_size": 4}, other]
+        flagged = rng.choice([[0], [1], [1], [0, 1]])
+        return groups, flagged
+    swa = {"type": "swa", "block_size": rng.choice([2, 4]), "window": rng.choice([3, 4, 5, 8]),
+           "extra": rng.choice([1, 2, 3, 5, 8])}
+    if rng.random() < 0.5:
+        return [swa], []
+    return [{"type": "full", "block_size": swa["block_size"]}, swa], []
+
+
 def random_config(rng: random.Random, pending: list[str] | None = None,
                   lookahead_hashes: bool = False,
                   kinds: list[str] | None = None) -> dict[str, Any]:
@@ -89,6 +116,8 @@ def random_config(rng: random.Random, pending: list[str] | None = None,
         # Encoder-decoder: vLLM's cross-attention manager supports no prefix caching at all.
         groups = [{"type": "full", "block_size": rng.choice([2, 4, 8])},
                   {"type": "cross", "block_size": rng.choice([2, 4, 8])}]
+    elif kind in SPEC_KINDS:
+        groups, eagle_groups = _spec_kind_config(rng, kind)
     elif kind in SCRATCH_KINDS:
         # Block sizes may differ: the scheduler block (the hit alignment) is the lcm of all,
         # the hash block the gcd of the cacheable groups only.
@@ -115,6 +144,9 @@ def random_config(rng: random.Random, pending: list[str] | None = None,
     config = {"kind": kind, "groups": groups, "num_blocks": num_blocks,
               "max_model_len": MAX_MODEL_LEN, "caching": caching, "eagle": eagle,
               "budget": budget, "pending": list(pending)}
+    if kind == "eagle_partial":
+        config["eagle"] = True
+        config["eagle_groups"] = eagle_groups
     if lookahead_hashes and eagle and rng.random() < 0.5 and kind not in ("mamba_align",
                                                                            "hybrid_align"):
         # (Mamba "align" keeps EAGLE's block drop: kvcore refuses lookahead hashes on hybrid

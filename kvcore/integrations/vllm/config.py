@@ -94,11 +94,14 @@ def _spec(group_id: int, group: Any) -> KVCacheSpec:
     if manager is FullAttentionManager and isinstance(spec, VllmFullAttentionSpec):
         return FullAttentionSpec(**common)
     if manager is SlidingWindowManager and isinstance(spec, VllmSlidingWindowSpec):
-        if getattr(spec, "extra_retained_tokens", 0):
-            raise refuse(f"sliding windows that retain extra tokens (group {group_id}, {name})",
-                         "use a model without them")
+        # Extra retained tokens (multi-module MTP; vLLM's offloading tests set them too): the
+        # window's blocks are released that many tokens later.
+        extra = getattr(spec, "extra_retained_tokens", 0)
         # Bounded replay (DeepSeek-V4): a scratch window of sliding_window replayed tokens.
         replay = spec.prefix_replay_tokens
+        if extra and replay:
+            raise refuse(f"bounded replay over a sliding window that retains {extra} extra "
+                         f"tokens (group {group_id}, {name})", "use a model without them")
         if replay and (replay != spec.sliding_window or spec.prefix_cacheable):
             raise refuse(f"bounded replay of {replay} tokens over a {spec.sliding_window}-token "
                          f"window (group {group_id}, {name})", "use a model without it")
@@ -106,7 +109,7 @@ def _spec(group_id: int, group: Any) -> KVCacheSpec:
             raise refuse(f"scratch sliding windows without replay (group {group_id}, {name})",
                          "use a model without them")
         return SlidingWindowSpec(sliding_window=spec.sliding_window, bounded_replay=bool(replay),
-                                 **common)
+                                 extra_retained_tokens=extra, **common)
     if manager is CircularBufferManager and isinstance(spec, VllmCircularBufferSpec):
         return CircularBufferSpec(**common)
     if manager is ChunkedLocalAttentionManager and isinstance(spec, VllmChunkedLocalSpec):
@@ -218,15 +221,11 @@ def eagle_groups(kv_cache_config: Any, use_eagle: bool,
 
     Groups flagged ``is_eagle_group`` (all of them when the scheduler passes ``use_eagle`` and
     none is flagged) are EAGLE groups; vLLM 0.32 drops a hit's last block in every one of them,
-    0.33 only when ``use_eagle`` is passed (lookahead hashes clear it).  kvcore drops in every
-    group or none: a drop in some groups only is refused."""
+    0.33 only when ``use_eagle`` is passed (lookahead hashes clear it).  kvcore drops in the same
+    groups (``CacheSettings.eagle_groups``; equal specs drop alike, in both)."""
     groups = kv_cache_config.kv_cache_groups
     eagle = {i for i, g in enumerate(groups) if getattr(g, "is_eagle_group", False)}
     if use_eagle and not eagle:
         eagle = set(range(len(groups)))
     drop = eagle if use_eagle or not version.eagle_drop_needs_use_eagle else set()
-    if drop and len(drop) != len(groups):
-        raise refuse(f"an EAGLE block drop in some KV-cache groups only (groups "
-                     f"{sorted(drop)} of {len(groups)})",
-                     "use speculative decoding without EAGLE or a model with one group")
     return eagle, drop

@@ -144,6 +144,7 @@ class KVCacheManagerAdapter:
             log_stats=False,
             max_num_batched_tokens=max_in_flight_tokens or max_model_len,
             block_hasher=EngineHashes(), use_eagle=bool(drop_ids),
+            eagle_groups=tuple(sorted(drop_ids)),
             num_hash_lookahead_tokens=num_hash_lookahead_tokens,
             eagle_junction_tail=version.eagle_junction_tail,
             mamba_recache_prompt_boundary=version.mamba_recache_prompt_boundary,

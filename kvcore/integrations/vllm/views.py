@@ -9,7 +9,8 @@ or sets that a view does not provide means a caller kvcore was not checked again
 then raises :class:`~kvcore.errors.ViewAttributeError` naming the view and the name (a
 ``UnsupportedFeatureError`` that is also an ``AttributeError``, so ``hasattr`` and ``getattr``
 with a default keep working), never a silent default.  Setting a name raises it too, except the
-names kvcore honours (``GroupView.retains_longer_hit`` / ``retains_complete_hit``): a view never
+names kvcore honours (``GroupView.retains_longer_hit`` / ``retains_complete_hit``,
+``FreeBlockQueueView.num_free_blocks``): a view never
 grows an attribute nothing reads.
 
 Blocks of request tables (``KVCacheBlocks``, ``req_to_blocks``, the free queue's list) are
@@ -178,15 +179,25 @@ class FreeBlockQueueView(_View):
     """vLLM's ``FreeKVCacheBlockQueue`` names over kvcore's free side (the eviction policy, plus
     the hint reserve when hints are declared)."""
 
-    __slots__ = ("_pool", "_views")
+    __slots__ = ("_kv", "_pool", "_views")
+    _settable: ClassVar[frozenset[str]] = frozenset({"num_free_blocks"})
 
-    def __init__(self, pool: BlockPool, views: BlockViews) -> None:
-        self._pool = pool
+    def __init__(self, kv: KVCacheManager, views: BlockViews) -> None:
+        self._kv = kv
+        self._pool = kv.pool
         self._views = views
 
     @property
     def num_free_blocks(self) -> int:
         return self._pool.num_free_blocks
+
+    @num_free_blocks.setter
+    def num_free_blocks(self, value: int) -> None:
+        """vLLM's tests set the count to exhaust the pool (0) and set it back later: kvcore
+        holds free blocks back, or gives held ones back, until that many are free
+        (``KVCacheManager.set_num_free_blocks``: held blocks count as in use; a count above
+        the free and held blocks together raises ``NoFreeBlocksError``, changing nothing)."""
+        self._kv.set_num_free_blocks(value)
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
         """Every free block, in the order they would be reused (the reserve's last)."""
@@ -321,7 +332,7 @@ class BlockPoolView(_View):
         self.hash_block_size = hash_block_size
         self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
         self._views = BlockViews(pool)
-        self.free_block_queue = FreeBlockQueueView(pool, self._views)
+        self.free_block_queue = FreeBlockQueueView(kv, self._views)
         self.cached_block_hash_to_block = CachedBlockMapView(pool)
         self.cached_block_hashes_by_block = CachedBlockHashesByBlockView(pool)
 

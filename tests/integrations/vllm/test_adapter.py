@@ -172,15 +172,9 @@ def _mamba(mode: str = "align", **kw: int) -> MambaSpec:
                                            dtypes=(torch.float32,), mamba_cache_mode="align")),
      {"hash_block_size": 16}, "partial-block hits: hashing every 16 tokens .* finer than the "
      "blocks of Mamba 'align' groups \\[1\\]"),
-    (lambda: kv_config(num_blocks=16).__class__(
-        num_blocks=16, kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["a"], full(), is_eagle_group=True),
-                         KVCacheGroupSpec(["b"], swa(32))]), {"use_eagle": True},
-     "EAGLE block drop"),
     (lambda: kv_config(), {"dcp_world_size": 2}, "context parallelism"),
     (lambda: kv_config(), {"num_prefill_lookahead": 3}, "multi-module MTP"),
-], ids=["cross-attention", "partial-hash-hits",
-        "partial-eagle", "dcp", "mtp"])
+], ids=["cross-attention", "partial-hash-hits", "dcp", "mtp"])
 def test_refused_configurations_name_the_feature(config, kwargs, names) -> None:  # type: ignore[no-untyped-def]
     args = dict(kv_cache_config=config(), max_model_len=4096, scheduler_block_size=16,
                 hash_block_size=16, enable_caching=True)
@@ -190,6 +184,30 @@ def test_refused_configurations_name_the_feature(config, kwargs, names) -> None:
     with pytest.raises(UnsupportedFeatureError, match=names) as info:
         KVCacheManagerAdapter(**args, settings=KvcoreSettings())
     assert "kvcore does not implement" in str(info.value)
+
+
+@pytest.mark.parametrize("use_eagle", [True, False])
+@pytest.mark.parametrize("flagged", [(0,), (1,), (0, 2)])
+def test_eagle_drops_in_the_groups_vllm_drops_in(flagged: tuple[int, ...],
+                                                 use_eagle: bool) -> None:
+    """Groups flagged ``is_eagle_group``: the groups whose hits drop (each group view's
+    ``use_eagle``, the coordinator's sets) are vLLM's, on the installed version (0.32 drops in
+    flagged groups whatever ``use_eagle`` says, 0.33 only with it), and so is the hit."""
+    specs = [full(), swa(32), swa(64)]
+    config = kv_config(num_blocks=64).__class__(
+        num_blocks=64, kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s, is_eagle_group=i in flagged)
+                         for i, s in enumerate(specs)])
+    theirs, ours = managers(config, use_eagle=use_eagle)
+    assert ([m.use_eagle for m in ours.coordinator.single_type_managers]
+            == [m.use_eagle for m in theirs.coordinator.single_type_managers])
+    assert ours.coordinator.eagle_group_ids == theirs.coordinator.eagle_group_ids
+    assert ours.coordinator.drop_eagle_group_ids == getattr(
+        theirs.coordinator, "drop_eagle_group_ids", theirs.coordinator.eagle_group_ids)
+    for m in (theirs, ours):
+        admit(m, request("a", range(150)))
+    hits = [admit(m, request("b", [*range(150), 7]))[0] for m in (theirs, ours)]
+    assert hits[0] == hits[1] and hits[0] > 0
 
 
 def test_a_prefix_match_unit_without_partial_hits_hashes_where_vllm_does() -> None:

@@ -146,7 +146,8 @@ def test_setting_a_name_on_a_view_is_a_typed_error_and_changes_nothing() -> None
     _, adapter = managers(kv_config(full(), swa(32)))
     group = adapter.coordinator.single_type_managers[0]
     for view, name in [(adapter.block_pool, "anything_new"),
-                       (adapter.block_pool.free_block_queue, "num_free_blocks"),
+                       # (num_free_blocks is settable: test_pool_views.py)
+                       (adapter.block_pool.free_block_queue, "fake_free_list_head"),
                        (adapter.block_pool, "enable_caching"),  # set once, by kvcore
                        (group, "block_pool"), (group, "use_eagle"),
                        (adapter.coordinator, "enable_partial_hash_hits"),

@@ -28,10 +28,11 @@ import pytest
 
 from kvcore.integrations.vllm.version import installed
 from tests.differential.replay import cut_at_vllm_undercount, replay_all
-from tests.differential.traces import SCRATCH_KINDS, generate_trace
+from tests.differential.traces import SCRATCH_KINDS, SPEC_KINDS, generate_trace
 
 NUM_TRACES = int(os.environ.get("KVCORE_DIFF_TRACES", "400"))
 NUM_SCRATCH_TRACES = int(os.environ.get("KVCORE_DIFF_SCRATCH_TRACES", "200"))
+NUM_SPEC_TRACES = int(os.environ.get("KVCORE_DIFF_SPEC_TRACES", "120"))
 REFUSED = {"mamba", "hybrid_mamba"}  # Mamba "none" with prefix caching
 VERSION = installed()
 
@@ -126,5 +127,30 @@ def test_scratch_groups_match_vllm_on_every_trace(impl: str) -> None:
     replays = sum(1 for obs in ours for o in obs if o.get("replay"))
     hits = sum(1 for obs in ours for o in obs if o.get("hit", 0) > 0)
     assert replays > 50 and hits > 100
+    failures = _differences(traces, ours, theirs)
+    assert not failures, f"{len(failures)} traces differ; first: {failures[0]}"
+
+
+@pytest.mark.parametrize("impl", ["adapter", "kvcore"])
+def test_partial_eagle_and_retained_windows_match_vllm_on_every_trace(impl: str) -> None:
+    """An EAGLE block drop in some groups only (vLLM's ``is_eagle_group``; kvcore's
+    ``CacheSettings.eagle_groups``) and sliding windows that retain extra tokens (vLLM's
+    ``extra_retained_tokens``), as vLLM's offloading connector tests set them: identical
+    observations after every op."""
+    version = f"{VERSION.major}.{VERSION.minor}"
+    traces = [generate_trace(seed, pending=[], vllm=version, kinds=SPEC_KINDS)
+              for seed in range(NUM_SPEC_TRACES)]
+    for t in traces:
+        t["config"]["vllm"] = version
+    theirs = replay_all("vllm", traces)
+    ours = replay_all(impl, traces)
+    errors = [o["error"] for obs in theirs for o in obs if "error" in o]
+    assert not errors, f"vLLM raised on {len(errors)} traces: {errors[:3]}"
+    configs = [t["config"] for t in traces]
+    # Both kinds, and among the EAGLE ones each group dropping alone.
+    assert {c["kind"] for c in configs} == set(SPEC_KINDS)
+    assert {tuple(c["eagle_groups"]) for c in configs if "eagle_groups" in c} >= {(0,), (1,)}
+    hits = sum(1 for obs in ours for o in obs if o.get("hit", 0) > 0)
+    assert hits > 100
     failures = _differences(traces, ours, theirs)
     assert not failures, f"{len(failures)} traces differ; first: {failures[0]}"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from kvcore.errors import BlockStateError
+from kvcore.errors import BlockStateError, InvalidArgumentError, NoFreeBlocksError
 from kvcore.integrations.vllm.manager import KVCacheManagerAdapter
 from kvcore.integrations.vllm.settings import parse_settings
 from kvcore.integrations.vllm.views import BlockView
@@ -154,6 +154,12 @@ INVALID: list[tuple[str, Callable[[KVCacheManagerAdapter, Any], Any], type, str]
     ("walk after another pool's block", lambda m, r: m.block_pool.free_block_queue
      .iter_blocks_after(_other().block_pool.blocks[3]), BlockStateError,
      "not a block of this pool"),
+    ("a free count above the free blocks", lambda m, r: setattr(
+        m.block_pool.free_block_queue, "num_free_blocks", NUM_BLOCKS), NoFreeBlocksError,
+     "held back"),
+    ("a negative free count", lambda m, r: setattr(
+        m.block_pool.free_block_queue, "num_free_blocks", -1), InvalidArgumentError,
+     "num_free_blocks"),
 ]
 
 
@@ -231,3 +237,30 @@ def test_block_views_stand_for_kvcores_blocks() -> None:
     assert views[0].is_null and views[0] == ours.block_pool.null_block
     assert views[1] != views[2] and views[1] != object()
     assert "BlockView" in repr(views[1])
+
+
+def test_setting_the_free_count_exhausts_the_pool_as_vllms_tests_do() -> None:
+    """vLLM's offloading tests set ``free_block_queue.num_free_blocks`` to 0 to exhaust the
+    pool, and back to its first value later: allocations fail alike, blocks freed meanwhile
+    count alike, and once set back every block is free again (a prefix-cache reset works)."""
+    theirs, ours = managers(kv_config(num_blocks=NUM_BLOCKS))
+    reqs = _world(theirs, ours)
+    empty = [m.block_pool.free_block_queue.num_free_blocks for m in (theirs, ours)]
+    free = [sorted(_walk(m)) for m in (theirs, ours)]
+    assert empty[0] == empty[1] and free[0] == free[1]
+    for m in (theirs, ours):
+        m.block_pool.free_block_queue.num_free_blocks = 0
+    ours.check_invariants()
+    counts = [(m.block_pool.get_num_free_blocks(), m.usage) for m in (theirs, ours)]
+    assert counts[0] == counts[1] == (0, 1.0)
+    grown = [m.allocate_slots(r[0], 17) for m, r in zip((theirs, ours), reqs)]
+    assert grown == [None, None]
+    for m, r in zip((theirs, ours), reqs):  # preempted: its blocks are free again
+        m.free(r[0])
+    assert [m.block_pool.get_num_free_blocks() for m in (theirs, ours)] == [3, 3]
+    for m, n in zip((theirs, ours), empty):
+        m.block_pool.free_block_queue.num_free_blocks = n + 3
+    assert ours.kv.num_held_free_blocks == 0
+    assert [m.block_pool.get_num_free_blocks() for m in (theirs, ours)] == [NUM_BLOCKS - 1] * 2
+    ours.check_invariants()
+    assert [m.reset_prefix_cache() for m in (theirs, ours)] == [True, True]
