@@ -367,6 +367,9 @@ CASES = [
     Case("pool", "an observer without callbacks", lambda w: w.m.pool.set_observer(
         object()), InvalidArgumentError,  # type: ignore[arg-type]  # deliberately bad
          "needs a callable on_block_allocated()", f"{P}.set_observer"),
+    Case("pool", "watch a list of hashes", lambda w: w.m.pool.watch(
+        [b"h"]), InvalidArgumentError,  # type: ignore[arg-type]  # deliberately bad
+         "frozenset of block hashes", f"{P}.watch"),
     Case("pool", "pin a foreign block", lambda w: w.m.pool.pin(
         [w.m.pool.blocks[1], w.other.pool.blocks[1]]), BlockStateError,
          "not a block of this pool", f"{P}.pin"),
