@@ -215,10 +215,13 @@ class BlockPool:
             raise error from None
         return out
 
-    def watch(self, hashes: frozenset[BlockHash] | None) -> None:
+    def watch(self, hashes: object) -> None:
         """Bump ``cache_version`` from now on only for changes to the entries under ``hashes``
-        (in any group), besides resets and hits taken; ``None``: for changes under any hash (the
-        default).  Changes nothing else (see the module docstring)."""
+        (a frozenset of block hashes, in any group), besides resets and hits taken; ``None``:
+        for changes under any hash (the default).  Changes nothing else (see the module
+        docstring).  ``hashes`` is typed ``object`` so that the compiled build refuses anything
+        else with the same typed error as pure Python (mypyc would raise a bare TypeError at a
+        ``frozenset | None`` parameter)."""
         if hashes is not None and not isinstance(hashes, frozenset):
             raise InvalidArgumentError(f"watch takes a frozenset of block hashes or None, got "
                                        f"{hashes!r:.80}")
