@@ -8,6 +8,8 @@ With CUDA the kernels are compiled and the runner tests run on the GPU (``tests/
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -72,3 +74,23 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(
             f"compiled-wheel install test skipped ({len(skipped)} test: no wheel built); run it "
             f"with: {COMPILED_WHEEL_BUILD}", yellow=True, bold=True)
+
+
+# What a wheel or sdist is built from (the tracked tree's parts that packaging reads).
+PACKAGE_SOURCES = ("kvcore", "kvcore_pytest", "runner", "build_backend", "pyproject.toml",
+                   "setup.py", "MANIFEST.in", "README.md")
+
+
+def copy_package_sources(dst: Path) -> Path:
+    """A copy of :data:`PACKAGE_SOURCES` at ``dst`` (a build writes build/ and *.egg-info next
+    to its sources), without caches or built extensions; returns ``dst``."""
+    root = Path(__file__).resolve().parents[1]
+    dst.mkdir()
+    for name in PACKAGE_SOURCES:
+        path = root / name
+        if path.is_dir():
+            shutil.copytree(path, dst / name,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyc"))
+        else:
+            shutil.copy2(path, dst / name)
+    return dst

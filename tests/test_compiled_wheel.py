@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -23,13 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import COMPILED_WHEEL_BUILD
+from tests.conftest import COMPILED_WHEEL_BUILD, copy_package_sources
 
 ROOT = Path(__file__).resolve().parents[1]
 WHEEL_ENV = "KVCORE_COMPILED_WHEEL"
-# What a wheel is built from (the tracked tree's parts that packaging reads).
-SOURCES = ("kvcore", "kvcore_pytest", "runner", "build_backend", "pyproject.toml", "setup.py",
-           "MANIFEST.in", "README.md")
 # A few of the modules setup.py compiles, and the shared library mypyc puts them in.
 COMPILED = ("kvcore/manager", "kvcore/block_pool", "kvcore/hashing", "kvcore/managers/base",
             "kvcore/coordinator/unitary", "kvcore/integrations/vllm/manager", "kvcore__mypyc")
@@ -136,15 +132,7 @@ def test_a_wheel_build_asks_for_mypyc_only_where_it_will_compile(
 
 
 def test_without_a_compiler_the_wheel_is_pure_python_and_one_line_says_so(tmp_path: Path) -> None:
-    src = tmp_path / "src"
-    src.mkdir()
-    for name in SOURCES:
-        path = ROOT / name
-        if path.is_dir():
-            shutil.copytree(path, src / name,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyc"))
-        else:
-            shutil.copy2(path, src / name)
+    src = copy_package_sources(tmp_path / "src")
     dist = tmp_path / "dist"
     # the backend's own hook, as pip calls it in its build environment (this interpreter's
     # setuptools; no download), with a compiler that does not exist

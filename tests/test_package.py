@@ -11,7 +11,6 @@ checks the compiled default) and the replay is 20 requests."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -20,12 +19,10 @@ import venv
 import zipfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import copy_package_sources
+
 TRACE = "kvcore/data/mooncake/synthetic_trace.jsonl"
 NOTE = "kvcore/data/mooncake/README.md"
-# What an sdist is built from (the tracked tree's parts that packaging reads).
-SOURCES = ("kvcore", "kvcore_pytest", "runner", "build_backend", "pyproject.toml", "setup.py",
-           "MANIFEST.in", "README.md")
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, **extra: str) -> str:
@@ -38,15 +35,7 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, **extra: 
 
 def test_an_installed_wheel_replays_the_shipped_trace_from_anywhere(tmp_path: Path) -> None:
     # A copy of the tree (the build writes build/ and *.egg-info next to its sources).
-    src = tmp_path / "src"
-    src.mkdir()
-    for name in SOURCES:
-        path = REPO / name
-        if path.is_dir():
-            shutil.copytree(path, src / name,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyc"))
-        else:
-            shutil.copy2(path, src / name)
+    src = copy_package_sources(tmp_path / "src")
     dist = tmp_path / "dist"
     sdist = _run([sys.executable, "-c", "import sys, kvcore_build; "
                   "print(kvcore_build.build_sdist(sys.argv[1]))", str(dist)], src,
