@@ -108,20 +108,27 @@ def test_kvcores_own_lookahead_hashing_matches_vllm(traces: list[dict[str, Any]]
     assert not failures, f"{len(failures)} traces differ; first: {failures[0]}"
 
 
-@pytest.mark.parametrize("impl", ["adapter", "kvcore"])
-def test_scratch_groups_match_vllm_on_every_trace(impl: str) -> None:
-    """Bounded replay and circular buffers: identical observations after every op, with hits
-    replayed, hits no longer than the window dropped and external tokens cut to whole blocks
-    as vLLM's scheduler does."""
+def _replay_kinds(kinds: Any, count: int, impl: str) -> tuple[list[Any], list[Any], list[Any]]:
+    """``count`` traces of ``kinds`` for the installed vLLM, replayed by vLLM's manager and by
+    ``impl``: (traces, ours, theirs), after asserting that vLLM raised on none."""
     version = f"{VERSION.major}.{VERSION.minor}"
-    traces = [generate_trace(seed, pending=[], vllm=version, kinds=SCRATCH_KINDS)
-              for seed in range(NUM_SCRATCH_TRACES)]
+    traces = [generate_trace(seed, pending=[], vllm=version, kinds=kinds)
+              for seed in range(count)]
     for t in traces:
         t["config"]["vllm"] = version
     theirs = replay_all("vllm", traces)
     ours = replay_all(impl, traces)
     errors = [o["error"] for obs in theirs for o in obs if "error" in o]
     assert not errors, f"vLLM raised on {len(errors)} traces: {errors[:3]}"
+    return traces, ours, theirs
+
+
+@pytest.mark.parametrize("impl", ["adapter", "kvcore"])
+def test_scratch_groups_match_vllm_on_every_trace(impl: str) -> None:
+    """Bounded replay and circular buffers: identical observations after every op, with hits
+    replayed, hits no longer than the window dropped and external tokens cut to whole blocks
+    as vLLM's scheduler does."""
+    traces, ours, theirs = _replay_kinds(SCRATCH_KINDS, NUM_SCRATCH_TRACES, impl)
     kinds = {t["config"]["kind"] for t in traces}
     assert kinds == set(SCRATCH_KINDS)
     replays = sum(1 for obs in ours for o in obs if o.get("replay"))
@@ -137,15 +144,7 @@ def test_partial_eagle_and_retained_windows_match_vllm_on_every_trace(impl: str)
     ``CacheSettings.eagle_groups``) and sliding windows that retain extra tokens (vLLM's
     ``extra_retained_tokens``), as vLLM's offloading connector tests set them: identical
     observations after every op."""
-    version = f"{VERSION.major}.{VERSION.minor}"
-    traces = [generate_trace(seed, pending=[], vllm=version, kinds=SPEC_KINDS)
-              for seed in range(NUM_SPEC_TRACES)]
-    for t in traces:
-        t["config"]["vllm"] = version
-    theirs = replay_all("vllm", traces)
-    ours = replay_all(impl, traces)
-    errors = [o["error"] for obs in theirs for o in obs if "error" in o]
-    assert not errors, f"vLLM raised on {len(errors)} traces: {errors[:3]}"
+    traces, ours, theirs = _replay_kinds(SPEC_KINDS, NUM_SPEC_TRACES, impl)
     configs = [t["config"] for t in traces]
     # Both kinds, and among the EAGLE ones each group dropping alone.
     assert {c["kind"] for c in configs} == set(SPEC_KINDS)
