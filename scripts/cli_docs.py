@@ -3,8 +3,9 @@
     python scripts/cli_docs.py           # (re)write the pages
     python scripts/cli_docs.py --check   # exit 1, naming the pages, if any differs from --help
 
-One page per command (``kvcore``, ``kvcore replay``, ``kvcore bench`` and its benchmarks,
-``kvcore-generate``), each the command's help as argparse prints it at 100 columns, plus
+One page per command (``kvcore``, ``kvcore replay``, ``kvcore bench`` and its benchmarks, the
+policy study, the replay inside vLLM's scheduler, ``kvcore-generate`` and the runner's
+benchmarks), each the command's help as argparse prints it at 100 columns, plus
 docs/cli/index.md listing them.  tests/test_cli_docs.py fails when a committed page differs from
 what this writes, so the reference cannot drift from the code.  argparse's layout changes between
 Python versions (3.13 writes ``-o, --opt X`` where 3.11 writes ``-o X, --opt X``): the pages are
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import io
 import os
 import sys
@@ -34,42 +36,47 @@ class Command:
 
     slug: str
     typed: str
-    entry: str  # "kvcore" (kvcore.cli.main) or "generate" (runner.generate.main)
+    entry: str  # the module whose main(argv) runs the command
     argv: tuple[str, ...]
     summary: str
 
 
 COMMANDS = (
-    Command("kvcore", "kvcore", "kvcore", ("--help",), "the command and its subcommands"),
-    Command("kvcore-replay", "kvcore replay", "kvcore", ("replay", "--help"),
+    Command("kvcore", "kvcore", "kvcore.cli", ("--help",), "the command and its subcommands"),
+    Command("kvcore-replay", "kvcore replay", "kvcore.cli", ("replay", "--help"),
             "replay a trace or a built-in workload through the scheduler and the manager"),
-    Command("kvcore-bench", "kvcore bench", "kvcore", ("bench", "--help"),
+    Command("kvcore-bench", "kvcore bench", "kvcore.cli", ("bench", "--help"),
             "benchmarks against vLLM (also `python -m kvcore.bench`)"),
-    Command("kvcore-bench-pool", "kvcore bench pool", "kvcore", ("bench", "pool", "--help"),
+    Command("kvcore-bench-pool", "kvcore bench pool", "kvcore.cli", ("bench", "pool", "--help"),
             "the block pool: alloc+free, touch, eviction"),
-    Command("kvcore-bench-hash", "kvcore bench hash", "kvcore", ("bench", "hash", "--help"),
+    Command("kvcore-bench-hash", "kvcore bench hash", "kvcore.cli", ("bench", "hash", "--help"),
             "request block hashing per algorithm"),
-    Command("kvcore-bench-manager", "kvcore bench manager", "kvcore",
+    Command("kvcore-bench-manager", "kvcore bench manager", "kvcore.cli",
             ("bench", "manager", "--help"), "the manager's CPU time per request cycle"),
-    Command("kvcore-bench-fuzz", "kvcore bench fuzz", "kvcore", ("bench", "fuzz", "--help"),
+    Command("kvcore-bench-fuzz", "kvcore bench fuzz", "kvcore.cli", ("bench", "fuzz", "--help"),
             "the long hostile fuzz run of the manager"),
-    Command("kvcore-bench-fuzz-scheduler", "kvcore bench fuzz --scheduler", "kvcore",
+    Command("kvcore-bench-fuzz-scheduler", "kvcore bench fuzz --scheduler", "kvcore.cli",
             ("bench", "fuzz", "--scheduler", "--help"),
             "the same for kvcore's scheduler with a failing KV connector"),
-    Command("kvcore-generate", "kvcore-generate", "generate", ("--help",),
+    Command("kvcore-sim-study", "python -m kvcore.sim.study", "kvcore.sim.study", ("--help",),
+            "the eviction-policy study: the scheduler replay over cache sizes × configurations"),
+    Command("kvcore-vllm-replay", "python -m kvcore.integrations.vllm.replay",
+            "kvcore.integrations.vllm.replay", ("--help",),
+            "vLLM's own scheduler through a trace, vLLM's manager against kvcore's (needs vLLM "
+            "to run)"),
+    Command("kvcore-generate", "kvcore-generate", "runner.generate", ("--help",),
             "the runner's engine end to end (also `python -m runner.generate`)"),
+    Command("runner-bench", "python -m runner.bench", "runner.bench", ("--help",),
+            "the runner's GPU benchmarks"),
 )
 
 NOTE = ("Generated from `{typed} --help` by `scripts/cli_docs.py`; do not edit it by hand: "
         "`tests/test_cli_docs.py` fails when this page differs from the command's help.")
 
 
-def _entry(name: str) -> Callable[[Sequence[str]], int]:
-    if name == "kvcore":
-        from kvcore.cli import main
-        return main
-    from runner.generate import main as generate
-    return generate
+def _entry(module: str) -> Callable[[Sequence[str]], int]:
+    main: Callable[[Sequence[str]], int] = importlib.import_module(module).main
+    return main
 
 
 def help_text(command: Command) -> str:
