@@ -96,13 +96,15 @@ class PageNode:
 @dataclass
 class _Page:
     """What the backend keeps of one cached page: its key, the event chain's digest, its tokens,
-    its namespace and its parent's block id (0: the root), for events and hit verification."""
+    its namespace, its parent's block id (0: the root), for events and hit verification, and
+    when it was cached (``seq``, the order SGLang's tree keeps a node's children in)."""
 
     digest: bytes
     event_digest: bytes
     tokens: tuple[int, ...]
     namespace: Namespace
     parent: int
+    seq: int = 0
 
 
 @dataclass
@@ -158,6 +160,7 @@ class KVCoreRadixCache(BasePrefixCache):
         self.pool.get_new_blocks(self.num_pages)
         self._map: dict[BlockHash, KVCacheBlock] = self.pool.cached_blocks_map(0)
         self._pages: dict[int, _Page] = {}
+        self._num_cached = 0  # pages cached so far: the next page's seq
         self._num_protected = 0
         self.root_node = PageNode((None, None))
         self._empty_indices = torch.empty((0,), dtype=torch.int64, device=self.device)
@@ -256,37 +259,39 @@ class KVCoreRadixCache(BasePrefixCache):
         return (ids[:, None] * self.page_size + self._page_offsets).reshape(-1)
 
     def dfs_weight_order(self, node_handles: Sequence[Any]) -> list[int]:
-        """Request indices grouped depth-first by shared cached path, heavier subtrees first
-        (SGLang's dfs-weight order over the pages' trie; ties keep first appearance)."""
-        children: dict[tuple[Namespace, bytes | None], list[bytes]] = {}
-        weight: dict[bytes, int] = {}
-        ends: dict[tuple[Namespace, bytes | None], list[int]] = {}
+        """Request indices in SGLang's dfs-weight order over the trie of the handles' pages:
+        depth first, heavier subtrees (more requests) first, a node's own requests after its
+        subtrees' (the root's last); equal weights in the order their first pages were cached
+        (the order SGLang's tree keeps a node's children in)."""
+        Key = tuple[Namespace, bytes]
+        children: dict[Key | None, list[Key]] = {None: []}
+        weight: dict[Key, int] = {}
+        ends: dict[Key | None, list[int]] = {}
         for index, node in enumerate(node_handles):
-            parent: bytes | None = None
+            parent: Key | None = None
             for digest in node.digests:
-                kids = children.setdefault((node.namespace, parent), [])
-                if digest not in weight:
-                    weight[digest] = 0
-                    kids.append(digest)
-                weight[digest] += 1
-                parent = digest
-            ends.setdefault((node.namespace, parent), []).append(index)
+                page: Key = (node.namespace, digest)
+                if page not in weight:
+                    weight[page] = 0
+                    children.setdefault(parent, []).append(page)
+                weight[page] += 1
+                parent = page
+            ends.setdefault(parent, []).append(index)
         order: list[int] = []
-        namespaces = list(dict.fromkeys(n.namespace for n in node_handles))
-        for namespace in namespaces:
-            order.extend(ends.pop((namespace, None), []))
-        stack: list[tuple[Namespace, bytes]] = []
-        for namespace in reversed(namespaces):
-            roots = children.get((namespace, None), [])
-            for digest in sorted(roots, key=lambda d: -weight[d])[::-1]:
-                stack.append((namespace, digest))
+        stack: list[tuple[Key | None, bool]] = [(None, False)]
         while stack:
-            namespace, digest = stack.pop()
-            order.extend(ends.get((namespace, digest), []))
-            kids = children.get((namespace, digest), [])
-            for kid in sorted(kids, key=lambda d: -weight[d])[::-1]:
-                stack.append((namespace, kid))
+            at, visited = stack.pop()
+            if visited:
+                order.extend(ends.get(at, ()))
+                continue
+            stack.append((at, True))
+            kids = sorted(children.get(at, ()), key=lambda k: (-weight[k], self._seq_of(k[1])))
+            stack.extend((kid, False) for kid in reversed(kids))
         return order
+
+    def _seq_of(self, digest: bytes) -> int:
+        block = self._map.get(BlockHash(digest))
+        return self._pages[block.block_id].seq if block is not None else self._num_cached + 1
 
     # -- insertion ------------------------------------------------------------------------------
     def insert(self, params: InsertParams) -> InsertResult:
@@ -333,6 +338,8 @@ class KVCoreRadixCache(BasePrefixCache):
             self.pool.cache_full_blocks(cast("KVRequest", None), new_blocks, 0, len(new_blocks),
                                         ps, 0, new_digests)
             for block, record in zip(new_blocks, new_pages):
+                self._num_cached += 1
+                record.seq = self._num_cached
                 self._pages[block.block_id] = record
             digests.extend(p.digest for p in new_pages)
         path = prefix + new_blocks
