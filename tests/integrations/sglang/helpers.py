@@ -45,11 +45,20 @@ def make_params(allocator: Any, page_size: int, *, events: bool = False) -> Cach
 
 def make_cache(kind: str, num_pages: int, page_size: int, *, events: bool = False,
                verify_hits: bool = False, check_every: int = 0) -> Any:
-    """``kind``: ``sglang`` (SGLang's RadixCache, lru) or ``kvcore:POLICY``."""
+    """``kind``: ``sglang`` (SGLang's RadixCache, lru), ``unified:python`` / ``unified:rust``
+    (SGLang's UnifiedRadixCache, the default cache of 0.5.23, with its Python or Rust tree core)
+    or ``kvcore:POLICY``."""
     allocator = make_allocator(num_pages, page_size)
     params = make_params(allocator, page_size, events=events)
     if kind == "sglang":
         return RadixCache(params)
+    if kind.startswith("unified:"):
+        from sglang.srt.mem_cache.unified_cache.components import ComponentType
+        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+        params.tree_components = (ComponentType.FULL,)
+        params.tree_core_backend = kind.partition(":")[2]
+        return UnifiedRadixCache(params)
     policy = kind.partition(":")[2] or "lru"
     return KVCoreRadixCache(params, SGLangSettings(eviction_policy=policy,
                                                    verify_hits=verify_hits,

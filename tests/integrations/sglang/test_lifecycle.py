@@ -3,13 +3,15 @@
 ``checkpoint_kv_cache`` and ``release_kv_cache`` (what its scheduler calls), over chunked
 prefill, decoding, finishing, an abort and a retraction with re-admission.
 
-kvcore's backend answers what SGLang's ``RadixCache`` answers at every step (hit lengths,
+kvcore's backend answers what SGLang's ``RadixCache`` and ``UnifiedRadixCache`` (Python and
+Rust tree cores) answer at every step (hit lengths,
 evictable and protected sizes), its lock counts stay balanced (each cached page's reference
 count is the number of running requests whose lock covers it), and once every request is gone
 nothing is protected and every slot is free or evictable."""
 
 from __future__ import annotations
 
+import random
 from array import array
 from collections import Counter
 from collections.abc import Iterator
@@ -166,9 +168,12 @@ def scenario(driver: Lifecycle) -> list[tuple[str, int, int, int]]:
     return driver.trace
 
 
+@pytest.mark.parametrize("reference", ["sglang", "unified:python", "unified:rust"])
 @pytest.mark.parametrize("page_size", [1, 4, 16])
-def test_lifecycle_matches_radix_cache_and_balances_locks(page_size: int) -> None:
-    sglang = scenario(Lifecycle(make_cache("sglang", 400, page_size)))
+def test_lifecycle_matches_sglang_and_balances_locks(page_size: int, reference: str) -> None:
+    """Against SGLang's RadixCache and its UnifiedRadixCache (0.5.23's default cache) with the
+    Python and the Rust tree core."""
+    sglang = scenario(Lifecycle(make_cache(reference, 400, page_size)))
     kvcore_driver = Lifecycle(make_cache("kvcore:lru", 400, page_size, check_every=1))
     kvcore = scenario(kvcore_driver)
     assert kvcore == sglang
@@ -185,3 +190,57 @@ def test_lifecycle_under_pressure_balances_locks(policy: str) -> None:
     trace = scenario(driver)  # Lifecycle.check: leak check and lock balance after every step
     assert driver.cache.num_evicted_pages > 0
     assert trace[-1][3] == 0
+
+
+def random_scenario(driver: Lifecycle, seed: int) -> list[tuple[str, int, int, int]]:
+    """Random requests over shared documents in several namespaces, stepped through admission,
+    chunked prefill, decoding, finishing, aborts and retractions."""
+    rng = random.Random(seed)
+    ps = driver.ps
+    docs = [[rng.randrange(1, 30_000) for _ in range(5 * ps)] for _ in range(4)]
+    namespaces = [(None, None), ("lora-a", None), (None, "salt")]
+    waiting: list[Req] = []
+    for i in range(14):
+        doc = docs[rng.randrange(len(docs))]
+        tokens = doc[:rng.randrange(1, len(doc) + 1)] + [rng.randrange(1, 30_000)
+                                                         for _ in range(rng.randrange(1, ps + 3))]
+        req = request(f"q{i}", tokens, salt=None)
+        req.extra_key, req.cache_salt = rng.choice(namespaces)
+        waiting.append(req)
+    running: list[Req] = []
+    while waiting or running:
+        r = rng.random()
+        if waiting and (not running or (r < 0.3 and len(running) < 4)):
+            req = waiting.pop(0)
+            driver.admit(req)
+            running.append(req)
+            continue
+        req = rng.choice(running)
+        left = len(req.origin_input_ids) - req.kv.kv_committed_len
+        if left > 0:
+            driver.prefill_chunk(req, min(left, rng.choice([ps, 2 * ps + 1, left])))
+        elif r < 0.55:
+            driver.decode(req, rng.randrange(1, 30_000))
+        elif r < 0.8:
+            driver.finish(req)
+            running.remove(req)
+        elif r < 0.9:
+            driver.abort(req)
+            running.remove(req)
+        else:
+            driver.retract(req)
+            running.remove(req)
+            waiting.append(req)
+    return driver.trace
+
+
+@pytest.mark.parametrize("reference", ["sglang", "unified:python", "unified:rust"])
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_random_lifecycles_match_sglang(page_size: int, reference: str) -> None:
+    """Random traces through SGLang's scheduler calls, with room for everything: every hit
+    length and the evictable and protected sizes after every call are the reference cache's."""
+    for seed in (1, 2):
+        sglang = random_scenario(Lifecycle(make_cache(reference, 2000, page_size)), seed)
+        kvcore = random_scenario(Lifecycle(make_cache("kvcore:lru", 2000, page_size)), seed)
+        assert any(value for what, value, _, _ in sglang if what.startswith("admit"))
+        assert kvcore == sglang
