@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvcore.errors import InvalidArgumentError, UnsupportedFeatureError
-from kvcore.eviction import RECOMMENDED, RECOMMENDED_NAME, REGISTRY, parse_policy
+from kvcore.eviction import RECOMMENDED, RECOMMENDED_NAME, REGISTRY, make_policy
 
 ENV_POLICY = "KVCORE_SGLANG_EVICTION_POLICY"
 ENV_QUEUE_HINTS = "KVCORE_SGLANG_QUEUE_HINTS"
@@ -80,18 +80,19 @@ class SGLangSettings:
 
 
 def _pool_policy(spec: str, what: str) -> str:
-    """``spec`` if it names a policy the pool runs (with options), ``recommended`` resolved."""
+    """``spec`` if it names a policy the pool runs, with options it takes (checked by building
+    it over no blocks); ``recommended`` resolved."""
     if spec == RECOMMENDED_NAME:
         return RECOMMENDED.policy
-    try:
-        parse_policy(spec)
-    except InvalidArgumentError as exc:
-        raise InvalidArgumentError(f"{what}={spec!r}: {exc}") from None
     name = spec.partition(":")[0]
-    if name not in REGISTRY.names(offline=False):
+    if name in REGISTRY.names() and name not in REGISTRY.names(offline=False):
         raise InvalidArgumentError(
             f"{what}={spec!r}: {name!r} runs in kvcore's simulator only; the pool runs "
             f"{', '.join(REGISTRY.names(offline=False))} or {RECOMMENDED_NAME}")
+    try:
+        make_policy(spec, [])
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"{what}={spec!r}: {exc}") from None
     return spec
 
 
