@@ -220,10 +220,11 @@ class KVCoreRadixCache(BasePrefixCache):
                 break
             if verify:
                 record = self._pages[block.block_id]
-                if (record.parent != parent or record.namespace != namespace
-                        or record.tokens != tuple(page)):
-                    self.num_rejected_hits += 1
+                if record.namespace != namespace or record.tokens != tuple(page):
+                    self.num_rejected_hits += 1  # another prefix under this digest
                     break
+                if record.parent != parent:
+                    break  # cached under a parent page since evicted: an orphan, not reused
             digests.append(digest)
             blocks.append(block)
             parent = block.block_id

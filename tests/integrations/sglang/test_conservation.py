@@ -34,3 +34,23 @@ def test_conservation_under_pressure(policy: str, page_size: int) -> None:
     cache.evict(EvictParams(num_tokens=10**9))
     assert cache.evictable_size() == 0 and cache.total_size() == 0
     assert driver.allocator.available_size() == driver.total  # every slot came back, once
+
+
+def test_verify_hits_rejects_a_page_of_another_prefix() -> None:
+    """With ``verify_hits``, a page whose stored tokens are not the looked-up ones (what a digest
+    collision would look like) ends the match there and is counted; the pages before it hit."""
+    from array import array
+
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    for verify in (False, True):
+        driver = Driver(make_cache("kvcore:lru", 32, 4, verify_hits=verify))
+        tokens = list(range(1, 17))
+        driver.admit(0, tokens, (None, None))
+        cache = driver.cache
+        third = cache.pool.blocks[driver.running[0].block_ids[2]]
+        record = cache._pages[third.block_id]
+        record.tokens = (99, 99, 99, 99)  # the page now claims another prefix's tokens
+        hit = cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens)))).device_prefix_len
+        assert (hit, cache.num_rejected_hits) == ((8, 1) if verify else (16, 0))
