@@ -65,6 +65,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 
 from kvcore.block_pool import BlockPool
 from kvcore.errors import BlockStateError, InvalidArgumentError, InvariantError
+from kvcore.eviction.base import Release
 from kvcore.integrations.sglang.hashing import Namespace, event_seed, page_digest, storage_seed
 from kvcore.integrations.sglang.settings import SGLangSettings
 from kvcore.invariants import check_invariants
@@ -401,6 +402,13 @@ class KVCoreRadixCache(BasePrefixCache):
         self.req_to_token_pool.write((req.kv.req_pool_idx, slice(protected, len(new_indices))),
                                      new_indices[protected:])
         req.kv.cache_protected_len = len(new_indices)
+        if req.finished() and self.pool.policy.reads_releases:
+            # The request's last checkpoint: a policy that learns from releases (``learned``)
+            # hears which of its pages hold prompt and which generated tokens before they are
+            # unpinned.
+            self.pool.note_release([self._path_blocks(node)],
+                                   Release(len(req.origin_input_ids), len(req.output_ids),
+                                           (self.page_size,)), trusted=True)
         self.unlock(req.lock)
         req.lock = self.lock(node)
         req.last_node = node

@@ -244,3 +244,20 @@ def test_random_lifecycles_match_sglang(page_size: int, reference: str) -> None:
         kvcore = random_scenario(Lifecycle(make_cache("kvcore:lru", 2000, page_size)), seed)
         assert any(value for what, value, _, _ in sglang if what.startswith("admit"))
         assert kvcore == sglang
+
+
+def test_learned_hears_each_finished_request() -> None:
+    """``learned`` learns from releases: each finished request's last checkpoint tells it the
+    request's pages and prompt / output lengths (aborted and retracted ones tell nothing)."""
+    driver = Lifecycle(make_cache("kvcore:learned", 400, 4, check_every=1))
+    heard: list[tuple[int, int, int]] = []
+    note = driver.cache.pool.note_release
+
+    def spy(groups: Any, release: Any, **kwargs: Any) -> None:
+        heard.append((len(groups[0]), release.num_prompt_tokens, release.num_output_tokens))
+        note(groups, release, **kwargs)
+
+    driver.cache.pool.note_release = spy
+    scenario(driver)
+    # a: 51 prompt + 5 output tokens (56 // 4 pages); c, re-admitted: 50 + 1; d: 51 + 0.
+    assert heard == [(14, 51, 5), (12, 50, 1), (12, 51, 0)]
