@@ -17,7 +17,8 @@ pin and unpin a path (evictable <-> protected, no recency change on the pin: SGL
 not touch its LRU clock; the unpin returns the pages to the policy's most-recent end);
 ``match_prefix`` and ``insert`` count as accesses (the policy records a hit on every page
 found); ``evict`` takes the policy's victims and gives their slots back to SGLang's allocator
-(evictable -> outside).
+(evictable -> outside).  A finished request's last ``checkpoint`` tells a policy that learns
+from releases (``learned``) its pages and its prompt and output lengths.
 
 Pages are keyed by SGLang's storage hash chain (:mod:`~kvcore.integrations.sglang.hashing`): the
 full SHA-256 digest of the page's namespace and whole prefix.  A node handle
