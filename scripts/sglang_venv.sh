@@ -13,8 +13,9 @@
 # scripts/sglang_constraints.txt (a pip freeze of a working build; it says how it was made) at
 # its pinned version, torch 2.14.1 included: SGLang pins that version, and PyPI has only its
 # CUDA build, which imports and runs without a GPU once its nvidia-* libraries are installed (no
-# CPU wheel of 2.14.1 can be reached from here).  Then kvcore with its test extras.  About 2
-# minutes when the torch and nvidia wheels are on local disk, and 6 GB.  Idempotent: a venv built
+# CPU wheel of 2.14.1 can be reached from here).  Then kvcore with its test extras.  About 2-4
+# minutes when the torch and nvidia wheels are on local disk (measured: 3.5 minutes on a busy
+# 2-core machine), and 6 GB.  Idempotent: a venv built
 # from the same constraints and script (stamp file) whose SGLang imports only gets kvcore
 # re-installed.
 set -euo pipefail
@@ -47,7 +48,7 @@ kvcore() {
 }
 
 smoke() {
-    "$py" - <<'PY'
+    "$py" -W ignore::UserWarning - <<'PY'  # (its CPU-less quantization notes)
 from importlib.metadata import entry_points, version
 
 import torch
