@@ -7,7 +7,7 @@
 #   --core   only kvcore's own tests: everything but tests/runner (the paged-attention engine,
 #            which the compiled build does not change), the notebook test, and the tests whose
 #            outcome does not depend on the build: they read the source tree (layering, the
-#            README, the conformance runner's inputs), build and install their own package from
+#            README and docs/, the conformance runner's inputs), build and install their own package from
 #            it (test_package, test_install_with_vllm, test_compiled_wheel), or check the text
 #            of the pytest summary of a run without the vLLM peer (test_peer_summary).
 #
@@ -75,6 +75,7 @@ args=(-p no:cacheprovider --import-mode=append -n 2)
 if [ "$core" = 1 ]; then
     args+=(tests --ignore=tests/runner --deselect tests/test_notebook.py
            --ignore=tests/test_layering.py --ignore=tests/test_readme.py
+           --ignore=tests/test_docs.py --ignore=tests/test_cli_docs.py
            --ignore=tests/test_vllm_conformance.py --ignore=tests/test_package.py
            --ignore=tests/test_install_with_vllm.py --ignore=tests/test_peer_summary.py
            --ignore=tests/test_compiled_wheel.py)

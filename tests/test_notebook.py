@@ -38,7 +38,7 @@ def test_notebook_loads_the_shipped_trace_without_a_fallback() -> None:
 def test_notebook_executes_within_a_minute_and_its_committed_figures_are_current(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The notebook writes its figures and the numbers they plot (``figures.json``); those in
-    ``docs/notebook/``, which the README shows, must be what it draws now."""
+    ``docs/notebook/``, which docs/getting-started.md shows, must be what it draws now."""
     nbclient = pytest.importorskip("nbclient")
     monkeypatch.setenv("KVCORE_NOTEBOOK_FIGURES", str(tmp_path))
     nb = nbformat.read(NOTEBOOK, as_version=4)
@@ -66,16 +66,17 @@ def test_notebook_executes_within_a_minute_and_its_committed_figures_are_current
         assert (FIGURES / f"{name}.png").stat().st_size > 10_000
 
 
-def test_readme_says_how_to_open_the_notebook_and_shows_its_figures() -> None:
+def test_docs_say_how_to_open_the_notebook_and_show_its_figures() -> None:
+    """Getting started (docs/getting-started.md, where the README's notebook section moved)."""
     repo = NOTEBOOK.parents[1]
-    readme = (repo / "README.md").read_text()
+    page = (repo / "docs" / "getting-started.md").read_text()
     command = ".venv/bin/pip install -e '.[notebook]' && .venv/bin/jupyter lab " \
               "notebooks/prefix_cache_experiments.ipynb"
-    assert f"```bash\n{command}\n```" in readme
+    assert f"```bash\n{command}\n```" in page
     pyproject = (repo / "pyproject.toml").read_text()
     extras = dict(re.findall(r"^(\w+) = \[(.*?)\]$", pyproject, flags=re.M | re.S))
     assert '"jupyterlab"' in extras["notebook"]
     assert "jupyter" not in extras["dev"]  # hence the extra
-    shown = re.findall(r"!\[[^]]*\]\((docs/notebook/[^)]+\.png)\)", readme)
-    assert sorted(shown) == sorted(f"docs/notebook/{p.name}" for p in FIGURES.glob("*.png"))
+    shown = re.findall(r"!\[[^]]*\]\((notebook/[^)]+\.png)\)", page)
+    assert sorted(shown) == sorted(f"notebook/{p.name}" for p in FIGURES.glob("*.png"))
     assert len(shown) == 4

@@ -62,7 +62,9 @@ def test_readme_trace_commands_run_from_a_clone() -> None:
     from kvcore.cli import build_parser
     from kvcore.sim.traces import resolve_trace
 
-    for doc in ("README.md", "BENCHMARKS.md"):
+    docs = ["README.md", "BENCHMARKS.md"] + [
+        str(p.relative_to(README.parent)) for p in sorted((README.parent / "docs").rglob("*.md"))]
+    for doc in docs:
         for block in re.findall(r"```(?:bash)?\n(.*?)```", (README.parent / doc).read_text(),
                                 flags=re.S):
             assert "../shared" not in block, (doc, block)

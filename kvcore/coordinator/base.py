@@ -366,7 +366,7 @@ class KVCacheCoordinator:
             self.prefix_chains.drop(request_id)
 
     def get_blocks(self, request_id: str) -> GroupBlocks:
-        return tuple(m.req_to_blocks.get(request_id) or [] for m in self.managers)
+        return tuple([m.req_to_blocks.get(request_id) or [] for m in self.managers])
 
     def new_step(self) -> None:
         for manager in self.managers:

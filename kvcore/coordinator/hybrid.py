@@ -12,7 +12,7 @@ agreed one; the allocation uses what the local and external tokens cover).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -140,3 +140,47 @@ class HybridCoordinator(KVCacheCoordinator):
         """The first full-attention group when full attention leads the search (vLLM's)."""
         first = self._spec_groups[0] if self._spec_groups else None
         return first.group_ids[0] if first is not None and first.is_full else None
+
+    def hint_hashes(self, block_hashes: Iterable[Sequence[BlockHash]]) -> list[list[BlockHash]]:
+        """Per group, the hashes worth holding for these requests (most urgent first).
+
+        With a group that holds state (Mamba), a hit can end only where every such group has
+        a cached state block, so a request's blocks past its furthest such point cannot serve
+        it: per request, each attention group's hashes up to that point and each state group's
+        hash at it, nothing past it (nothing at all while no state of the request is cached).
+        Declaring every hash instead held attention blocks no hit could use: inside vLLM 0.32's
+        scheduler on the hybrid model at 1,024 blocks, queue hints 128 fell from LRU's 3.88%
+        hit rate to 3.33%.  Without a state group, every hash (the base rule)."""
+        state = [m for m in self._caching if m.spec.holds_state]
+        if not state:
+            return super().hint_hashes(block_hashes)
+        per_group: list[list[BlockHash]] = [[] for _ in self.managers]
+        hbs = self.hash_block_size
+        align = self.alignment_tokens
+        for hashes in block_hashes:
+            end = len(hashes) * hbs
+            for m in state:
+                end = min(end, _last_cached_state(
+                    hashes_at(hashes, hbs, m.block_size), m.block_size, end, align,
+                    self.pool.cached_blocks_map(m.group_id)))
+            if not end:
+                continue
+            for m in self._caching:
+                at = hashes_at(hashes, hbs, m.block_size)
+                n = end // m.block_size
+                if m.spec.holds_state:
+                    per_group[m.group_id].append(at[n - 1])
+                else:
+                    per_group[m.group_id].extend(at[:n])
+        return per_group
+
+
+def _last_cached_state(hashes: Sequence[BlockHash], block_size: int, end: int, align: int,
+                       cached: dict[BlockHash, KVCacheBlock]) -> int:
+    """The furthest token count, at most ``end`` and a multiple of ``align``, after which a
+    state block of this group is cached (0: none)."""
+    for j in range(min(end // block_size, len(hashes)) - 1, -1, -1):
+        tokens = (j + 1) * block_size
+        if tokens % align == 0 and hashes[j] in cached:
+            return tokens
+    return 0

@@ -201,25 +201,30 @@ class LearnedPolicy(SegmentedPolicy):
                 turn = LATER_TURN
                 break
         bs = release.block_sizes[0]
-        prompt_blocks = prompt_tokens // bs
         full_blocks = min((prompt_tokens + output_tokens) // bs, len(blocks))
-        prompt = category(False, False, turn, output_tokens)  # a prompt block not hit (+9: hit)
-        last = last_prompt = -1  # the last cached block, and the last cached prompt block
-        for j in range(full_blocks):
+        prompt_blocks = min(prompt_tokens // bs, full_blocks)
+        # Each block's category but its hit mark, read when it is freed (+9: hit; category(),
+        # inlined).  Uncached blocks are tagged too: freed uncached, they lose the tag.
+        prompt = 2 + 3 * turn + (0 if output_tokens < SHORT_OUTPUT_TOKENS
+                                 else 1 if output_tokens < LONG_OUTPUT_TOKENS else 2)
+        for block in blocks[:prompt_blocks]:
+            pending[block.block_id] = prompt
+        if full_blocks > prompt_blocks:
+            for block in blocks[prompt_blocks:full_blocks]:
+                pending[block.block_id] = GENERATED
+        # Where a later turn continues: after the answer, or after the prompt (the last cached
+        # block of each; the null block, id 0, is never cached).
+        self._mark_tail(blocks, full_blocks)
+        if prompt_blocks < full_blocks:
+            self._mark_tail(blocks, prompt_blocks)
+
+    def _mark_tail(self, blocks: Sequence[KVCacheBlock], end: int) -> None:
+        """Mark the last cached block of ``blocks[:end]`` as a request's tail."""
+        for j in range(end - 1, -1, -1):
             block = blocks[j]
-            if block.block_hash is None:  # not cached (null, or not computed yet)
-                continue
-            bid = block.block_id
-            last = bid
-            if j >= prompt_blocks:
-                pending[bid] = GENERATED
-            else:
-                last_prompt = bid
-                pending[bid] = prompt + 9 if marks[bid] else prompt
-        if last >= 0:  # where a later turn continues: after the answer, or the prompt
-            tail[last] = 1
-        if last_prompt >= 0:
-            tail[last_prompt] = 1
+            if block.block_hash is not None:
+                self._tail[block.block_id] = 1
+                return
 
     def on_free(self, uncached: Sequence[KVCacheBlock], cached: Sequence[KVCacheBlock]) -> None:
         if uncached:
@@ -240,53 +245,63 @@ class LearnedPolicy(SegmentedPolicy):
         ghost = self._ghost_cls
         old = self._ghost_cls_old
         remembered = bool(ghost or old)
-        run_c = -1
-        run = 0
+        run_c = -1  # the category of the run of blocks being linked,
+        run = 0  # its length,
+        run_new = 0  # and how many of them are freed now (not back from the reserve or a pin)
+        last: KVCacheBlock = segments[0].tail  # (replaced before use: run_c starts at -1)
         for block in cached:
             bid = block.block_id
             c = pending[bid]
-            new = c > _AWAY  # freed now (else back from the hint reserve or a pin: counted)
-            if c >= 0:  # tagged by its release
+            hit = marks[bid]
+            if c >= 0:  # tagged by its release (prompt blocks: +9 if hit)
                 pending[bid] = -1
+                new = 1
+                if hit and 2 <= c < 2 + 9:
+                    c += 9
             elif c == -1:  # freed without a release
                 c = UNTAGGED
-            else:
+                new = 1
+            else:  # back from the hint reserve or a pin: counted when it was freed
                 pending[bid] = -1
                 c = _AWAY - c
-            if remembered and not marks[bid]:  # (a block that was hit was cached all along)
+                new = 0
+            if remembered and not hit:  # (a block that was hit was cached all along)
                 g = block.group_id
                 h = block.block_hash
                 key: GhostKey = h if g == 0 else (g, h)  # type: ignore[assignment]  # cached
-                entry = -1
-                if key in ghost:
-                    entry = ghost.pop(key)
-                elif key in old:
-                    entry = old.pop(key)
+                entry = ghost.pop(key, -1)
+                if entry < 0:
+                    entry = old.pop(key, -1)
                 if entry >= 0:  # a larger cache would have hit it: count the reuse,
                     self._reused[entry] += 1.0
                     if 2 <= c < 2 + 9:  # and rank the block as a hit one from now on
                         c += 9
                     marks[bid] = 1
-            if new:  # counted in the category it is ranked in
-                freed[c] += 1.0
             segment_of[bid] = c + 1
             stamp[bid] = now
             # FreeBlockQueue.append, inlined (the pool passes blocks whose count just reached 0);
-            # the segment's count is kept per run of blocks of one category.
+            # the segment's count and the category's freed count are kept per run.
             if c != run_c:
                 if run:
+                    tail = segments[run_c + 1].tail
+                    last.next_free = tail
+                    tail.prev_free = last
                     segments[run_c + 1].linked(run)
+                    freed[run_c] += run_new
                     live.add(run_c)
                 run_c = c
-                run = 0
-            tail = segments[c + 1].tail
-            last: KVCacheBlock = tail.prev_free  # type: ignore[assignment]  # linked
+                run = run_new = 0
+                last = segments[c + 1].tail.prev_free  # type: ignore[assignment]  # linked
             last.next_free = block
             block.prev_free = last
-            block.next_free = tail
-            tail.prev_free = block
+            last = block
             run += 1
+            run_new += new
+        tail = segments[run_c + 1].tail
+        last.next_free = tail
+        tail.prev_free = last
         segments[run_c + 1].linked(run)
+        freed[run_c] += run_new
         live.add(run_c)
         self._num_free += len(cached)
 
@@ -311,6 +326,8 @@ class LearnedPolicy(SegmentedPolicy):
             c = pending[block.block_id]
             if c >= 0:  # released into the reserve: never freed into the policy
                 pending[block.block_id] = -1
+                if 2 <= c < 2 + 9 and self._marks[block.block_id]:  # (its mark at release)
+                    c += 9
                 self._freed[c] += 1.0
                 self._reused[c] += 1.0
             elif c < -1:  # taken from the policy into the reserve: counted as freed then
@@ -341,7 +358,7 @@ class LearnedPolicy(SegmentedPolicy):
         """The ``n`` cached victims: each the head of the live category of the lowest value
         ``ln p(c) - age(head) * rate`` (values are compared at the call's clock).  Within a
         category values rise from head to tail, so the victims come in runs: the best
-        category's blocks are taken while they are worth less than the runner-up's head, and
+        category's blocks are taken while they are worth at most the runner-up's head, and
         unlinked in one splice (``FreeBlockQueue``'s logic, inlined as in ``slru``)."""
         segments = self._segments
         segment_of = self._segment_of
@@ -351,36 +368,36 @@ class LearnedPolicy(SegmentedPolicy):
         marks = self._marks
         tail_marks = self._tail
         now = self._evictions
-        live_set = self._live
-        keys: list[float] = []  # per live category, the value of its head
-        live: list[int] = []
-        for c in list(live_set):
-            head = segments[c + 1].first()
-            if head is None:
-                live_set.discard(c)
-            else:
-                live.append(c)
-                keys.append(value[c] - (now - stamp[head.block_id]) * rate)
-        out: list[KVCacheBlock] = []
+        live = self._live
         ghost = self._ghost_cls
         remember = self.ghost_capacity > 0
+        out: list[KVCacheBlock] = []
         need = n
         while need:
-            best = 0
-            for i in range(1, len(keys)):
-                if keys[i] < keys[best]:
-                    best = i
-            bar = min((k for i, k in enumerate(keys) if i != best), default=math.inf)
-            c = live[best]
-            v = value[c]
-            # The run goes on while the next block is worth at most ``bar``: a stamp bound.
-            limit = now + (bar - v) / rate if bar < math.inf else math.inf
-            segment = segments[c + 1]
+            # The best category (lowest head value) and the runner-up's head value, one pass.
+            best = -1
+            best_key = bar = math.inf
+            for c in list(live):
+                segment = segments[c + 1]
+                first: KVCacheBlock = segment.head.next_free  # type: ignore[assignment]  # linked
+                if first is segment.tail:
+                    live.discard(c)  # emptied by hits or victims since
+                    continue
+                key = value[c] - (now - stamp[first.block_id]) * rate
+                if key < best_key:
+                    best, best_key, bar = c, key, best_key
+                elif key < bar:
+                    bar = key
+            segment = segments[best + 1]
             head = segment.head
             end = segment.tail
-            node: KVCacheBlock = head.next_free  # type: ignore[assignment]  # linked
+            node: KVCacheBlock = head.next_free  # type: ignore[assignment]  # linked: its head
             taken = 0
-            while True:
+            # The run goes on while the next block is worth at most ``bar``: a stamp bound.
+            limit = now + (bar - value[best]) / rate if bar < math.inf else math.inf
+            for i in range(need):  # the head at least (a rounding error cannot stall this)
+                if node is end or (i and stamp[node.block_id] > limit):
+                    break
                 nxt: KVCacheBlock = node.next_free  # type: ignore[assignment]  # linked
                 node.prev_free = node.next_free = None
                 node.ref_cnt = ref_cnt
@@ -391,21 +408,16 @@ class LearnedPolicy(SegmentedPolicy):
                 if remember:
                     g = node.group_id
                     h = node.block_hash
-                    ghost[h if g == 0 else (g, h)] = c  # type: ignore[index]  # cached: hashed
+                    ghost[h if g == 0 else (g, h)] = best  # type: ignore[index]  # hashed
                 out.append(node)
                 taken += 1
-                need -= 1
                 node = nxt
-                if not need or node is end or stamp[node.block_id] > limit:
-                    break
             head.next_free = node
             node.prev_free = head
             segment.unlinked(taken)
+            need -= taken
             if node is end:
-                del live[best], keys[best]
-                live_set.discard(c)
-            else:
-                keys[best] = v - (now - stamp[node.block_id]) * rate
+                live.discard(best)
         if remember and len(ghost) >= self.ghost_capacity:
             self._ghost_cls_old = ghost
             self._ghost_cls = {}

@@ -43,7 +43,7 @@ RECOMMENDED_NAME = "recommended"
 RECOMMENDED = LPM
 """What ``recommended`` means: ``lpm``, measured with the recommended eviction on the shipped
 Mooncake trace, the ``agent`` workload (512-token blocks, 1k-8k blocks) and a loaded multi-turn
-workload (README science section, BENCHMARKS.md 2026-11-26).  The default stays ``fcfs``:
+workload (docs/policies.md, BENCHMARKS.md 2026-11-26).  The default stays ``fcfs``:
 vLLM's order, which the differential suite checks."""
 DFS_MAX_DEPTH = 256  # block hashes per request in the dfs-weight tree
 
