@@ -64,6 +64,10 @@ COMMANDS = (
             "kvcore.integrations.vllm.replay", ("--help",),
             "vLLM's own scheduler through a trace, vLLM's manager against kvcore's (needs vLLM "
             "to run)"),
+    Command("kvcore-sglang-replay", "python -m kvcore.integrations.sglang.replay",
+            "kvcore.integrations.sglang.replay", ("--help",),
+            "SGLang's scheduling pieces through a trace, SGLang's prefix cache against kvcore's "
+            "backend (needs SGLang to run)"),
     Command("kvcore-generate", "kvcore-generate", "runner.generate", ("--help",),
             "the runner's engine end to end (also `python -m runner.generate`)"),
     Command("runner-bench", "python -m runner.bench", "runner.bench", ("--help",),
