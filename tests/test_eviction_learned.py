@@ -303,3 +303,18 @@ def test_with_more_than_one_group_it_ranks_in_lru_order(hints: int) -> None:
 
     learned, lru = run("learned"), run("lru")
     assert learned == lru and learned[0] > 0 and learned[1] > 0
+
+
+def test_a_block_touched_and_freed_without_a_release_keeps_its_category() -> None:
+    """A caller that refreshes recency by touching free blocks and freeing them again (kvcore's
+    SGLang backend on every lookup) must not strip their categories: freed without a release,
+    a touched block returns to the category it had, now as a hit one."""
+    m = manager()
+    a = serve(m, "a", [*tokens(1, 8), 9], output_tokens=0)  # four full blocks of 2 tokens
+    blocks = [b for b in m.pool.blocks if b.block_hash in set(a.block_hashes)]
+    assert len(blocks) == 4
+    assert set(categories(m, blocks)) == {category(False, False, FRESH, 0)}
+    m.pool.touch(blocks, trusted=True)
+    m.pool.free_blocks(blocks[::-1], trusted=True)
+    m.check_invariants()
+    assert set(categories(m, blocks)) == {category(False, True, FRESH, 0)}

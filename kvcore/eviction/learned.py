@@ -306,14 +306,21 @@ class LearnedPolicy(SegmentedPolicy):
         self._num_free += len(cached)
 
     def on_touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """A hit on free blocks: a reuse of each one's category, which the block keeps as its tag
+        until a release retags it, so that a block freed again without a release (a caller
+        that refreshes recency by touching and freeing, as kvcore's SGLang backend does on a
+        lookup; a sliding window's drop) returns to its category, not to the untagged one."""
         batch = blocks if isinstance(blocks, (list, tuple)) else list(blocks)
         segment_of = self._segment_of
         reused = self._reused
+        pending = self._pending
         for block in batch:
             if block.ref_cnt == 0:
-                segment = segment_of[block.block_id]
+                bid = block.block_id
+                segment = segment_of[bid]
                 if segment > CLEAN:
                     reused[segment - 1] += 1.0
+                    pending[bid] = segment - 1
         super().on_touch(batch)
 
     def on_hit(self, blocks: Sequence[KVCacheBlock]) -> None:
