@@ -151,22 +151,21 @@ class HybridCoordinator(KVCacheCoordinator):
         Declaring every hash instead held attention blocks no hit could use: inside vLLM 0.32's
         scheduler on the hybrid model at 1,024 blocks, queue hints 128 fell from LRU's 3.88%
         hit rate to 3.33%.  Without a state group, every hash (the base rule)."""
-        state = [m for m in self._caching if m.spec.holds_state]
-        if not state:
+        if not any(m.spec.holds_state for m in self._caching):
             return super().hint_hashes(block_hashes)
         per_group: list[list[BlockHash]] = [[] for _ in self.managers]
         hbs = self.hash_block_size
         align = self.alignment_tokens
         for hashes in block_hashes:
+            views = [hashes_at(hashes, hbs, m.block_size) for m in self._caching]
             end = len(hashes) * hbs
-            for m in state:
-                end = min(end, _last_cached_state(
-                    hashes_at(hashes, hbs, m.block_size), m.block_size, end, align,
-                    self.pool.cached_blocks_map(m.group_id)))
+            for m, at in zip(self._caching, views):
+                if m.spec.holds_state:
+                    end = min(end, _last_cached_state(at, m.block_size, end, align,
+                                                      self.pool.cached_blocks_map(m.group_id)))
             if not end:
                 continue
-            for m in self._caching:
-                at = hashes_at(hashes, hbs, m.block_size)
+            for m, at in zip(self._caching, views):
                 n = end // m.block_size
                 if m.spec.holds_state:
                     per_group[m.group_id].append(at[n - 1])

@@ -203,10 +203,9 @@ class LearnedPolicy(SegmentedPolicy):
         bs = release.block_sizes[0]
         full_blocks = min((prompt_tokens + output_tokens) // bs, len(blocks))
         prompt_blocks = min(prompt_tokens // bs, full_blocks)
-        # Each block's category but its hit mark, read when it is freed (+9: hit; category(),
-        # inlined).  Uncached blocks are tagged too: freed uncached, they lose the tag.
-        prompt = 2 + 3 * turn + (0 if output_tokens < SHORT_OUTPUT_TOKENS
-                                 else 1 if output_tokens < LONG_OUTPUT_TOKENS else 2)
+        # Each block's category but its hit mark, read when it is freed (+9: hit).  Uncached
+        # blocks are tagged too: freed uncached, they lose the tag.
+        prompt = category(False, False, turn, output_tokens)
         for block in blocks[:prompt_blocks]:
             pending[block.block_id] = prompt
         if full_blocks > prompt_blocks:
