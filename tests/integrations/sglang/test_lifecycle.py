@@ -14,7 +14,6 @@ from __future__ import annotations
 import random
 from array import array
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,22 +21,13 @@ from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 from sglang.srt.mem_cache.common import checkpoint_kv_cache, match_kv_cache, release_kv_cache
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
-from sglang.srt.runtime_context import publish, reset_context
 from sglang.srt.sampling.sampling_params import SamplingParams
-from sglang.srt.server_args import ServerArgs
 
 from kvcore.eviction import REGISTRY
 from kvcore.integrations.sglang.cache import KVCoreRadixCache
 from tests.integrations.sglang.helpers import make_cache
 
-
-@pytest.fixture(autouse=True)
-def sglang_context() -> Iterator[None]:
-    """SGLang's request code reads its published server arguments."""
-    reset_context()
-    publish(ServerArgs(model_path="dummy", device="cpu"), role="tokenizer")
-    yield
-    reset_context()
+pytestmark = pytest.mark.usefixtures("sglang_context")
 
 
 class Lifecycle:

@@ -7,25 +7,16 @@ from __future__ import annotations
 
 import random
 from array import array
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.schedule_policy import SchedulePolicy
-from sglang.srt.runtime_context import publish, reset_context
 from sglang.srt.sampling.sampling_params import SamplingParams
-from sglang.srt.server_args import ServerArgs
 
 from tests.integrations.sglang.helpers import Driver, make_cache, random_ops, run
 
-
-@pytest.fixture(autouse=True)
-def sglang_context() -> Iterator[None]:
-    reset_context()
-    publish(ServerArgs(model_path="dummy", device="cpu"), role="tokenizer")
-    yield
-    reset_context()
+pytestmark = pytest.mark.usefixtures("sglang_context")
 
 
 def waiting_queue(seed: int, page_size: int) -> list[Req]:
