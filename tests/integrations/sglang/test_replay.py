@@ -1,8 +1,9 @@
 """The no-model replay through SGLang's scheduling pieces: its JSON (a ``results`` list, one
 entry per engine with ``engine`` and ``hit_rate``), SGLang's and kvcore's engines side by side
 on one workload, both schedule policies; admission is SGLang's ``PrefillAdder`` (every decision
-its answer, its budget stopping admission where SGLang's rule says), and pages are conserved
-through whole runs with both engines, retractions included."""
+its answer, its budget stopping admission where SGLang's rule says, the same decisions over
+either cache while nothing is evicted), and pages are conserved through whole runs with both
+engines, retractions included."""
 
 from __future__ import annotations
 
@@ -197,3 +198,21 @@ def test_refuses_a_prompt_larger_than_the_pool(capsys: pytest.CaptureFixture[str
     assert main(["unused", "--block-size", "16", "--num-blocks", "50", "--json"]) == 0
     for r in json.loads(capsys.readouterr().out)["results"]:
         assert r["refused"] == 1 and r["finished"] == 3
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "lpm"])
+def test_same_admissions_without_eviction(policy: str) -> None:
+    """With room for everything the two caches answer alike (test_identity.py), so
+    PrefillAdder over either admits the same requests, with the same hits, at every step."""
+    requests = _requests(30, 240, 30, shared=96, seed=5)
+    argv = ("--block-size", "16", "--num-blocks", "2000", "--chunk-size", "400",
+            "--max-running", "6", "--schedule-policy", policy)
+    replays = [_replay(engine, requests, *argv) for engine in ("sglang:lru", "kvcore:lru")]
+    steps = 0
+    while replays[0].busy() or replays[1].busy():
+        batches = [[(r.rid, r.prefix_len, r.extend_end) for r in rp.step()] for rp in replays]
+        assert batches[0] == batches[1], steps
+        assert [rp.hit_tokens for rp in replays] == [replays[0].hit_tokens] * 2
+        steps += 1
+    assert replays[0].hit_tokens > 0 and replays[0].evicted == replays[1].evicted == 0
+    assert replays[0].finished == replays[1].finished == 30
