@@ -29,7 +29,9 @@ evictable until evicted, and are replaced when the same prefix is inserted again
 
 Events are SGLang's own: the backend feeds SGLang's ``KVCacheEventRecorder`` with the pages it
 stores and removes, so ``take_events`` returns ``BlockStored`` / ``BlockRemoved`` /
-``AllBlocksCleared`` batches built by SGLang's code from the same hash chains.
+``AllBlocksCleared`` batches built by SGLang's code from the same hash chains (byte-identical to
+``RadixCache``'s while nothing is evicted; an eviction's ``BlockRemoved`` lists the pages this
+backend evicted, in its policy's order, where ``RadixCache``'s lists whole leaf nodes).
 
 Differences from SGLang's ``RadixCache`` (the tests measure them): eviction is per page (exactly
 the pages asked for; SGLang frees whole leaf nodes, which may be more), ordered by the kvcore
