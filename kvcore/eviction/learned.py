@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import ClassVar, Final
+from typing import Any, ClassVar, Final
 
 from kvcore.eviction.base import Release
 from kvcore.eviction.segmented import CLEAN, NOT_FREE, SegmentedPolicy
@@ -125,7 +125,10 @@ class LearnedPolicy(SegmentedPolicy):
         # Per block: the category its latest release gave it (until it is freed), -1 for none,
         # or _AWAY - c while the pool holds it apart (reserve, pin) after it was in category c.
         self._pending = [-1] * size
-        self._stamp = [0] * size  # eviction clock when the block was freed
+        # The eviction clock when each block was freed.  Any, not int: the compiled build then
+        # stores the clock's one boxed int per call instead of allocating an int per freed block
+        # (a clock past 256 is no cached small int); it reads a stamp only per victim.
+        self._stamp: list[Any] = [0] * size
         self._tail = [0] * size  # the last full block of a finished request (1)
         # Decayed per-category counts: blocks freed, and of them reused (hit while free, or a
         # ghost return).
@@ -244,7 +247,7 @@ class LearnedPolicy(SegmentedPolicy):
         pending = self._pending
         stamp = self._stamp
         marks = self._marks
-        now = self._evictions
+        now: Any = self._evictions  # (boxed once: see _stamp)
         freed = self._freed
         live = self._live
         ghost = self._ghost_cls
