@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, SupportsIndex
+from typing import TYPE_CHECKING, Any, SupportsIndex, cast
 
 from kvcore.errors import (
     BlockStateError,
@@ -371,20 +371,23 @@ class BlockPool:
             if cached:
                 self.policy.on_hit(cached)
 
-    def note_release(self, groups: Sequence[Sequence[KVCacheBlock]], release: Release, *,
+    def note_release(self, groups: Sequence[Sequence[KVCacheBlock]], release: object, *,
                      trusted: object = False) -> None:
         """A request is about to free (or hand back) the blocks of ``groups`` (one list per
-        group, table order): passed to the policy's ``on_release`` (what the policy reads of a
-        request, :class:`~kvcore.eviction.base.Release`).  Changes no reference count.
+        group, table order): passed to the policy's ``on_release`` (``release``: what the
+        policy reads of a request, a :class:`~kvcore.eviction.base.Release`).  Changes no
+        reference count.
 
         A release that does not match the pool (not a :class:`Release`, another group count,
-        a block of another pool) raises before the policy hears of it.  ``trusted`` (a bool)
-        skips those checks, for kvcore's manager, which passes its own tables."""
+        a block of another pool) raises before the policy hears of it (``release`` is typed
+        ``object`` so that the compiled build does not refuse a wrong type with its own
+        ``TypeError`` first).  ``trusted`` (a bool) skips those checks, for kvcore's manager,
+        which passes its own tables."""
         if trusted is not True:
             if trusted is not False:
                 check_flag("trusted", trusted)
             self._check_release(groups, release)
-        self.policy.on_release(groups, release)
+        self.policy.on_release(groups, cast(Release, release))
 
     def _check_release(self, groups: object, release: object) -> None:
         if not isinstance(release, Release):

@@ -21,13 +21,13 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import ClassVar, Final
 
 from kvcore.eviction.segmented import CLEAN, GhostKey, SegmentedPolicy
 from kvcore.types import KVCacheBlock
 
-T1 = 1
-T2 = 2
+T1: Final = 1
+T2: Final = 2
 
 
 class GhostList:

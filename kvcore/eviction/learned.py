@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar, Final
 
 from kvcore.eviction.base import Release
 from kvcore.eviction.segmented import CLEAN, NOT_FREE, SegmentedPolicy
@@ -49,14 +49,18 @@ from kvcore.types import BlockHash, KVCacheBlock
 from kvcore.validation import check_share
 
 # -- categories ----------------------------------------------------------------------------------
-FRESH, HIT, LATER_TURN = 0, 1, 2
-SHORT_OUTPUT_TOKENS = 16  # below: a short answer
-LONG_OUTPUT_TOKENS = 128  # from here: a long answer
-GENERATED, UNTAGGED = 0, 1  # then prompt blocks by (hit, turn, output length)
-NUM_CATEGORIES = 2 + 2 * 3 * 3
+# (Final: the compiled build inlines them; a plain module constant is a globals lookup per use)
+FRESH: Final = 0
+HIT: Final = 1
+LATER_TURN: Final = 2
+SHORT_OUTPUT_TOKENS: Final = 16  # below: a short answer
+LONG_OUTPUT_TOKENS: Final = 128  # from here: a long answer
+GENERATED: Final = 0  # then UNTAGGED, then prompt blocks by (hit, turn, output length)
+UNTAGGED: Final = 1
+NUM_CATEGORIES: Final = 2 + 2 * 3 * 3
 
 GhostKey = BlockHash | tuple[int, BlockHash]
-_AWAY = -2  # a pending tag of _AWAY - c: category c, already counted, away from the policy
+_AWAY: Final = -2  # a pending tag of _AWAY - c: category c, already counted, away from the policy
 
 
 def category(generated: bool, was_hit: bool, turn: int, output_tokens: int) -> int:
@@ -121,8 +125,11 @@ class LearnedPolicy(SegmentedPolicy):
         # Per block: the category its latest release gave it (until it is freed), -1 for none,
         # or _AWAY - c while the pool holds it apart (reserve, pin) after it was in category c.
         self._pending = [-1] * size
-        self._stamp = [0] * size  # eviction clock when the block was freed
-        self._tail = bytearray(size)  # the last full block of a finished request
+        # The eviction clock when each block was freed.  Any, not int: the compiled build then
+        # stores the clock's one boxed int per call instead of allocating an int per freed block
+        # (a clock past 256 is no cached small int); it reads a stamp only per victim.
+        self._stamp: list[Any] = [0] * size
+        self._tail = [0] * size  # the last full block of a finished request (1)
         # Decayed per-category counts: blocks freed, and of them reused (hit while free, or a
         # ghost return).
         self._freed = [1.0] * NUM_CATEGORIES
@@ -134,7 +141,9 @@ class LearnedPolicy(SegmentedPolicy):
         self._evictions = 0
         self._decay_every = max(int(self.half_life * self.capacity), 1)
         self._refresh_every = max(self.capacity // 8, 64)
-        self._live: set[int] = set()  # categories that may hold blocks (emptied ones linger)
+        # Categories that may hold blocks (emptied ones linger until a victim search drops
+        # them): a short list, as a set's copy and updates are generic calls when compiled.
+        self._live: list[int] = []
         self._ghost_cls: dict[GhostKey, int] = {}  # evicted hash -> its category (young)
         self._ghost_cls_old: dict[GhostKey, int] = {}
         self._refresh()
@@ -151,8 +160,8 @@ class LearnedPolicy(SegmentedPolicy):
         return segment - 1 if segment > CLEAN else None
 
     def _refresh(self) -> None:
-        log = math.log
-        self._value = [log(min(r / f, 1.0) + 1e-6) for r, f in zip(self._reused, self._freed)]
+        self._value = [math.log(min(r / f, 1.0) + 1e-6)
+                       for r, f in zip(self._reused, self._freed)]
 
     def _decay(self) -> None:
         """Halve the statistics (the prior's weight, one freed block, stays as a floor)."""
@@ -238,7 +247,7 @@ class LearnedPolicy(SegmentedPolicy):
         pending = self._pending
         stamp = self._stamp
         marks = self._marks
-        now = self._evictions
+        now: Any = self._evictions  # (boxed once: see _stamp)
         freed = self._freed
         live = self._live
         ghost = self._ghost_cls
@@ -268,9 +277,9 @@ class LearnedPolicy(SegmentedPolicy):
                 g = block.group_id
                 h = block.block_hash
                 key: GhostKey = h if g == 0 else (g, h)  # type: ignore[assignment]  # cached
-                entry = ghost.pop(key, -1)
-                if entry < 0:
-                    entry = old.pop(key, -1)
+                # (membership tests, not pop(key, default): a miss, the common case, is then
+                # two lookups and no method call, interpreted or compiled)
+                entry = ghost.pop(key) if key in ghost else old.pop(key) if key in old else -1
                 if entry >= 0:  # a larger cache would have hit it: count the reuse,
                     self._reused[entry] += 1.0
                     if 2 <= c < 2 + 9:  # and rank the block as a hit one from now on
@@ -287,7 +296,8 @@ class LearnedPolicy(SegmentedPolicy):
                     tail.prev_free = last
                     segments[run_c + 1].linked(run)
                     freed[run_c] += run_new
-                    live.add(run_c)
+                    if run_c not in live:
+                        self._make_live(run_c)
                 run_c = c
                 run = run_new = 0
                 last = segments[c + 1].tail.prev_free  # type: ignore[assignment]  # linked
@@ -301,8 +311,16 @@ class LearnedPolicy(SegmentedPolicy):
         tail.prev_free = last
         segments[run_c + 1].linked(run)
         freed[run_c] += run_new
-        live.add(run_c)
+        if run_c not in live:
+            self._make_live(run_c)
         self._num_free += len(cached)
+
+    def _make_live(self, c: int) -> None:
+        """Add category ``c`` to the live list, kept in category order (the victim search takes
+        the first of equal values)."""
+        live = self._live
+        live.append(c)
+        live.sort()
 
     def on_touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """A hit on free blocks: a reuse of each one's category, which the block keeps as its tag
@@ -383,11 +401,11 @@ class LearnedPolicy(SegmentedPolicy):
             # The best category (lowest head value) and the runner-up's head value, one pass.
             best = -1
             best_key = bar = math.inf
-            for c in list(live):
+            for c in live[:]:
                 segment = segments[c + 1]
                 first: KVCacheBlock = segment.head.next_free  # type: ignore[assignment]  # linked
                 if first is segment.tail:
-                    live.discard(c)  # emptied by hits or victims since
+                    live.remove(c)  # emptied by hits or victims since
                     continue
                 key = value[c] - (now - stamp[first.block_id]) * rate
                 if key < best_key:
@@ -423,7 +441,7 @@ class LearnedPolicy(SegmentedPolicy):
             segment.unlinked(taken)
             need -= taken
             if node is end:
-                live.discard(best)
+                live.remove(best)
         if remember and len(ghost) >= self.ghost_capacity:
             self._ghost_cls_old = ghost
             self._ghost_cls = {}
@@ -447,10 +465,10 @@ class LearnedPolicy(SegmentedPolicy):
 
     def reset(self) -> None:
         super().reset()
-        self._live = set()
+        self._live = []
         size = len(self._marks)
         self._pending = [-1] * size
-        self._tail = bytearray(size)
+        self._tail = [0] * size
         self._ghost_cls = {}
         self._ghost_cls_old = {}
 

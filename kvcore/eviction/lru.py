@@ -14,13 +14,13 @@ Queue order is eviction order: the head is reused first.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import ClassVar
+from typing import ClassVar, Final
 
 from kvcore.errors import BlockStateError, InvalidArgumentError, NoFreeBlocksError, NullBlockError
 from kvcore.eviction.base import EvictionPolicy
 from kvcore.types import KVCacheBlock
 
-_SENTINEL_ID = -1
+_SENTINEL_ID: Final = -1
 
 
 class FreeBlockQueue(EvictionPolicy):

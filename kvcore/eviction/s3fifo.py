@@ -13,15 +13,15 @@ O(1) amortized.  A block resurrected by a hit returns to the tail of the segment
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import ClassVar, Final
 
 from kvcore.eviction.segmented import SegmentedPolicy, ghost_key
 from kvcore.types import KVCacheBlock
 from kvcore.validation import check_share
 
-SMALL = 1
-MAIN = 2
-MAX_FREQ = 3
+SMALL: Final = 1
+MAIN: Final = 2
+MAX_FREQ: Final = 3
 
 
 class S3FIFOPolicy(SegmentedPolicy):

@@ -10,6 +10,7 @@ free block is linked in.  Subclasses override the policy hooks: where freed bloc
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Final
 
 from kvcore.eviction.base import EvictionPolicy
 from kvcore.eviction.lru import FreeBlockQueue
@@ -33,8 +34,9 @@ def ghost_key(group_id: int, h: BlockHash) -> GhostKey:
     the unchanged s3fifo row 1.00x)."""
     return h if group_id == 0 else (group_id, h)
 
-NOT_FREE = -1
-CLEAN = 0  # segment of the uncached free blocks
+# Final: the compiled build inlines them (a plain module constant is a globals lookup per use)
+NOT_FREE: Final = -1
+CLEAN: Final = 0  # segment of the uncached free blocks
 
 
 class SegmentedPolicy(EvictionPolicy):

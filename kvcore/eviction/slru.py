@@ -15,14 +15,14 @@ protected directly on its first free.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import ClassVar, Final
 
 from kvcore.eviction.segmented import CLEAN, NOT_FREE, SegmentedPolicy
 from kvcore.types import KVCacheBlock
 from kvcore.validation import check_share
 
-PROBATION = 1
-PROTECTED = 2
+PROBATION: Final = 1
+PROTECTED: Final = 2
 
 
 class SLRUPolicy(SegmentedPolicy):

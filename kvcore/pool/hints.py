@@ -10,12 +10,13 @@ change eviction order only, never a hit or whether an allocation succeeds.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 from kvcore.eviction.base import EvictionPolicy
 from kvcore.eviction.lru import FreeBlockQueue
 from kvcore.types import BlockHash, KVCacheBlock
 
-HINT_RESERVE_SHARE = 0.5
+HINT_RESERVE_SHARE: Final = 0.5
 """The largest share of the pool that scheduler hints may hold back from the eviction policy:
 deeper hints would leave the policy nothing to choose from."""
 
