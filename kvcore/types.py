@@ -47,10 +47,12 @@ class KVCacheBlock:
     ``group_id`` names that group.  ``prefix_node`` is the exact prefix its KV belongs to when the
     pool verifies hits (:mod:`kvcore.verify`).  ``prev_free`` / ``next_free`` are owned by
     :class:`~kvcore.eviction.lru.FreeBlockQueue`; both are ``None`` exactly when the block is not in a queue.
+    ``free_stamp`` is the eviction policy's (``learned`` keeps the clock at which the block was
+    freed there: a native int field, which the compiled build stores without allocating).
     """
 
-    __slots__ = ("block_hash", "block_id", "group_id", "is_null", "next_free", "prefix_node",
-                 "prev_free", "ref_cnt")
+    __slots__ = ("block_hash", "block_id", "free_stamp", "group_id", "is_null", "next_free",
+                 "prefix_node", "prev_free", "ref_cnt")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
@@ -61,6 +63,7 @@ class KVCacheBlock:
         self.prev_free: KVCacheBlock | None = None
         self.next_free: KVCacheBlock | None = None
         self.is_null = False
+        self.free_stamp = 0
 
     @property
     def _block_hash(self) -> bytes | None:

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any, ClassVar, Final
+from typing import ClassVar, Final
 
 from kvcore.eviction.base import Release
 from kvcore.eviction.segmented import CLEAN, NOT_FREE, SegmentedPolicy
@@ -110,7 +110,7 @@ class LearnedPolicy(SegmentedPolicy):
     """
 
     __slots__ = ("_decay_every", "_evictions", "_freed", "_ghost_cls", "_ghost_cls_old",
-                 "_live", "_pending", "_rate", "_refresh_every", "_reused", "_stamp", "_tail",
+                 "_live", "_pending", "_rate", "_refresh_every", "_reused", "_tail",
                  "_value",
                  "half_life", "tau")
     name: ClassVar[str] = "learned"
@@ -125,10 +125,6 @@ class LearnedPolicy(SegmentedPolicy):
         # Per block: the category its latest release gave it (until it is freed), -1 for none,
         # or _AWAY - c while the pool holds it apart (reserve, pin) after it was in category c.
         self._pending = [-1] * size
-        # The eviction clock when each block was freed.  Any, not int: the compiled build then
-        # stores the clock's one boxed int per call instead of allocating an int per freed block
-        # (a clock past 256 is no cached small int); it reads a stamp only per victim.
-        self._stamp: list[Any] = [0] * size
         self._tail = [0] * size  # the last full block of a finished request (1)
         # Decayed per-category counts: blocks freed, and of them reused (hit while free, or a
         # ghost return).
@@ -245,9 +241,8 @@ class LearnedPolicy(SegmentedPolicy):
         segments = self._segments
         segment_of = self._segment_of
         pending = self._pending
-        stamp = self._stamp
         marks = self._marks
-        now: Any = self._evictions  # (boxed once: see _stamp)
+        now = self._evictions
         freed = self._freed
         live = self._live
         ghost = self._ghost_cls
@@ -286,7 +281,7 @@ class LearnedPolicy(SegmentedPolicy):
                         c += 9
                     marks[bid] = 1
             segment_of[bid] = c + 1
-            stamp[bid] = now
+            block.free_stamp = now  # (a block field: a list would box the clock per block)
             # FreeBlockQueue.append, inlined (the pool passes blocks whose count just reached 0);
             # the segment's count and the category's freed count are kept per run.
             if c != run_c:
@@ -386,7 +381,6 @@ class LearnedPolicy(SegmentedPolicy):
         unlinked in one splice (``FreeBlockQueue``'s logic, inlined as in ``slru``)."""
         segments = self._segments
         segment_of = self._segment_of
-        stamp = self._stamp
         value = self._value
         rate = self._rate
         marks = self._marks
@@ -407,7 +401,7 @@ class LearnedPolicy(SegmentedPolicy):
                 if first is segment.tail:
                     live.remove(c)  # emptied by hits or victims since
                     continue
-                key = value[c] - (now - stamp[first.block_id]) * rate
+                key = value[c] - (now - first.free_stamp) * rate
                 if key < best_key:
                     best, best_key, bar = c, key, best_key
                 elif key < bar:
@@ -417,10 +411,12 @@ class LearnedPolicy(SegmentedPolicy):
             end = segment.tail
             node: KVCacheBlock = head.next_free  # type: ignore[assignment]  # linked: its head
             taken = 0
-            # The run goes on while the next block is worth at most ``bar``: a stamp bound.
-            limit = now + (bar - value[best]) / rate if bar < math.inf else math.inf
+            # The run goes on while the next block is worth at most ``bar``: a stamp bound, as an
+            # int (stamps are ints: ``s > x`` is ``s > floor(x)``; without a runner-up, ``now``,
+            # which no stamp exceeds), so the per-block test compares ints.
+            limit = math.floor(now + (bar - value[best]) / rate) if bar < math.inf else now
             for i in range(need):  # the head at least (a rounding error cannot stall this)
-                if node is end or (i and stamp[node.block_id] > limit):
+                if node is end or (i and node.free_stamp > limit):
                     break
                 nxt: KVCacheBlock = node.next_free  # type: ignore[assignment]  # linked
                 node.prev_free = node.next_free = None
