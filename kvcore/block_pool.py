@@ -656,6 +656,44 @@ class BlockPool:
         """The partial entries ``block`` carries besides its hash."""
         return tuple(self._maps.secondary.get(block.block_id, ()))
 
+    def move_block_hashes(self, src: KVCacheBlock, dst: KVCacheBlock) -> None:
+        """Re-point every prefix-cache entry of ``src`` (its hash, a partial entry's token count,
+        its extra partial keys, its prefix node) to the unhashed ``dst``, as vLLM's
+        ``BlockPool.move_block_hashes``: for a request that keeps writing into ``src`` while a
+        copy of it (``dst``, filled by a block copy before that write) takes its place in the
+        cache.  The entries stay live: no KV events; lookups of these keys now find ``dst`` (after
+        any duplicate cached earlier, which a removed first entry promotes).  ``src`` without a
+        hash moves nothing.  Raises :class:`BlockStateError` (changing nothing) for a block not
+        of this pool, ``dst`` is ``src`` or a hashed ``dst``; :class:`NullBlockError` for the
+        null block.
+        """
+        self._check_owned([src, dst], "move_block_hashes")
+        if src.is_null or dst.is_null:
+            raise NullBlockError("move_block_hashes: the null block carries no cache entries")
+        if dst is src:
+            raise BlockStateError(f"move_block_hashes: block {src.block_id} onto itself")
+        if dst.block_hash is not None:
+            raise BlockStateError(f"move_block_hashes: destination block {dst.block_id} is "
+                                  "already cached")
+        if src.block_hash is None or not self.enable_caching:
+            return
+        maps = self._maps
+        g = src.group_id
+        node = src.prefix_node
+        covered = maps.partial_primary.get(src.block_id)
+        keys = maps.drop_keys(src)  # primary first, then the extra keys in their order
+        dst.block_hash = keys[0]
+        dst.group_id = g
+        dst.prefix_node = node
+        maps.map(g, keys[0], dst)
+        if covered is not None:
+            maps.partial_primary[dst.block_id] = covered
+        if len(keys) > 1:
+            maps.secondary[dst.block_id] = list(keys[1:])
+            for key in keys[1:]:
+                maps.map(g, key, dst)
+        self._changed(keys)
+
     def evict_blocks(self, block_ids: Iterable[SupportsIndex]) -> None:
         """Drop the listed blocks from the prefix cache (their reference counts are unchanged).
 
