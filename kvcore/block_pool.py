@@ -617,7 +617,8 @@ class BlockPool:
                 self.events.removed(h, g)
 
     def cache_partial_block(self, request: KVRequest, block: KVCacheBlock, num_tokens: int,
-                            hash_block_size: int, group_id: int) -> None:
+                            hash_block_size: int, group_id: int, *,
+                            replace_existing_hashes: bool = False) -> BlockHash | None:
         """Register ``block`` under the request's hash at ``num_tokens`` (a multiple of the hash
         block size inside the block): a *partial* prefix-cache entry, as vLLM registers the
         prompt's last hash boundary when a full-attention block is larger than the hash block.
@@ -628,20 +629,32 @@ class BlockPool:
         entry through a full block's hash (it is a different prefix length): it exists so that
         KV events, eviction order and free-queue placement match vLLM's.  Emits ``BlockStored``
         (``block_size`` = the hash block size) when the entry is new.
+
+        ``replace_existing_hashes`` (vLLM's flag of that name: the block's content was
+        replaced) first drops every entry the block carries (a ``BlockRemoved`` each), then
+        registers this one as its hash, with a ``BlockStored`` even if it was there before.
+        Returns the entry's key (also when it was already there); ``None`` for the null block
+        or with caching off.
         """
+        replace = check_flag("replace_existing_hashes", replace_existing_hashes)
         if not self.enable_caching or block.is_null:
-            return
+            return None
         idx = self._check_partial(request, block, num_tokens, hash_block_size, group_id)
         key = request.block_hashes[idx - 1]
+        dropped: list[BlockHash] = []
+        if replace and block.block_hash is not None:
+            dropped = self._maps.drop_keys(block)
         removed = self._maps.add_partial(block, key, num_tokens, group_id)
         if removed is not None:
+            removed = dropped + removed
             self._changed((key, *removed))
         events = self.events
         if removed is None or events is None:
-            return
+            return key
         for h in removed:
             events.removed(h, group_id)
         events.stored(request, request.block_hashes, idx - 1, 1, hash_block_size, group_id, (0,))
+        return key
 
     def has_partial_primary(self, block: KVCacheBlock) -> bool:
         """Whether ``block``'s hash is a partial prompt-tail entry (``cache_partial_block``)."""

@@ -411,3 +411,33 @@ def test_move_block_hashes_refusals_change_nothing(case: str, error: type[Except
     with pytest.raises(error, match=match):
         pool.move_block_hashes(src, dst)
     assert pool_snapshot(pool) == before
+
+
+def test_cache_partial_block_returns_its_key_and_can_replace_every_entry() -> None:
+    """vLLM's ``replace_existing_hashes``: the block's content changed (a Mamba checkpoint
+    re-keyed at its boundary), so every entry it carried leaves (one ``BlockRemoved`` each)
+    before the new one is stored, even one it carried already."""
+    pool = BlockPool(8, enable_events=True)
+    req = make_request("r", list(range(12)), 4)
+    a, = pool.get_new_blocks(1)
+    pool.cache_full_blocks(req, [a], 0, 1, 4, 0)  # a's hash: the first 4 tokens
+    assert pool.cache_partial_block(req, a, 8, 4, 0) == req.block_hashes[1]  # an extra key
+    assert pool.cache_partial_block(req, a, 8, 4, 0) == req.block_hashes[1]  # already there
+    pool.take_events()
+    assert pool.cache_partial_block(req, a, 12, 4, 0,
+                                    replace_existing_hashes=True) == req.block_hashes[2]
+    events = pool.take_events()
+    assert [type(e) for e in events] == [BlockRemoved, BlockRemoved, BlockStored]
+    assert a.block_hash == req.block_hashes[2] and pool.secondary_keys(a) == ()
+    assert pool.partial_primary_tokens(a) == 12
+    assert pool.get_cached_block(req.block_hashes[0], [0]) is None
+    assert pool.get_cached_block(req.block_hashes[2], [0]) == [a]
+    # Replacing with the key the block already carries stores it again.
+    pool.cache_partial_block(req, a, 12, 4, 0, replace_existing_hashes=True)
+    assert [type(e) for e in pool.take_events()] == [BlockRemoved, BlockStored]
+    assert pool.cache_partial_block(req, pool.null_block, 4, 4, 0) is None
+    with pytest.raises(InvalidArgumentError, match="replace_existing_hashes must be a bool"):
+        pool.cache_partial_block(req, a, 4, 4, 0, replace_existing_hashes=1)  # type: ignore[arg-type]  # a bad input on purpose
+    assert a.block_hash == req.block_hashes[2]
+    pool.free_blocks([a])
+    check_invariants(pool)
