@@ -206,7 +206,7 @@ class KVCacheManager:
         self._requests: dict[str, list[Any]] = {}
         # Deferred frees: block id -> references pop_blocks_for_free handed out and
         # free_withheld has not returned yet.
-        self._withheld: dict[int, int] = {}
+        self._withheld: dict[int, int] = self.coordinator.withheld  # (shared with its managers)
         # Free blocks set_num_free_blocks holds back, the first reused first when given back.
         self._held_free: list[KVCacheBlock] = []
         self._sparse_retention = config.prefix_cache_retention_interval is not None
@@ -975,7 +975,16 @@ class KVCacheManager:
                     raise InvalidHitError(f"request {rid!r}: group {g} is never cached, but "
                                           f"new_computed_blocks holds {len(blocks)} blocks for it")
                 continue
-            if len(blocks) * bs != num_hit_tokens and not (
+            if m.partial_hits and num_hit_tokens % bs and blocks:
+                # A hit ending inside a block: its last block is the one cached under the
+                # request's hash at the hit's end (a partial entry), the others as usual.
+                self._check_partial_tail(request, g, blocks, num_hit_tokens, bs)
+                blocks = blocks[:-1]
+                if len(blocks) != num_hit_tokens // bs:
+                    raise InvalidHitError(
+                        f"request {rid!r}: num_new_computed_tokens={num_hit_tokens} but group "
+                        f"{g} has {len(blocks) + 1} hit blocks of {bs} tokens")
+            elif len(blocks) * bs != num_hit_tokens and not (
                     # A recurrent state's hit may stop short when a KV connector supplies the
                     # state at the end of the computed tokens (vLLM: a connector that refills
                     # Mamba state behind a deeper full-attention hit).
@@ -1010,6 +1019,36 @@ class KVCacheManager:
                         raise InvalidHitError(
                             f"request {rid!r}: block {block.block_id} at group {g} position "
                             f"{i} holds KV of another prefix")
+
+    def _check_partial_tail(self, request: KVRequest, g: int, blocks: Sequence[KVCacheBlock],
+                            num_hit_tokens: int, bs: int) -> None:
+        """Raise :class:`InvalidHitError` unless the last of ``blocks`` (group ``g``'s part of a
+        hit of ``num_hit_tokens`` tokens, ending inside that block) is this pool's block cached
+        under the request's hash at the hit's end, at the hit's last table position."""
+        rid = request.request_id
+        block = blocks[-1]
+        unit = self.hash_block_size
+        index = num_hit_tokens // unit - 1
+        mine = self.pool.blocks
+        if (len(blocks) != -(-num_hit_tokens // bs) or num_hit_tokens % unit
+                or index >= len(request.block_hashes)):
+            raise InvalidHitError(f"request {rid!r}: num_new_computed_tokens={num_hit_tokens} "
+                                  f"but group {g} has {len(blocks)} hit blocks of {bs} tokens")
+        key = request.block_hashes[index]
+        # The block holds the hit's prefix if it is cached under the request's hash at the
+        # hit's end (a partial entry) or at its own end (a full block the hybrid hit trimmed).
+        full = hashes_at(request.block_hashes, unit, bs)
+        position = len(blocks) - 1
+        full_key = full[position] if position < len(full) else None
+        if (not isinstance(block, KVCacheBlock) or block.is_null
+                or not 0 <= block.block_id < len(mine) or mine[block.block_id] is not block
+                or block.group_id != g
+                or (block.block_hash != key and block.block_hash != full_key
+                    and key not in self.pool.secondary_keys(block))):
+            what = getattr(block, "block_id", block)
+            raise InvalidHitError(
+                f"request {rid!r}: group {g}'s hit ends inside block {what!r}, which is not "
+                f"cached under the request's prefix of {num_hit_tokens} tokens")
 
     def _bad_hit(self, request: KVRequest, hits: Sequence[Sequence[KVCacheBlock]], g: int,
                  i: int, block: object, needed_from: int, hashes: Sequence[object]) -> NoReturn:

@@ -44,6 +44,17 @@ class MambaManager(SingleTypeKVCacheManager):
         bs = query.spec.block_size
         alignment = query.alignment_tokens
         null = query.pool.null_block
+        units = query.unit_hashes
+        if units is not None and alignment < bs:
+            # Partial-block hits: the right-most hash boundary with a cached state (a full
+            # block's at a block boundary, else a partial entry), in the block holding it.
+            scale = bs // alignment
+            for j in range(min(query.max_length // alignment, len(units)) - 1, -1, -1):
+                found = query.lookup_unit(j)
+                if found is not None:
+                    i = j // scale
+                    return [[null] * i + [block] for block in found], (j + 1) * alignment
+            return [[] for _ in query.group_ids], 0
         for i in range(min(query.max_length // bs, len(query.block_hashes)) - 1, -1, -1):
             if bs != alignment and (i + 1) * bs % alignment:
                 continue
@@ -120,6 +131,7 @@ class MambaAlignManager(MambaManager):
 
     null_gaps = True
     counts_own_growth = True
+    fine_grained_hits = True
 
     def __init__(self, spec: KVCacheSpec, group_id: int, ctx: ManagerContext) -> None:
         super().__init__(spec, group_id, ctx)
@@ -134,6 +146,16 @@ class MambaAlignManager(MambaManager):
                 f"speculative Mamba state blocks ({self.num_speculative_blocks}) with a prefill "
                 f"checkpoint in group {group_id}, whose {self.block_size}-token blocks are "
                 f"smaller than the {self.alignment_tokens}-token hit alignment")
+        if self.partial_hits and (self.has_checkpoints or self.num_speculative_blocks):
+            what = ("a prefill checkpoint block" if self.has_checkpoints
+                    else f"{self.num_speculative_blocks} speculative state blocks")
+            raise UnsupportedFeatureError(
+                f"partial-block hits (KVCacheConfig.partial_block_hits) with {what} in Mamba "
+                f"group {group_id}: kvcore serves partial-block hits only to Mamba 'align' "
+                "groups without either")
+        # Partial-block hits: per request that registered its prompt's last hash boundary
+        # inside its running state block (a producer), that block and the boundary.
+        self.producer_tails: dict[str, tuple[KVCacheBlock, int]] = {}
         # EAGLE/MTP drafting: checkpoints move to EAGLE's replay boundary (checkpoint_position).
         self.eagle_checkpoints = ctx.use_eagle
         self.junction_tail = ctx.eagle_junction_tail and ctx.use_eagle
@@ -228,6 +250,8 @@ class MambaAlignManager(MambaManager):
                 num_new = cap
         else:
             num_new = 0
+        if self.partial_hit_reqs and blocks and request_id in self.partial_hit_reqs:
+            num_new += 1  # a producer's copy of its partial tail (admission: cow_blocks)
         if record:
             self._staged = (request_id, (position, position // bs - 1) if position else None)
         hit_tokens = len(new_computed_blocks) * bs
@@ -286,6 +310,8 @@ class MambaAlignManager(MambaManager):
             blocks = self.req_to_blocks[request_id] = []
         if self.num_speculative_blocks:
             return self._allocate_with_speculative(request_id, blocks, num_tokens)
+        if self.partial_hits:
+            return self._allocate_partial(request_id, blocks, num_tokens)
         required = -(-num_tokens // self.block_size)
         prev = len(blocks)
         if required <= prev:  # (a reserved checkpoint lies past the old end: none here)
@@ -306,6 +332,52 @@ class MambaAlignManager(MambaManager):
             blocks.extend([null] * (required - 2 - index))
             blocks.append(new[1])
         return blocks[prev:]  # the new positions, null ones included (as vLLM returns them)
+
+    def _allocate_partial(self, request_id: str, blocks: list[KVCacheBlock],
+                          num_tokens: int) -> list[KVCacheBlock]:
+        """``allocate_new_blocks`` under partial-block hits (no checkpoints, no speculative
+        blocks): the layout's, plus the copy-on-write of a partial tail, taken first.  A
+        request admitted on a partial hit gets the copy in place of the shared block; a
+        running producer keeps writing its state block (a worker's table only grows), so the
+        copy takes over that block's prefix-cache entries (``BlockPool.move_block_hashes``)
+        and is filled by the block copy before the step overwrites the state."""
+        partial = self.partial_hit_reqs.pop(request_id, None)
+        allocated = request_id in self.allocated
+        self.allocated.add(request_id)
+        required = -(-num_tokens // self.block_size)
+        prev = len(blocks)
+        if required <= prev and partial is None:
+            return []
+        if prev > 0:
+            self.last_state_block_idx[request_id] = prev - 1
+        if prev < required - 1:
+            blocks.extend([self.null_block] * (required - 1 - prev))
+        new = self.pool.get_new_blocks(max(required - len(blocks), 0) + (partial is not None))
+        out = blocks[prev:]
+        if partial is not None:
+            index, source = partial
+            copy = new.pop(0)
+            if allocated:
+                if blocks[index] is not source:
+                    raise AssertionError(f"request {request_id!r}: its partial tail block "
+                                         f"{source.block_id} left table position {index}")
+                self.pool.move_block_hashes(source, copy)
+                self.pending_copies.append((source, copy))
+                self.pool.pin([source])
+                withheld = self.withheld
+                for block in (source, copy):
+                    withheld[block.block_id] = withheld.get(block.block_id, 0) + 1
+                tail = self.producer_tails.pop(request_id, None)
+                if tail is not None:
+                    self.pending_offloads.append((request_id, self.group_id, copy, tail[1]))
+                if copy.block_hash is not None:
+                    self.cached_this_step.add(copy.block_hash)  # filled by this step's copy
+            else:
+                self.copy_on_write(request_id, index, source, copy)
+                out = [copy, *out]
+        blocks.extend(new)
+        out.extend(new)
+        return out
 
     def _allocate_with_speculative(self, request_id: str, blocks: list[KVCacheBlock],
                                    num_tokens: int) -> list[KVCacheBlock]:
@@ -441,6 +513,8 @@ class MambaAlignManager(MambaManager):
         after = self.num_cached_block.get(rid, 0)
         if rid in self.checkpoints:
             self._cache_checkpoint(request)
+        elif self.partial_hits:
+            self._cache_partial_tail(request, num_tokens)
         elif self.recache_prompt_boundary:
             self._recache_prompt_boundary(request, num_tokens)
         if after > before:
@@ -478,6 +552,36 @@ class MambaAlignManager(MambaManager):
                                     self.block_size, self.group_id, hashes, trusted=True)
         self.cached_this_step.add(hashes[index])
 
+    def _cache_partial_tail(self, request: RequestLike, num_tokens: int) -> None:
+        """Partial-block hits: a chunk ending at the prompt's last hash boundary (vLLM's Mamba
+        partial tail) registers the state block there under that boundary's hash (a partial
+        entry when inside the block; the producer then copies it on its next allocation,
+        ``_allocate_partial``, before the state moves on), not hittable this step."""
+        unit = self.hash_block_size
+        if num_tokens <= 0 or num_tokens % unit or num_tokens != checkpoint_position(
+                request.num_prompt_tokens, unit, self.eagle_checkpoints):
+            return
+        rid = request.request_id
+        index = -(-num_tokens // self.block_size) - 1
+        blocks = self.req_to_blocks[rid]
+        if index >= len(blocks) or blocks[index].is_null:
+            return
+        source = blocks[index]
+        if not self.recache_prompt_boundary and source.block_hash is not None:
+            # (vLLM 0.33) already keyed at this boundary by a hit or an earlier step: not
+            # marked cached this step again (0.32 marks it, mamba_recache_prompt_boundary).
+            covered = self.pool.partial_primary_tokens(source)
+            if (covered if covered is not None else (index + 1) * self.block_size) == num_tokens:
+                return
+        key = self.pool.cache_partial_block(request, source, num_tokens, unit, self.group_id)
+        if key is None:
+            return
+        if num_tokens % self.block_size:
+            self.partial_hit_reqs[rid] = (index, source)
+            self.num_cached_block[rid] = index
+            self.producer_tails[rid] = (source, num_tokens)
+        self.cached_this_step.add(key)
+
     def _recache_prompt_boundary(self, request: RequestLike, num_tokens: int) -> None:
         """vLLM 0.32: a chunk ending at the prompt's last block boundary before its end marks
         the state there cached this step again, even one cached (or hit) earlier."""
@@ -501,6 +605,8 @@ class MambaAlignManager(MambaManager):
         self.last_state_block_idx.pop(request_id, None)
         self.num_retired_blocks.pop(request_id, None)
         self.checkpoints.pop(request_id, None)
+        if self.producer_tails:
+            self.producer_tails.pop(request_id, None)
         if any(entry[0] == request_id for entry in self.pending_offloads):
             self.pending_offloads = [e for e in self.pending_offloads if e[0] != request_id]
 

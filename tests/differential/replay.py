@@ -302,8 +302,11 @@ class KvcoreImpl(_Impl):
         self._lookup_boundary = lookup_boundary  # (the boundary travels with the hit)
         specs = _specs(cfg, classes, {})
         groups = [KVCacheGroup((f"layer{i}",), spec) for i, spec in enumerate(specs)]
-        config = KVCacheConfig(cfg["num_blocks"], tuple(groups), cfg.get("retention"),
-                               cfg.get("prefix_match_unit"))
+        unit = cfg.get("prefix_match_unit")
+        partial = bool(cfg.get("caching", True) and unit and any(
+            g.get("mode") == "align" and g["block_size"] > unit for g in cfg["groups"]))
+        config = KVCacheConfig(cfg["num_blocks"], tuple(groups), cfg.get("retention"), unit,
+                               partial_block_hits=partial)
         extra: dict[str, Any] = {"use_eagle": True} if cfg.get("eagle") else {}
         if cfg.get("eagle_groups") is not None:  # vLLM's is_eagle_group flags
             extra["eagle_groups"] = tuple(cfg["eagle_groups"])
@@ -370,6 +373,14 @@ class KvcoreImpl(_Impl):
 
     def zeroed(self) -> list[int]:
         return []  # kvcore's own manager records nothing for zeroing (vLLM's adapter does)
+
+    def copies(self) -> list[tuple[int, int]]:
+        """The block copies recorded during the op, ``(source, destination)`` ids; their
+        endpoints are released at once (as if the step running them were processed)."""
+        pairs, retained = self.m.take_block_copies()
+        if retained:
+            self.m.free_withheld(retained)
+        return [(a.block_id, b.block_id) for a, b in pairs]
 
 
 def vllm_block_sizes(cfg: dict[str, Any]) -> tuple[int, int]:
@@ -532,6 +543,15 @@ class VllmImpl(_Impl):
         """Block ids recorded for zeroing since the last op (Mamba models)."""
         return list(self.m.take_new_block_ids())
 
+    def copies(self) -> list[tuple[int, int]]:
+        """vLLM's ``kv_cache_block_copies`` of the op, ``(source, destination)`` ids; their
+        retained endpoints are freed at once (as its scheduler does once the step that runs
+        them has been processed)."""
+        copies, retained = self.m.take_kv_cache_block_copies()
+        if retained:
+            self.m.block_pool.free_blocks(retained)
+        return [(c.src_block_id, c.dst_block_id) for c in copies]
+
 
 class AdapterImpl(VllmImpl):
     """kvcore behind vLLM's manager surface (kvcore.integrations.vllm): built with exactly the
@@ -570,6 +590,10 @@ class Replayer:
         self.replay = max((g["window"] for g in impl.cfg["groups"]
                            if g["type"] == "swa_replay"), default=0)
         self.scheduler_block = vllm_block_sizes(impl.cfg)[0]
+        # Partial-block hits (vLLM's partial hash hits): the hash unit, when finer than the
+        # "align" block (0 otherwise).
+        unit = impl.cfg.get("prefix_match_unit") or 0
+        self.partial_unit = unit if impl.cfg.get("caching", True) and 0 < unit < self.align_block else 0
 
     def chunk(self, req: Any, start: int, n: int) -> int:
         """``n`` new tokens from ``start``, cut as vLLM's scheduler cuts a Mamba "align" prefill
@@ -583,8 +607,19 @@ class Replayer:
         if end < prefill_end and end // bs * bs > start:
             end = end // bs * bs
         last = max((req.num_tokens - 1) // bs * bs, 0)
-        if start < last < end:
-            end = last
+        stops = [last]
+        unit = self.partial_unit
+        if unit:
+            # vLLM's scheduler under partial hits: a chunk starting inside a block stops at the
+            # block's end, and one crossing the prompt's last hash unit stops there.
+            if start % bs:
+                stops.append((start // bs + 1) * bs)
+            eagle = bool(self.impl.cfg.get("eagle"))
+            tail = (req.num_prompt_tokens if eagle else req.num_prompt_tokens - 1) // unit * unit
+            tail = max(tail - unit if eagle else tail, 0)
+            if last < tail < req.num_prompt_tokens:
+                stops.append(tail)
+        end = min((s for s in stops if start < s < end), default=end)
         return end - start
 
     def _admission(self, rid: str) -> dict[str, Any]:
@@ -685,6 +720,9 @@ class Replayer:
             calls = impl.metrics.take()
             if calls:
                 o["metrics"] = calls
+        copies = impl.copies()
+        if copies:
+            o["copies"] = copies
         o["free_queue"] = impl.free_queue()
         events = impl.events()
         if events:

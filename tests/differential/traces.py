@@ -49,6 +49,10 @@ layout).  Drawn only when asked for (``kinds``), so the other kinds' seeds keep 
 
 
 SPEC_KINDS = ["eagle_partial", "swa_retain"]
+PARTIAL_KINDS = ["align_partial"]
+"""Partial-block hits (vLLM's partial hash hits): a full-attention group and a Mamba "align"
+group of equal blocks, hashed every ``prefix_match_unit`` tokens, a unit finer than the blocks
+(odd ones too: 3 of 12)."""
 """Kinds for two spec features vLLM's offloading tests use, drawn only when asked for
 (``kinds``): an EAGLE block drop in some groups only (``eagle_groups``: vLLM's
 ``is_eagle_group``, both versions drop there with ``use_eagle``), and sliding windows that
@@ -112,6 +116,10 @@ def random_config(rng: random.Random, pending: list[str] | None = None,
         mamba = {"type": "mamba", "block_size": bs, "mode": "align",
                  "checkpoint": rng.random() < 0.5}
         groups = [mamba] if kind == "mamba_align" else [{"type": "full", "block_size": bs}, mamba]
+    elif kind in PARTIAL_KINDS:
+        bs = rng.choice([8, 12])
+        groups = [{"type": "full", "block_size": bs},
+                  {"type": "mamba", "block_size": bs, "mode": "align"}]
     elif kind == "cross":
         # Encoder-decoder: vLLM's cross-attention manager supports no prefix caching at all.
         groups = [{"type": "full", "block_size": rng.choice([2, 4, 8])},
@@ -131,7 +139,7 @@ def random_config(rng: random.Random, pending: list[str] | None = None,
         groups = [{"type": "full", "block_size": rng.choice([8, 12])},
                   {"type": "swa", "block_size": 4, "window": rng.choice([4, 5, 8, 12])}]
     for g in groups:
-        if g["type"] == "mamba":
+        if g["type"] == "mamba" and kind not in PARTIAL_KINDS:
             # MTP/EAGLE's speculative state blocks on 40% of the Mamba traces, drawn from a
             # generator seeded by the trace's own (not advanced: the other draws stay as they
             # were).
@@ -144,6 +152,8 @@ def random_config(rng: random.Random, pending: list[str] | None = None,
     config = {"kind": kind, "groups": groups, "num_blocks": num_blocks,
               "max_model_len": MAX_MODEL_LEN, "caching": caching, "eagle": eagle,
               "budget": budget, "pending": list(pending)}
+    if kind in PARTIAL_KINDS:
+        config["prefix_match_unit"] = rng.choice([u for u in (2, 3, 4, 6) if bs % u == 0])
     if kind == "eagle_partial":
         config["eagle"] = True
         config["eagle_groups"] = eagle_groups

@@ -162,19 +162,25 @@ def kvcore_config(kv_cache_config: Any, *, scheduler_block_size: int, hash_block
         kv_cache_config.num_blocks,
         tuple(KVCacheGroup(tuple(g.layer_names), _spec(i, g)) for i, g in enumerate(groups)),
         getattr(kv_cache_config, "prefix_cache_retention_interval", None))
-    if enable_caching and len(groups) > 1 and partial_hash_hits_enabled(
-            groups, hash_block_size, 1,
-            [KVCacheSpecRegistry.get_manager_class(g.kv_cache_spec, None) for g in groups]):
+    partial = enable_caching and len(groups) > 1 and partial_hash_hits_enabled(
+        groups, hash_block_size, 1,
+        [KVCacheSpecRegistry.get_manager_class(g.kv_cache_spec, None) for g in groups])
+    if partial:
         # vLLM's hits may then end inside a block (every hash unit), the shared tail block
-        # copied on write; kvcore's end on block boundaries.
-        coarse = [i for i, g in enumerate(config.groups)
+        # copied on write: kvcore's partial_block_hits, without the Mamba state blocks it
+        # does not combine them with.
+        coarse = [(i, g.spec) for i, g in enumerate(config.groups)
                   if getattr(g.spec, "mamba_cache_mode", "") == "align"
                   and g.spec.block_size > hash_block_size]
-        raise refuse(f"partial-block hits: hashing every {hash_block_size} tokens "
-                     f"(prefix_match_unit, or the gcd of the block sizes), finer than the blocks "
-                     f"of Mamba 'align' groups {coarse} (copy-on-write of the shared tail block)",
-                     "leave cache_config.prefix_match_unit unset and give every group the "
-                     "Mamba block size")
+        for i, spec in coarse:
+            what = ("a prefill checkpoint block" if spec.num_prefill_checkpoint_blocks
+                    else f"{spec.num_speculative_blocks} speculative state blocks"
+                    if spec.num_speculative_blocks else "")
+            if what:
+                raise refuse(f"partial-block hits (hashing every {hash_block_size} tokens, "
+                             f"finer than the blocks of Mamba 'align' group {i}) with {what} "
+                             f"in that group", "leave cache_config.prefix_match_unit unset and "
+                             "give every group the Mamba block size")
     if enable_caching and config.hash_block_size != hash_block_size:
         # vLLM hashes at its prefix_match_unit (hits still on block boundaries): so does kvcore.
         sizes = [g.spec.block_size for g in config.groups if g.spec.prefix_cacheable]
@@ -183,6 +189,8 @@ def kvcore_config(kv_cache_config: Any, *, scheduler_block_size: int, hash_block
                          f"sizes are {sizes} (gcd {config.hash_block_size})",
                          "give every prefix-cacheable group the same block size")
         config = dataclasses.replace(config, prefix_match_unit=hash_block_size)
+    if partial:
+        config = dataclasses.replace(config, partial_block_hits=True)
     cross = [i for i, g in enumerate(config.groups) if isinstance(g.spec, CrossAttentionSpec)]
     none_mode = [i for i, g in enumerate(config.groups)
                  if getattr(g.spec, "mamba_cache_mode", "align") == "none"]

@@ -360,10 +360,13 @@ class KVCacheManagerAdapter:
             out = self._new_block_ids[g]
             grown = new[g]
             if tables is not None and g not in skip:
-                table = tables[g]
-                hit_ids = {b.block_id for b in hits[g]} if hits else set()
-                out.extend(b.block_id for b in table[:len(table) - len(grown)]
-                           if not b.is_null and b.block_id not in hit_ids)
+                # (The new blocks are the table's tail, except a partial hit's copy, which
+                # took its shared block's place: left out by id.)
+                skipped = {b.block_id for b in grown}
+                if hits:
+                    skipped.update(b.block_id for b in hits[g])
+                out.extend(b.block_id for b in tables[g]
+                           if not b.is_null and b.block_id not in skipped)
             out.extend(b.block_id for b in grown if not b.is_null)
 
     def free(self, request: Any) -> None:
