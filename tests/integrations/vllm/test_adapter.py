@@ -169,9 +169,11 @@ def _mamba(mode: str = "align", **kw: int) -> MambaSpec:
                                                   dtype=torch.float16)), {},
      "prefix caching with cross attention"),
     (lambda: kv_config(full(32), MambaSpec(block_size=32, shapes=((2, 4),),
-                                           dtypes=(torch.float32,), mamba_cache_mode="align")),
-     {"hash_block_size": 16}, "partial-block hits: hashing every 16 tokens .* finer than the "
-     "blocks of Mamba 'align' groups \\[1\\]"),
+                                           dtypes=(torch.float32,), mamba_cache_mode="align",
+                                           num_prefill_checkpoint_blocks=1,
+                                           prefill_checkpoint_alignment=1)),
+     {"hash_block_size": 16}, "partial-block hits \\(hashing every 16 tokens, finer than the "
+     "blocks of Mamba 'align' group 1\\) with a prefill checkpoint block"),
     (lambda: kv_config(), {"dcp_world_size": 2}, "context parallelism"),
     (lambda: kv_config(), {"num_prefill_lookahead": 3}, "multi-module MTP"),
 ], ids=["cross-attention", "partial-hash-hits", "dcp", "mtp"])
@@ -208,6 +210,17 @@ def test_eagle_drops_in_the_groups_vllm_drops_in(flagged: tuple[int, ...],
         admit(m, request("a", range(150)))
     hits = [admit(m, request("b", [*range(150), 7]))[0] for m in (theirs, ours)]
     assert hits[0] == hits[1] and hits[0] > 0
+
+
+def test_partial_hash_hits_run_as_kvcores_partial_block_hits() -> None:
+    """Where vLLM turns partial hash hits on (a Mamba "align" group whose blocks are larger than
+    the hash unit), kvcore runs with partial_block_hits and the coordinator view says so."""
+    config = kv_config(full(32), MambaSpec(block_size=32, shapes=((2, 4),),
+                                           dtypes=(torch.float32,), mamba_cache_mode="align"))
+    m = KVCacheManagerAdapter(config, 4096, scheduler_block_size=32, hash_block_size=16,
+                              enable_caching=True, settings=KvcoreSettings())
+    assert m.kv.config.partial_block_hits and m.kv.hash_block_size == 16
+    assert m.coordinator.enable_partial_hash_hits is True
 
 
 def test_a_prefix_match_unit_without_partial_hits_hashes_where_vllm_does() -> None:

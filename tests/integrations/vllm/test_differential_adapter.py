@@ -28,7 +28,7 @@ import pytest
 
 from kvcore.integrations.vllm.version import installed
 from tests.differential.replay import cut_at_vllm_undercount, replay_all
-from tests.differential.traces import SCRATCH_KINDS, SPEC_KINDS, generate_trace
+from tests.differential.traces import PARTIAL_KINDS, SCRATCH_KINDS, SPEC_KINDS, generate_trace
 
 NUM_TRACES = int(os.environ.get("KVCORE_DIFF_TRACES", "400"))
 NUM_SCRATCH_TRACES = int(os.environ.get("KVCORE_DIFF_SCRATCH_TRACES", "200"))
@@ -87,6 +87,25 @@ def test_adapter_matches_vllm_with_a_prefix_match_unit() -> None:
     theirs = replay_all("vllm", traces)
     ours = replay_all("adapter", traces)
     assert sum(1 for obs in ours for o in obs if o.get("hit", 0) > 0) > 20
+    failures = _differences(traces, ours, theirs)
+    assert not failures, f"{len(failures)} traces differ; first: {failures[0]}"
+
+
+def test_adapter_matches_vllm_with_partial_block_hits() -> None:
+    """vLLM's partial hash hits (a Mamba "align" group and full attention of 8 or 12 tokens,
+    hashed every 2, 3, 4 or 6): hits ending inside a block, the copy-on-write of the shared
+    tail (the block copies recorded per op), a producer's partial prompt tail moved to its
+    copy, in kvcore behind the adapter as in vLLM."""
+    traces = [generate_trace(seed, pending=[], lookahead_hashes=VERSION.lookahead_hashes,
+                             vllm=f"{VERSION.major}.{VERSION.minor}", kinds=PARTIAL_KINDS)
+              for seed in range(NUM_TRACES // 8)]
+    for t in traces:
+        t["config"]["observe_zeroing"] = True
+    theirs = replay_all("vllm", traces)
+    ours = replay_all("adapter", traces)
+    assert sum(1 for obs in theirs for o in obs if o.get("copies")) > 20
+    assert sum(1 for obs in ours for o in obs if o.get("hit", 0) % 2) > 0 or any(
+        o.get("hit", 0) % 4 for obs in ours for o in obs)
     failures = _differences(traces, ours, theirs)
     assert not failures, f"{len(failures)} traces differ; first: {failures[0]}"
 
