@@ -978,7 +978,7 @@ class KVCacheManager:
             if m.partial_hits and num_hit_tokens % bs and blocks:
                 # A hit ending inside a block: its last block is the one cached under the
                 # request's hash at the hit's end (a partial entry), the others as usual.
-                self._check_partial_tail(request, g, blocks, num_hit_tokens, bs)
+                self._check_partial_tail(request, hits, g, blocks, num_hit_tokens, bs)
                 blocks = blocks[:-1]
                 if len(blocks) != num_hit_tokens // bs:
                     raise InvalidHitError(
@@ -1020,8 +1020,9 @@ class KVCacheManager:
                             f"request {rid!r}: block {block.block_id} at group {g} position "
                             f"{i} holds KV of another prefix")
 
-    def _check_partial_tail(self, request: KVRequest, g: int, blocks: Sequence[KVCacheBlock],
-                            num_hit_tokens: int, bs: int) -> None:
+    def _check_partial_tail(self, request: KVRequest, hits: Sequence[Sequence[KVCacheBlock]],
+                            g: int, blocks: Sequence[KVCacheBlock], num_hit_tokens: int,
+                            bs: int) -> None:
         """Raise :class:`InvalidHitError` unless the last of ``blocks`` (group ``g``'s part of a
         hit of ``num_hit_tokens`` tokens, ending inside that block) is this pool's block cached
         under the request's hash at the hit's end, at the hit's last table position."""
@@ -1036,19 +1037,28 @@ class KVCacheManager:
                                   f"but group {g} has {len(blocks)} hit blocks of {bs} tokens")
         key = request.block_hashes[index]
         # The block holds the hit's prefix if it is cached under the request's hash at the
-        # hit's end (a partial entry) or at its own end (a full block the hybrid hit trimmed).
+        # hit's end (a partial entry) or, attention only, at its own end (a full block a hybrid
+        # hit trimmed: its first tokens are the hit's).  A recurrent state is the state after
+        # its entry's tokens only: that entry must be the block's own, at the hit's end.
+        state = self.coordinator.managers[g].spec.holds_state
         full = hashes_at(request.block_hashes, unit, bs)
         position = len(blocks) - 1
-        full_key = full[position] if position < len(full) else None
+        full_key = full[position] if position < len(full) and not state else None
         if (not isinstance(block, KVCacheBlock) or block.is_null
-                or not 0 <= block.block_id < len(mine) or mine[block.block_id] is not block
-                or block.group_id != g
-                or (block.block_hash != key and block.block_hash != full_key
+                or not 0 <= block.block_id < len(mine) or mine[block.block_id] is not block):
+            self._bad_hit(request, hits, g, position, block, position + 1, [])
+        if (block.group_id != g
+                or (state and (block.block_hash != key
+                               or self.pool.partial_primary_tokens(block) != num_hit_tokens))
+                or (not state and block.block_hash != key and block.block_hash != full_key
                     and key not in self.pool.secondary_keys(block))):
-            what = getattr(block, "block_id", block)
+            if block.block_hash is None or evictions_since_lookup(hits, request, self.pool):
+                # (says why: evicted or reused since the lookup, or never cached)
+                self._bad_hit(request, hits, g, position, block, position + 1,
+                              [None] * position + [key])
             raise InvalidHitError(
-                f"request {rid!r}: group {g}'s hit ends inside block {what!r}, which is not "
-                f"cached under the request's prefix of {num_hit_tokens} tokens")
+                f"request {rid!r}: group {g}'s hit ends inside block {block.block_id}, which "
+                f"is not cached under the request's prefix of {num_hit_tokens} tokens")
 
     def _bad_hit(self, request: KVRequest, hits: Sequence[Sequence[KVCacheBlock]], g: int,
                  i: int, block: object, needed_from: int, hashes: Sequence[object]) -> NoReturn:

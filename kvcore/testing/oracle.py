@@ -46,6 +46,9 @@ class ContentOracle:
         self._keys: dict[str, tuple[KVRequest, list[int]]] = {}
         self._step = 0
         self._state_step = [-1] * manager.pool.num_blocks  # step that last wrote a state block
+        # A state block holds one state: the one after the last token written into it (its
+        # earlier slots only say which tokens it went through).
+        self._state_last = [UNWRITTEN] * manager.pool.num_blocks
         self._step_slots: list[tuple[int, int]] = []  # (block id, offset) written this step
         self._failed: set[int] = set()  # blocks a failed step wrote, not rewritten since
 
@@ -109,6 +112,16 @@ class ContentOracle:
                 self._failed.discard(block_id)
                 if state:
                     self._state_step[block_id] = self._step
+                    self._state_last[block_id] = keys[p]
+
+    def copied(self, source: KVCacheBlock, destination: KVCacheBlock) -> None:
+        """A block copy ran (``KVCacheManager.take_block_copies``: a partial-block hit's
+        copy-on-write): ``destination`` now holds what ``source`` holds, a state copied in this
+        step being readable from the next one."""
+        self._slots[destination.block_id] = list(self._slots[source.block_id])
+        self._state_last[destination.block_id] = self._state_last[source.block_id]
+        self._state_step[destination.block_id] = self._step
+        self._failed.discard(destination.block_id)
 
     def discard(self, request: KVRequest, start: int, end: int) -> None:
         """The step that was to compute tokens ``[start, end)`` failed: their slots hold garbage."""
@@ -119,6 +132,7 @@ class ContentOracle:
                 i = p // bs
                 if i < len(tables[g]) and not tables[g][i].is_null:
                     self._slots[tables[g][i].block_id][p - i * bs] = UNWRITTEN
+                    self._state_last[tables[g][i].block_id] = UNWRITTEN
 
     def fail_step(self) -> None:
         """The step since the last :meth:`end_step` was never executed: every slot it was to
@@ -126,6 +140,7 @@ class ContentOracle:
         :meth:`check_failed_uncached`)."""
         for block_id, offset in self._step_slots:
             self._slots[block_id][offset] = UNWRITTEN
+            self._state_last[block_id] = UNWRITTEN
             self._failed.add(block_id)
         self._step_slots.clear()
 
@@ -164,10 +179,18 @@ class ContentOracle:
             for i, block in enumerate(hit):
                 if block.is_null:
                     continue
-                self._check_block(rid, g, block, i, bs, keys, i * bs, (i + 1) * bs, "hit")
+                # (A partial-block hit ends inside its last block: only its tokens are the hit's.)
+                end = (i + 1) * bs
+                if i * bs < num_hit_tokens < end:
+                    end = num_hit_tokens
+                self._check_block(rid, g, block, i, bs, keys, i * bs, end, "hit")
                 if spec.holds_state and self._state_step[block.block_id] >= self._step:
                     raise WrongKVError(f"request {rid!r} hit: state block {block.block_id} of "
                                        f"group {g} is computed in this step, not readable yet")
+                if spec.holds_state and self._state_last[block.block_id] != keys[end - 1]:
+                    raise WrongKVError(f"request {rid!r} hit: state block {block.block_id} of "
+                                       f"group {g} does not hold the state after token "
+                                       f"{end - 1} (it went on, or holds another prefix's)")
             self._check_covered(rid, g, hit, bs, keys, spec.needed_positions(num_hit_tokens), "hit")
 
     def check_table(self, request: KVRequest) -> None:
