@@ -610,6 +610,18 @@ class MambaAlignManager(MambaManager):
         if any(entry[0] == request_id for entry in self.pending_offloads):
             self.pending_offloads = [e for e in self.pending_offloads if e[0] != request_id]
 
+    def finalize_partial_tail(self, request_id: str, num_computed_tokens: int,
+                              num_in_flight_tokens: int) -> tuple[int, KVCacheBlock, int] | None:
+        """A finishing producer's partial prompt tail (``_cache_partial_tail``) for a KV
+        connector, ``(group id, block, boundary tokens)``, when its state block still holds the
+        state at the boundary (nothing computed past it, nothing in flight); consumed either
+        way (vLLM's ``finalize_partial_tail_offload``).  A tail already copied on write was
+        handed off with its copy (``take_boundary_state_offloads``)."""
+        tail = self.producer_tails.pop(request_id, None)
+        if tail is None or num_in_flight_tokens != 0 or num_computed_tokens != tail[1]:
+            return None
+        return self.group_id, tail[0], tail[1]
+
     def take_boundary_state_offloads(self) -> list[tuple[str, int, KVCacheBlock, int]]:
         """The states cached since the last call: ``(request id, group id, block, boundary
         tokens)`` each, for a KV connector to offload (vLLM's hand-off; a request that is freed

@@ -6,10 +6,11 @@ vLLM's ``"align"`` and ``"none"`` modes (with MTP/EAGLE's speculative state bloc
 EAGLE with ``"align"`` checkpoints at its replay boundary), and vLLM's scratch groups: circular
 buffers (``CircularBufferSpec``, the CSA compressor ring) and sliding windows rebuilt by bounded
 replay (``SlidingWindowMLASpec(bounded_replay=True)``).  vLLM's ``prefix_match_unit`` is
-honoured (kvcore hashes where vLLM does) while hits stay on block boundaries.  Anything else a
-vLLM 0.32 or 0.33 configuration can ask of its KV-cache manager — copy-on-write partial hits
-(``prefix_match_unit`` finer than a Mamba ``"align"`` group's blocks), context parallelism,
-host-resident groups, ... — is refused here, at engine start, with an
+honoured (kvcore hashes where vLLM does), and where vLLM turns its partial hash hits on (the
+unit finer than a Mamba ``"align"`` group's blocks) kvcore runs with
+``KVCacheConfig.partial_block_hits``.  Anything else a vLLM 0.32 or 0.33 configuration can ask
+of its KV-cache manager — partial hits with a Mamba prefill checkpoint block or speculative
+state blocks in that group, context parallelism, host-resident groups, ... — is refused here, at engine start, with an
 :class:`~kvcore.errors.UnsupportedFeatureError` that names it and the setting that turns it
 off: kvcore never runs a configuration in which it would behave differently from vLLM.
 """

@@ -23,8 +23,10 @@ Where vLLM's manager surface and kvcore's differ, the adapter speaks vLLM:
   through the group view's ``_pending_cow_copies`` — leave through
   ``take_kv_cache_block_copies`` with their endpoints withheld, which vLLM's scheduler returns
   through ``block_pool.free_blocks`` once the copy's step has been processed;
-* the hooks of features kvcore refuses at start (boundary-state partial tails) report nothing
-  or raise if reached anyway;
+* partial-block hits (vLLM's partial hash hits) record their copies-on-write as any block
+  copy, and a Mamba producer's partial prompt tail reaches KV connectors through
+  ``take_boundary_state_offloads`` (its copy) or ``finalize_partial_tail_offloads`` (a request
+  finishing on it), as vLLM hands them off;
 * ``block_pool``, ``coordinator`` and its ``single_type_managers`` are views answering the
   names vLLM's callers read on vLLM's own objects (:mod:`~kvcore.integrations.vllm.views`);
 * the waiting queue's head that did not fit, asked again every step, is answered from memory
@@ -532,7 +534,16 @@ class KVCacheManagerAdapter:
         return out
 
     def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
-        return []  # Mamba "align" partial tails need partial-block hits (refused at start)
+        """A finishing request's Mamba "align" partial prompt tails still in its state blocks
+        (partial-block hits), ``[(group id, block id, boundary tokens), ...]``, for a KV
+        connector to offload before the request's blocks are released (vLLM's)."""
+        out: list[tuple[int, int, int]] = []
+        for m in self._state_managers:
+            found = m.finalize_partial_tail(request.request_id, request.num_computed_tokens,
+                                            getattr(request, "num_in_flight_tokens", 0))
+            if found is not None:
+                out.append((found[0], found[1].block_id, found[2]))
+        return out
 
     def new_step_starts(self) -> None:
         """A scheduling step starts; checks kvcore's invariants every
