@@ -171,7 +171,7 @@ def kvcore_config(kv_cache_config: Any, *, scheduler_block_size: int, hash_block
         # copied on write: kvcore's partial_block_hits, without the Mamba state blocks it
         # does not combine them with.
         coarse = [(i, g.spec) for i, g in enumerate(config.groups)
-                  if getattr(g.spec, "mamba_cache_mode", "") == "align"
+                  if isinstance(g.spec, MambaSpec) and g.spec.mamba_cache_mode == "align"
                   and g.spec.block_size > hash_block_size]
         for i, spec in coarse:
             what = ("a prefill checkpoint block" if spec.num_prefill_checkpoint_blocks
