@@ -1036,22 +1036,25 @@ class KVCacheManager:
             raise InvalidHitError(f"request {rid!r}: num_new_computed_tokens={num_hit_tokens} "
                                   f"but group {g} has {len(blocks)} hit blocks of {bs} tokens")
         key = request.block_hashes[index]
-        # The block holds the hit's prefix if it is cached under the request's hash at the
-        # hit's end (a partial entry) or, attention only, at its own end (a full block a hybrid
-        # hit trimmed: its first tokens are the hit's).  A recurrent state is the state after
-        # its entry's tokens only: that entry must be the block's own, at the hit's end.
+        # Attention: the block holds the hit's prefix if it is cached under the request's hash
+        # at the hit's end or at any later unit inside the block (a partial entry, or its full
+        # hash: a hit a hybrid search or EAGLE's drop trimmed keeps its first tokens).  A
+        # recurrent state is the state after its entry's tokens only: that entry must be the
+        # block's own, at the hit's end.
         state = self.coordinator.managers[g].spec.holds_state
-        full = hashes_at(request.block_hashes, unit, bs)
         position = len(blocks) - 1
-        full_key = full[position] if position < len(full) and not state else None
         if (not isinstance(block, KVCacheBlock) or block.is_null
                 or not 0 <= block.block_id < len(mine) or mine[block.block_id] is not block):
             self._bad_hit(request, hits, g, position, block, position + 1, [])
-        if (block.group_id != g
-                or (state and (block.block_hash != key
-                               or self.pool.partial_primary_tokens(block) != num_hit_tokens))
-                or (not state and block.block_hash != key and block.block_hash != full_key
-                    and key not in self.pool.secondary_keys(block))):
+        if state:
+            held = (block.block_hash == key
+                    and self.pool.partial_primary_tokens(block) == num_hit_tokens)
+        else:
+            keys = set(request.block_hashes[index:min((position + 1) * bs // unit,
+                                                      len(request.block_hashes))])
+            held = block.block_hash in keys or not keys.isdisjoint(
+                self.pool.secondary_keys(block))
+        if block.group_id != g or not held:
             if block.block_hash is None or evictions_since_lookup(hits, request, self.pool):
                 # (says why: evicted or reused since the lookup, or never cached)
                 self._bad_hit(request, hits, g, position, block, position + 1,

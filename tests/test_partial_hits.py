@@ -20,6 +20,7 @@ from kvcore.errors import InvalidArgumentError, InvalidHitError, UnsupportedFeat
 from kvcore.manager import KVCacheManager
 from kvcore.request import Request
 from kvcore.specs import KVCacheConfig, KVCacheGroup, KVCacheSpec, MambaSpec
+from kvcore.testing.checked import checked
 from tests.factories import full_spec, swa_spec
 
 
@@ -156,8 +157,6 @@ def test_configurations_without_partial_hits_are_refused_by_name() -> None:
         _config(full_spec(8), swa_spec(8, 8), _mamba(8), unit=4)
     with pytest.raises(InvalidArgumentError, match="must be a bool"):
         KVCacheConfig(8, (KVCacheGroup(("a",), full_spec(8)),), partial_block_hits=1)  # type: ignore[arg-type]  # refused at run time
-    with pytest.raises(UnsupportedFeatureError, match="prefill checkpoint block"):
-        KVCacheManager(_config(full_spec(8), _mamba(8, checkpoint=True), unit=2), 64)
     with pytest.raises(UnsupportedFeatureError, match="speculative state blocks"):
         KVCacheManager(_config(full_spec(8), _mamba(8, spec=2), unit=2), 64)
     with pytest.raises(UnsupportedFeatureError, match="verified hits"):
@@ -170,3 +169,23 @@ def test_off_by_default_hits_stay_on_block_boundaries() -> None:
     _producer(m, prompt, 12)
     _, hit = m.get_computed_blocks(m.make_request("q", [*prompt[:12], 0]))
     assert hit % 8 == 0
+
+
+def test_the_checked_manager_runs_copies_on_write_in_its_content_oracle() -> None:
+    """kvcore.testing.checked with contents tracked: a partial hit's shared tail is copied
+    before the step writes, so the copy holds the hit's KV and no wrong KV is reported."""
+    m = checked(_manager(), track_contents=True)
+    prompt = list(range(1, 14))
+    p = m.make_request("p", prompt)
+    assert m.allocate_slots(p, 12) is not None
+    p.num_computed_tokens = 12
+    m.new_step()
+    q = m.make_request("q", [*prompt[:12], 7, 7, 7])
+    blocks, hit = m.get_computed_blocks(q)
+    assert hit == 12
+    assert m.allocate_slots(q, 3, hit, blocks) is not None  # checked: no WrongKVError
+    q.num_computed_tokens = 15
+    assert m.allocate_slots(q, 1) is not None
+    m.free_withheld(m.take_block_copies()[1])
+    m.free(p)
+    m.free(q)

@@ -88,7 +88,8 @@ class KVCacheCoordinator:
                              eagle_junction_tail=settings.eagle_junction_tail,
                              mamba_recache_prompt_boundary=settings.mamba_recache_prompt_boundary,
                              eagle_group_ids=eagle_ids,
-                             partial_block_hits=self.partial_hits)
+                             partial_block_hits=self.partial_hits,
+                             scheduler_alignment=config.alignment_tokens)
         # References withheld from the pool by block id (KVCacheManager's deferred frees and
         # block copies; a partial hit's copy-on-write withholds its endpoints here).
         self.withheld = ctx.withheld

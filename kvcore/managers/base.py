@@ -57,6 +57,9 @@ class ManagerContext:
     mamba_recache_prompt_boundary: bool = False
     eagle_group_ids: frozenset[int] | None = None
     partial_block_hits: bool = False
+    scheduler_alignment: int = 0
+    """The lcm of the block sizes (vLLM's scheduler block), where a prompt's replay boundaries
+    lie; 0: ``alignment_tokens`` (they differ under partial-block hits only)."""
     withheld: dict[int, int] = field(default_factory=dict)
     """The references withheld from the pool by block id (``KVCacheManager``'s deferred
     frees, block copies' endpoints): a copy-on-write of a partial-block hit withholds its
@@ -157,6 +160,9 @@ class SingleTypeKVCacheManager:
         self.enable_caching = ctx.enable_caching and spec.prefix_cacheable
         self.hash_block_size = ctx.hash_block_size
         self.alignment_tokens = ctx.alignment_tokens
+        # Where a prompt's replay boundaries lie (vLLM: the scheduler block, also when hits
+        # may end on any hash unit).
+        self.replay_alignment = ctx.scheduler_alignment or ctx.alignment_tokens
         # EAGLE: whether this group's hits drop their last block (``use_eagle``), and whether
         # any group's do (``any_eagle``: the prompt's replay boundaries follow it, as vLLM's).
         self.any_eagle = ctx.use_eagle

@@ -146,13 +146,12 @@ class MambaAlignManager(MambaManager):
                 f"speculative Mamba state blocks ({self.num_speculative_blocks}) with a prefill "
                 f"checkpoint in group {group_id}, whose {self.block_size}-token blocks are "
                 f"smaller than the {self.alignment_tokens}-token hit alignment")
-        if self.partial_hits and (self.has_checkpoints or self.num_speculative_blocks):
-            what = ("a prefill checkpoint block" if self.has_checkpoints
-                    else f"{self.num_speculative_blocks} speculative state blocks")
+        if self.partial_hits and self.num_speculative_blocks:
             raise UnsupportedFeatureError(
-                f"partial-block hits (KVCacheConfig.partial_block_hits) with {what} in Mamba "
-                f"group {group_id}: kvcore serves partial-block hits only to Mamba 'align' "
-                "groups without either")
+                f"partial-block hits (KVCacheConfig.partial_block_hits) with "
+                f"{self.num_speculative_blocks} speculative state blocks in Mamba group "
+                f"{group_id}: kvcore serves partial-block hits only to Mamba 'align' groups "
+                "without them")
         # Partial-block hits: per request that registered its prompt's last hash boundary
         # inside its running state block (a producer), that block and the boundary.
         self.producer_tails: dict[str, tuple[KVCacheBlock, int]] = {}
@@ -205,7 +204,7 @@ class MambaAlignManager(MambaManager):
         alignment = self.checkpoint_alignment
         if not self.has_checkpoints or alignment is None or query_end < prefill_end:
             return False
-        index = position // self.block_size - 1
+        index = self._checkpoint_index(position, query_end)
         return (index >= 0
                 and query_start % self.hash_block_size == 0
                 and index > (query_start - 1) // self.block_size
@@ -217,6 +216,15 @@ class MambaAlignManager(MambaManager):
                          and (blocks[index].is_null
                               or (request_id in self.allocated
                                   and index >= len(blocks) - self.num_speculative_blocks)))))
+
+    def _checkpoint_index(self, position: int, query_end: int) -> int:
+        """The table slot a checkpoint at ``position`` goes to: the slot holding that state
+        (``position // block_size - 1``, kvcore's layout for hit alignments of whole blocks);
+        under partial-block hits vLLM's slot, the one before the chunk's running state
+        (``cdiv(query_end, block_size) - 2``), whatever unit the position ends on."""
+        if self.partial_hits:
+            return -(-query_end // self.block_size) - 2
+        return position // self.block_size - 1
 
     def count_state_blocks(self, request_id: str, num_tokens: int,
                            new_computed_blocks: Sequence[KVCacheBlock], total_computed_tokens: int,
@@ -253,7 +261,8 @@ class MambaAlignManager(MambaManager):
         if self.partial_hit_reqs and blocks and request_id in self.partial_hit_reqs:
             num_new += 1  # a producer's copy of its partial tail (admission: cow_blocks)
         if record:
-            self._staged = (request_id, (position, position // bs - 1) if position else None)
+            self._staged = (request_id, (position, self._checkpoint_index(position, num_tokens))
+                                        if position else None)
         hit_tokens = len(new_computed_blocks) * bs
         if record:
             self.shortfall = 0
@@ -347,11 +356,14 @@ class MambaAlignManager(MambaManager):
         required = -(-num_tokens // self.block_size)
         prev = len(blocks)
         if required <= prev and partial is None:
-            return []
+            return []  # (a reserved checkpoint lies past the old end: none here)
         if prev > 0:
             self.last_state_block_idx[request_id] = prev - 1
-        if prev < required - 1:
-            blocks.extend([self.null_block] * (required - 1 - prev))
+        # With a checkpoint reserved its block takes the slot before the running state's
+        # (_checkpoint_index), so the null run stops one slot earlier.
+        keep_from = required - 1 - (request_id in self.checkpoints)
+        if prev < keep_from:
+            blocks.extend([self.null_block] * (keep_from - prev))
         new = self.pool.get_new_blocks(max(required - len(blocks), 0) + (partial is not None))
         out = blocks[prev:]
         if partial is not None:
@@ -493,7 +505,8 @@ class MambaAlignManager(MambaManager):
         mask = [self._retained(i, start_block) for i in range(start_block, end_block)]
         align = self.alignment_tokens
         # (The replay boundaries follow whether any group drops, as vLLM's.)
-        boundaries = list(replay_boundaries(request.num_prompt_tokens, align, self.any_eagle))
+        boundaries = list(replay_boundaries(request.num_prompt_tokens, self.replay_alignment,
+                                            self.any_eagle))
         shared = self.shared_prefix_boundaries.get(request.request_id, 0)
         if shared:
             boundaries.append(shared)
@@ -512,7 +525,10 @@ class MambaAlignManager(MambaManager):
         before = num_cached_before
         after = self.num_cached_block.get(rid, 0)
         if rid in self.checkpoints:
-            self._cache_checkpoint(request)
+            if self.partial_hits:
+                self._cache_checkpoint_partial(request)
+            else:
+                self._cache_checkpoint(request)
         elif self.partial_hits:
             self._cache_partial_tail(request, num_tokens)
         elif self.recache_prompt_boundary:
@@ -524,7 +540,8 @@ class MambaAlignManager(MambaManager):
                 if block.is_null or block.block_hash is None:
                     continue
                 self.cached_this_step.add(block.block_hash)
-                self.pending_offloads.append((rid, self.group_id, block, (i + 1) * self.block_size))
+                # (A checkpoint re-keyed under partial-block hits offers its own boundary.)
+                self.pending_offloads.append((rid, self.group_id, block, self._covered(block, i)))
 
     def _cache_checkpoint(self, request: RequestLike) -> None:
         """The checkpoint block reserved for this chunk holds the state at its position: a
@@ -552,6 +569,37 @@ class MambaAlignManager(MambaManager):
                                     self.block_size, self.group_id, hashes, trusted=True)
         self.cached_this_step.add(hashes[index])
 
+    def _cache_checkpoint_partial(self, request: RequestLike) -> None:
+        """``_cache_checkpoint`` under partial-block hits: the checkpoint block holds the state at
+        its position, any hash unit, which replaces every entry the block carries (the block
+        cached as a full block earlier in this call holds another state), unless a transient
+        one leaves the cache or the block already carries it (vLLM's re-keying)."""
+        rid = request.request_id
+        position, index = self.checkpoints[rid]
+        block = self.req_to_blocks[rid][index]
+        retained = False
+        if position % self.block_size == 0:
+            slot = position // self.block_size - 1
+            retained = self._retained(slot, slot)
+        kept = (position == checkpoint_position(request.num_prompt_tokens, self.alignment_tokens,
+                                                self.eagle_checkpoints)
+                or retained or position == self.shared_prefix_boundaries.get(rid, 0))
+        if not kept:
+            self.pool.evict_blocks([block.block_id])
+            return
+        if block.is_null or (block.block_hash is not None
+                             and self._covered(block, index) == position):
+            return
+        key = self.pool.cache_partial_block(request, block, position, self.hash_block_size,
+                                            self.group_id, replace_existing_hashes=True)
+        if key is not None:
+            self.cached_this_step.add(key)
+
+    def _covered(self, block: KVCacheBlock, index: int) -> int:
+        """How many prefix tokens the entry ``block`` (cached, at table ``index``) is keyed by."""
+        covered = self.pool.partial_primary_tokens(block)
+        return covered if covered is not None else (index + 1) * self.block_size
+
     def _cache_partial_tail(self, request: RequestLike, num_tokens: int) -> None:
         """Partial-block hits: a chunk ending at the prompt's last hash boundary (vLLM's Mamba
         partial tail) registers the state block there under that boundary's hash (a partial
@@ -567,12 +615,11 @@ class MambaAlignManager(MambaManager):
         if index >= len(blocks) or blocks[index].is_null:
             return
         source = blocks[index]
-        if not self.recache_prompt_boundary and source.block_hash is not None:
+        if (not self.recache_prompt_boundary and source.block_hash is not None
+                and self._covered(source, index) == num_tokens):
             # (vLLM 0.33) already keyed at this boundary by a hit or an earlier step: not
             # marked cached this step again (0.32 marks it, mamba_recache_prompt_boundary).
-            covered = self.pool.partial_primary_tokens(source)
-            if (covered if covered is not None else (index + 1) * self.block_size) == num_tokens:
-                return
+            return
         key = self.pool.cache_partial_block(request, source, num_tokens, unit, self.group_id)
         if key is None:
             return

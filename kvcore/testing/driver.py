@@ -115,7 +115,7 @@ class HostileDriver:
             self.last = None
             return
         end = num_hit + num_external + num_new
-        self.oracle.written(request, num_hit, end)
+        self.oracle.written(request, num_hit, end, num_hit + num_external)
         request.num_computed_tokens = end
         self.running[request.request_id] = request
         self.last = _Step(request, num_hit, end)
@@ -170,7 +170,7 @@ class HostileDriver:
             return
         rid = sorted(self.loading)[i % len(self.loading)]
         req, upto = self.loading.pop(rid)
-        self.oracle.written(req, req.num_computed_tokens, upto)
+        self.oracle.written(req, req.num_computed_tokens, upto, upto)  # loaded, not computed
         self.m.cache_blocks(req, upto)
         req.num_computed_tokens = upto
         self.running[rid] = req

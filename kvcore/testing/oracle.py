@@ -51,6 +51,10 @@ class ContentOracle:
         self._state_last = [UNWRITTEN] * manager.pool.num_blocks
         self._step_slots: list[tuple[int, int]] = []  # (block id, offset) written this step
         self._failed: set[int] = set()  # blocks a failed step wrote, not rewritten since
+        # Partial-block hits: Mamba2's prefill checkpoint is exported at any hash unit, into the
+        # slot before the running state's (the worker's rule, vLLM's
+        # ``compute_mamba_prefill_checkpoints``), not by token position.
+        self._partial = manager.config.partial_block_hits
 
     # -- what a request's tokens are -----------------------------------------------------------
     def keys(self, request: KVRequest) -> list[int]:
@@ -84,10 +88,12 @@ class ContentOracle:
         return value
 
     # -- writes ---------------------------------------------------------------------------------
-    def written(self, request: KVRequest, start: int, end: int) -> None:
+    def written(self, request: KVRequest, start: int, end: int,
+                computed_from: int | None = None) -> None:
         """The request's tokens ``[start, end)`` were computed (or loaded) into its current block
-        tables.  Positions that no later token reads may have no block (tokens loaded from
-        elsewhere that are already outside the window or chunk)."""
+        tables, those from ``computed_from`` on (default ``start``) computed by this step.
+        Positions that no later token reads may have no block (tokens loaded from elsewhere
+        that are already outside the window or chunk)."""
         if start >= end:
             return
         keys = self.keys(request)
@@ -113,6 +119,39 @@ class ContentOracle:
                 if state:
                     self._state_step[block_id] = self._step
                     self._state_last[block_id] = keys[p]
+            if state and self._partial:
+                self._export_checkpoint(g, blocks, keys,
+                                        start if computed_from is None else computed_from, end)
+
+    def _export_checkpoint(self, g: int, blocks: Sequence[KVCacheBlock], keys: list[int],
+                           start: int, end: int) -> None:
+        """The worker's prefill checkpoint of group ``g`` for the chunk ``[start, end)``: the
+        state after the last hash unit before ``end`` (under EAGLE one unit lower), written
+        into table slot ``cdiv(end, block_size) - 2`` when the chunk can export it (vLLM's
+        ``is_mamba_prefill_checkpoint_valid``).  Derived from the configuration alone, as the
+        worker derives it: the manager's reservation is what is being checked."""
+        manager = self._manager.coordinator.managers[g]
+        alignment = getattr(manager, "checkpoint_alignment", None)
+        if not getattr(manager, "has_checkpoints", False) or alignment is None:
+            return
+        bs, unit = manager.block_size, manager.hash_block_size
+        eagle = bool(getattr(manager, "eagle_checkpoints", False))
+        at = (end if eagle else end - 1) // unit * unit
+        position = max(at - unit if eagle else at, 0)
+        column = -(-end // bs) - 2
+        if not (start % unit == 0 and column > (start - 1) // bs
+                and start + unit <= position and start < position < end
+                and (position - start) % alignment == 0):
+            return
+        if column >= len(blocks) or blocks[column].is_null:
+            return  # (exported into the null block: nothing kept)
+        block_id = blocks[column].block_id
+        slots = self._slots[block_id] = [UNWRITTEN] * len(self._slots[block_id])
+        base = (position - 1) // bs * bs
+        slots[:position - base] = keys[base:position]
+        self._state_last[block_id] = keys[position - 1]
+        self._state_step[block_id] = self._step
+        self._step_slots.append((block_id, 0))
 
     def copied(self, source: KVCacheBlock, destination: KVCacheBlock) -> None:
         """A block copy ran (``KVCacheManager.take_block_copies``: a partial-block hit's

@@ -129,6 +129,12 @@ def _setups() -> tuple[Setup, ...]:
               prefix_match_unit=3, partial_block_hits=True),
         Setup("full8+mamba-align8 unit4 partial eagle", (full(8), mamba_align(8)), num_blocks=48,
               prefix_match_unit=4, partial_block_hits=True, use_eagle=True),
+        Setup("full12+mamba-align12 unit3 partial checkpoint",
+              (full(12), mamba_align(12, checkpoint=True)), num_blocks=48, prefix_match_unit=3,
+              partial_block_hits=True),
+        Setup("full8+mamba-align8 unit2 partial checkpoint eagle retention0",
+              (full(8), mamba_align(8, checkpoint=True)), num_blocks=48, prefix_match_unit=2,
+              partial_block_hits=True, use_eagle=True, retention=0),
     )
     verified = tuple(Setup(f"{s.name} verify", s.specs, s.num_blocks, s.max_model_len, True,
                            s.enable_caching, use_eagle=s.use_eagle, retention=s.retention,

@@ -607,20 +607,37 @@ class Replayer:
         if end < prefill_end and end // bs * bs > start:
             end = end // bs * bs
         last = max((req.num_tokens - 1) // bs * bs, 0)
-        stops = [last]
         unit = self.partial_unit
-        if unit:
+        internal = bool(unit) and end >= prefill_end and self._exports_checkpoint(
+            start, end, prefill_end)
+        stops = [0 if internal else last]
+        if unit and not internal:
             # vLLM's scheduler under partial hits: a chunk starting inside a block stops at the
-            # block's end, and one crossing the prompt's last hash unit stops there.
+            # block's end, and one crossing the prompt's last hash unit stops there (unless the
+            # chunk exports the prompt's checkpoint itself).
             if start % bs:
                 stops.append((start // bs + 1) * bs)
-            eagle = bool(self.impl.cfg.get("eagle"))
-            tail = (req.num_prompt_tokens if eagle else req.num_prompt_tokens - 1) // unit * unit
-            tail = max(tail - unit if eagle else tail, 0)
+            tail = self._checkpoint_position(req.num_prompt_tokens, unit)
             if last < tail < req.num_prompt_tokens:
                 stops.append(tail)
         end = min((s for s in stops if start < s < end), default=end)
         return end - start
+
+    def _checkpoint_position(self, num_tokens: int, unit: int) -> int:
+        """vLLM's ``get_mamba_prefill_checkpoint_position`` under the trace's EAGLE drop."""
+        eagle = bool(self.impl.cfg.get("eagle"))
+        at = (num_tokens if eagle else num_tokens - 1) // unit * unit
+        return max(at - unit if eagle else at, 0)
+
+    def _exports_checkpoint(self, start: int, end: int, prefill_end: int) -> bool:
+        """Whether the chunk ``[start, end)`` exports the prompt's checkpoint from inside the
+        step (vLLM's ``is_mamba_prefill_checkpoint_valid``, Mamba2's checkpoint block)."""
+        if not any(g.get("checkpoint") for g in self.impl.cfg["groups"]):
+            return False
+        bs, unit = self.align_block, self.partial_unit
+        position = self._checkpoint_position(prefill_end, unit)
+        return (start % unit == 0 and -(-end // bs) - 2 > (start - 1) // bs
+                and start + unit <= position and start < position < end)
 
     def _admission(self, rid: str) -> dict[str, Any]:
         """The request's state and whether another request runs (vLLM's ``has_scheduled_reqs``,

@@ -40,7 +40,7 @@ KINDS = ["full", "full", "swa", "swa", "chunked", "hybrid", "hybrid_bs", "nocach
          "mamba", "hybrid_mamba", "cross", "hybrid_partial", "mamba_align", "hybrid_align",
          "hybrid_align"]
 EAGLE_KINDS = {"full", "swa", "hybrid", "hybrid_bs", "mamba", "hybrid_mamba", "hybrid_partial",
-               "mamba_align", "hybrid_align"}
+               "mamba_align", "hybrid_align", "align_partial"}
 """vLLM rejects eagle with chunked local attention (an assertion in its hit search)."""
 SCRATCH_KINDS = ["hybrid_replay", "hybrid_ring", "dsv4"]
 """Kinds with vLLM's scratch groups (never prefix cached): a sliding window rebuilt by bounded
@@ -119,7 +119,8 @@ def random_config(rng: random.Random, pending: list[str] | None = None,
     elif kind in PARTIAL_KINDS:
         bs = rng.choice([8, 12])
         groups = [{"type": "full", "block_size": bs},
-                  {"type": "mamba", "block_size": bs, "mode": "align"}]
+                  {"type": "mamba", "block_size": bs, "mode": "align",
+                   "checkpoint": rng.random() < 0.5}]
     elif kind == "cross":
         # Encoder-decoder: vLLM's cross-attention manager supports no prefix caching at all.
         groups = [{"type": "full", "block_size": rng.choice([2, 4, 8])},
@@ -158,7 +159,8 @@ def random_config(rng: random.Random, pending: list[str] | None = None,
         config["eagle"] = True
         config["eagle_groups"] = eagle_groups
     if lookahead_hashes and eagle and rng.random() < 0.5 and kind not in ("mamba_align",
-                                                                           "hybrid_align"):
+                                                                           "hybrid_align",
+                                                                           "align_partial"):
         # (Mamba "align" keeps EAGLE's block drop: kvcore refuses lookahead hashes on hybrid
         # Mamba models.)
         config["eagle"] = False

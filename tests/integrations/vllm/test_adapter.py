@@ -170,10 +170,9 @@ def _mamba(mode: str = "align", **kw: int) -> MambaSpec:
      "prefix caching with cross attention"),
     (lambda: kv_config(full(32), MambaSpec(block_size=32, shapes=((2, 4),),
                                            dtypes=(torch.float32,), mamba_cache_mode="align",
-                                           num_prefill_checkpoint_blocks=1,
-                                           prefill_checkpoint_alignment=1)),
+                                           num_speculative_blocks=2)),
      {"hash_block_size": 16}, "partial-block hits \\(hashing every 16 tokens, finer than the "
-     "blocks of Mamba 'align' group 1\\) with a prefill checkpoint block"),
+     "blocks of Mamba 'align' group 1\\) with 2 speculative state blocks"),
     (lambda: kv_config(), {"dcp_world_size": 2}, "context parallelism"),
     (lambda: kv_config(), {"num_prefill_lookahead": 3}, "multi-module MTP"),
 ], ids=["cross-attention", "partial-hash-hits", "dcp", "mtp"])
