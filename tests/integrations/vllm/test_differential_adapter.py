@@ -92,10 +92,11 @@ def test_adapter_matches_vllm_with_a_prefix_match_unit() -> None:
 
 
 def test_adapter_matches_vllm_with_partial_block_hits() -> None:
-    """vLLM's partial hash hits (a Mamba "align" group and full attention of 8 or 12 tokens,
-    hashed every 2, 3, 4 or 6): hits ending inside a block, the copy-on-write of the shared
-    tail (the block copies recorded per op), a producer's partial prompt tail moved to its
-    copy, in kvcore behind the adapter as in vLLM."""
+    """vLLM's partial hash hits (a Mamba "align" group, half with Mamba2's prefill checkpoint,
+    and full attention of 8 or 12 tokens, hashed every 2, 3, 4 or 6; EAGLE on some): hits
+    ending inside a block, the copy-on-write of the shared tail (the block copies recorded per
+    op), a producer's partial prompt tail moved to its copy, checkpoints keyed at any unit, in
+    kvcore behind the adapter and in kvcore's own manager as in vLLM."""
     traces = [generate_trace(seed, pending=[], lookahead_hashes=VERSION.lookahead_hashes,
                              vllm=f"{VERSION.major}.{VERSION.minor}", kinds=PARTIAL_KINDS)
               for seed in range(NUM_TRACES // 8)]
@@ -108,6 +109,11 @@ def test_adapter_matches_vllm_with_partial_block_hits() -> None:
         o.get("hit", 0) % 4 for obs in ours for o in obs)
     failures = _differences(traces, ours, theirs)
     assert not failures, f"{len(failures)} traces differ; first: {failures[0]}"
+    # kvcore's own manager (it records no blocks for zeroing: compared without them).
+    own = replay_all("kvcore", traces)
+    unzeroed = [[{k: v for k, v in o.items() if k != "zeroed"} for o in obs] for obs in theirs]
+    failures = _differences(traces, own, unzeroed)
+    assert not failures, f"kvcore's own manager: {len(failures)} traces differ: {failures[0]}"
 
 
 @pytest.mark.skipif(not VERSION.lookahead_hashes,
