@@ -381,8 +381,8 @@ class KVCacheConfig:
     "align" request that registered its prompt's last hash boundary inside its running state
     block hands that entry to a copy before it overwrites the state.  It needs exactly that
     configuration (else :class:`~kvcore.errors.InvalidArgumentError`); off (the default), hits
-    end on block boundaries whatever the unit.  (Not with speculative Mamba state blocks in that
-    group, nor with ``verify_hits``: the manager refuses both.)
+    end on block boundaries whatever the unit.  (Not with ``verify_hits``: a partial entry
+    carries no prefix proof; the manager refuses it.)
     """
 
     num_blocks: int

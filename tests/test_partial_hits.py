@@ -157,8 +157,6 @@ def test_configurations_without_partial_hits_are_refused_by_name() -> None:
         _config(full_spec(8), swa_spec(8, 8), _mamba(8), unit=4)
     with pytest.raises(InvalidArgumentError, match="must be a bool"):
         KVCacheConfig(8, (KVCacheGroup(("a",), full_spec(8)),), partial_block_hits=1)  # type: ignore[arg-type]  # refused at run time
-    with pytest.raises(UnsupportedFeatureError, match="speculative state blocks"):
-        KVCacheManager(_config(full_spec(8), _mamba(8, spec=2), unit=2), 64)
     with pytest.raises(UnsupportedFeatureError, match="verified hits"):
         _manager(verify_hits=True)
 

@@ -137,7 +137,7 @@ class MambaAlignManager(MambaManager):
         super().__init__(spec, group_id, ctx)
         assert isinstance(spec, MambaSpec)
         self.has_checkpoints = spec.num_prefill_checkpoint_blocks > 0
-        if (self.num_speculative_blocks and self.has_checkpoints
+        if (self.num_speculative_blocks and self.has_checkpoints and not self.partial_hits
                 and self.alignment_tokens != self.block_size):
             # vLLM's layout puts the checkpoint right before the running state; with a hit
             # alignment larger than the block it lies further back, which the speculative
@@ -146,12 +146,6 @@ class MambaAlignManager(MambaManager):
                 f"speculative Mamba state blocks ({self.num_speculative_blocks}) with a prefill "
                 f"checkpoint in group {group_id}, whose {self.block_size}-token blocks are "
                 f"smaller than the {self.alignment_tokens}-token hit alignment")
-        if self.partial_hits and self.num_speculative_blocks:
-            raise UnsupportedFeatureError(
-                f"partial-block hits (KVCacheConfig.partial_block_hits) with "
-                f"{self.num_speculative_blocks} speculative state blocks in Mamba group "
-                f"{group_id}: kvcore serves partial-block hits only to Mamba 'align' groups "
-                "without them")
         # Partial-block hits: per request that registered its prompt's last hash boundary
         # inside its running state block (a producer), that block and the boundary.
         self.producer_tails: dict[str, tuple[KVCacheBlock, int]] = {}
@@ -317,10 +311,10 @@ class MambaAlignManager(MambaManager):
         blocks = self.req_to_blocks.get(request_id)
         if blocks is None:
             blocks = self.req_to_blocks[request_id] = []
-        if self.num_speculative_blocks:
-            return self._allocate_with_speculative(request_id, blocks, num_tokens)
         if self.partial_hits:
             return self._allocate_partial(request_id, blocks, num_tokens)
+        if self.num_speculative_blocks:
+            return self._allocate_with_speculative(request_id, blocks, num_tokens)
         required = -(-num_tokens // self.block_size)
         prev = len(blocks)
         if required <= prev:  # (a reserved checkpoint lies past the old end: none here)
@@ -344,26 +338,40 @@ class MambaAlignManager(MambaManager):
 
     def _allocate_partial(self, request_id: str, blocks: list[KVCacheBlock],
                           num_tokens: int) -> list[KVCacheBlock]:
-        """``allocate_new_blocks`` under partial-block hits (no checkpoints, no speculative
-        blocks): the layout's, plus the copy-on-write of a partial tail, taken first.  A
-        request admitted on a partial hit gets the copy in place of the shared block; a
-        running producer keeps writing its state block (a worker's table only grows), so the
-        copy takes over that block's prefix-cache entries (``BlockPool.move_block_hashes``)
-        and is filled by the block copy before the step overwrites the state."""
+        """``allocate_new_blocks`` under partial-block hits (vLLM's layout: the running state's
+        slot, a reserved checkpoint's in the slot before it, the speculative blocks after it,
+        relocated as in ``_allocate_with_speculative``), plus the copy-on-write of a partial
+        tail, taken first.  A request admitted on a partial hit gets the copy in place of the
+        shared block; a running producer keeps writing its state block (a worker's table only
+        grows), so the copy takes over that block's prefix-cache entries
+        (``BlockPool.move_block_hashes``) and is filled by the block copy before the step
+        overwrites the state."""
         partial = self.partial_hit_reqs.pop(request_id, None)
         allocated = request_id in self.allocated
         self.allocated.add(request_id)
-        required = -(-num_tokens // self.block_size)
+        spec = self.num_speculative_blocks
+        checkpoint = int(request_id in self.checkpoints)
+        required = -(-num_tokens // self.block_size) + spec
         prev = len(blocks)
-        if required <= prev and partial is None:
-            return []  # (a reserved checkpoint lies past the old end: none here)
-        if prev > 0:
+        if required <= prev and partial is None and not checkpoint:
+            return []
+        if allocated:  # the running state sits before the speculative blocks
+            self.last_state_block_idx[request_id] = prev - 1 - spec
+        elif prev > 0:  # a hit or loaded tokens: the last block holds the state
             self.last_state_block_idx[request_id] = prev - 1
-        # With a checkpoint reserved its block takes the slot before the running state's
-        # (_checkpoint_index), so the null run stops one slot earlier.
-        keep_from = required - 1 - (request_id in self.checkpoints)
+        # The null run stops before the running state's slot, one slot earlier with a
+        # checkpoint reserved (_checkpoint_index: the slot before the running state's).
+        keep_from = required - spec - 1 - checkpoint
+        null = self.null_block
         if prev < keep_from:
-            blocks.extend([self.null_block] * (keep_from - prev))
+            blocks.extend([null] * (keep_from - prev))
+        if allocated:
+            for i in range(prev - spec, prev):
+                if i >= keep_from:
+                    break
+                block = blocks[i]
+                blocks[i] = null
+                blocks.append(block)
         new = self.pool.get_new_blocks(max(required - len(blocks), 0) + (partial is not None))
         out = blocks[prev:]
         if partial is not None:

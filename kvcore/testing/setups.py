@@ -135,6 +135,9 @@ def _setups() -> tuple[Setup, ...]:
         Setup("full8+mamba-align8 unit2 partial checkpoint eagle retention0",
               (full(8), mamba_align(8, checkpoint=True)), num_blocks=48, prefix_match_unit=2,
               partial_block_hits=True, use_eagle=True, retention=0),
+        Setup("full8+mamba-align8 unit4 partial checkpoint spec2",
+              (full(8), mamba_align(8, checkpoint=True, spec=2)), num_blocks=48,
+              prefix_match_unit=4, partial_block_hits=True),
     )
     verified = tuple(Setup(f"{s.name} verify", s.specs, s.num_blocks, s.max_model_len, True,
                            s.enable_caching, use_eagle=s.use_eagle, retention=s.retention,

@@ -140,7 +140,7 @@ def random_config(rng: random.Random, pending: list[str] | None = None,
         groups = [{"type": "full", "block_size": rng.choice([8, 12])},
                   {"type": "swa", "block_size": 4, "window": rng.choice([4, 5, 8, 12])}]
     for g in groups:
-        if g["type"] == "mamba" and kind not in PARTIAL_KINDS:
+        if g["type"] == "mamba":
             # MTP/EAGLE's speculative state blocks on 40% of the Mamba traces, drawn from a
             # generator seeded by the trace's own (not advanced: the other draws stay as they
             # were).

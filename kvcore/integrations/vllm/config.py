@@ -9,8 +9,7 @@ replay (``SlidingWindowMLASpec(bounded_replay=True)``).  vLLM's ``prefix_match_u
 honoured (kvcore hashes where vLLM does), and where vLLM turns its partial hash hits on (the
 unit finer than a Mamba ``"align"`` group's blocks) kvcore runs with
 ``KVCacheConfig.partial_block_hits``.  Anything else a vLLM 0.32 or 0.33 configuration can ask
-of its KV-cache manager — partial hits with speculative state blocks in that Mamba group,
-context parallelism, host-resident groups, ... — is refused here, at engine start, with an
+of its KV-cache manager — context parallelism, host-resident groups, ... — is refused here, at engine start, with an
 :class:`~kvcore.errors.UnsupportedFeatureError` that names it and the setting that turns it
 off: kvcore never runs a configuration in which it would behave differently from vLLM.
 """
@@ -163,23 +162,11 @@ def kvcore_config(kv_cache_config: Any, *, scheduler_block_size: int, hash_block
         kv_cache_config.num_blocks,
         tuple(KVCacheGroup(tuple(g.layer_names), _spec(i, g)) for i, g in enumerate(groups)),
         getattr(kv_cache_config, "prefix_cache_retention_interval", None))
+    # vLLM's partial hash hits (a hit may end on any hash unit, inside a block, the shared
+    # tail copied on write): kvcore's partial_block_hits.
     partial = enable_caching and len(groups) > 1 and partial_hash_hits_enabled(
         groups, hash_block_size, 1,
         [KVCacheSpecRegistry.get_manager_class(g.kv_cache_spec, None) for g in groups])
-    if partial:
-        # vLLM's hits may then end inside a block (every hash unit), the shared tail block
-        # copied on write: kvcore's partial_block_hits, without the Mamba state blocks it
-        # does not combine them with.
-        coarse = [(i, g.spec) for i, g in enumerate(config.groups)
-                  if isinstance(g.spec, MambaSpec) and g.spec.mamba_cache_mode == "align"
-                  and g.spec.block_size > hash_block_size]
-        for i, spec in coarse:
-            if spec.num_speculative_blocks:
-                raise refuse(f"partial-block hits (hashing every {hash_block_size} tokens, "
-                             f"finer than the blocks of Mamba 'align' group {i}) with "
-                             f"{spec.num_speculative_blocks} speculative state blocks in that "
-                             "group", "leave cache_config.prefix_match_unit unset and give "
-                             "every group the Mamba block size")
     if enable_caching and config.hash_block_size != hash_block_size:
         # vLLM hashes at its prefix_match_unit (hits still on block boundaries): so does kvcore.
         sizes = [g.spec.block_size for g in config.groups if g.spec.prefix_cacheable]

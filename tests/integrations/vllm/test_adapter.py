@@ -168,14 +168,9 @@ def _mamba(mode: str = "align", **kw: int) -> MambaSpec:
     (lambda: kv_config(full(), CrossAttentionSpec(block_size=16, num_kv_heads=1, head_size=32,
                                                   dtype=torch.float16)), {},
      "prefix caching with cross attention"),
-    (lambda: kv_config(full(32), MambaSpec(block_size=32, shapes=((2, 4),),
-                                           dtypes=(torch.float32,), mamba_cache_mode="align",
-                                           num_speculative_blocks=2)),
-     {"hash_block_size": 16}, "partial-block hits \\(hashing every 16 tokens, finer than the "
-     "blocks of Mamba 'align' group 1\\) with 2 speculative state blocks"),
     (lambda: kv_config(), {"dcp_world_size": 2}, "context parallelism"),
     (lambda: kv_config(), {"num_prefill_lookahead": 3}, "multi-module MTP"),
-], ids=["cross-attention", "partial-hash-hits", "dcp", "mtp"])
+], ids=["cross-attention", "dcp", "mtp"])
 def test_refused_configurations_name_the_feature(config, kwargs, names) -> None:  # type: ignore[no-untyped-def]
     args = dict(kv_cache_config=config(), max_model_len=4096, scheduler_block_size=16,
                 hash_block_size=16, enable_caching=True)
@@ -214,12 +209,22 @@ def test_eagle_drops_in_the_groups_vllm_drops_in(flagged: tuple[int, ...],
 def test_partial_hash_hits_run_as_kvcores_partial_block_hits() -> None:
     """Where vLLM turns partial hash hits on (a Mamba "align" group whose blocks are larger than
     the hash unit), kvcore runs with partial_block_hits and the coordinator view says so."""
+    for extra in ({}, {"num_prefill_checkpoint_blocks": 1, "prefill_checkpoint_alignment": 1},
+                  {"num_speculative_blocks": 2}):
+        config = kv_config(full(32), MambaSpec(block_size=32, shapes=((2, 4),),
+                                               dtypes=(torch.float32,), mamba_cache_mode="align",
+                                               **extra))
+        m = KVCacheManagerAdapter(config, 4096, scheduler_block_size=32, hash_block_size=16,
+                                  enable_caching=True, settings=KvcoreSettings())
+        assert m.kv.config.partial_block_hits and m.kv.hash_block_size == 16
+        assert m.coordinator.enable_partial_hash_hits is True
+    # Blocks of one hash unit everywhere: no partial hits, in vLLM as in kvcore.
     config = kv_config(full(32), MambaSpec(block_size=32, shapes=((2, 4),),
                                            dtypes=(torch.float32,), mamba_cache_mode="align"))
-    m = KVCacheManagerAdapter(config, 4096, scheduler_block_size=32, hash_block_size=16,
+    m = KVCacheManagerAdapter(config, 4096, scheduler_block_size=32, hash_block_size=32,
                               enable_caching=True, settings=KvcoreSettings())
-    assert m.kv.config.partial_block_hits and m.kv.hash_block_size == 16
-    assert m.coordinator.enable_partial_hash_hits is True
+    assert not m.kv.config.partial_block_hits
+    assert m.coordinator.enable_partial_hash_hits is False
 
 
 def test_a_prefix_match_unit_without_partial_hits_hashes_where_vllm_does() -> None:
