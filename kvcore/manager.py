@@ -153,8 +153,8 @@ class KVCacheManager:
 
     # Fixed attributes, as in the compiled build (whose instances have no __dict__): the two
     # builds' objects have the same layout, which kvcore.testing's checked() relies on.
-    __slots__ = ("_admission_caps", "_block_sizes", "_empty", "_held_free", "_reads_releases",
-                 "_requests", "_sparse_retention", "_withheld",
+    __slots__ = ("_admission_caps", "_block_sizes", "_empty", "_held_free", "_keeps_boundaries",
+                 "_reads_releases", "_requests", "_withheld",
                  "block_hasher", "config", "coordinator", "enable_caching", "fast_path",
                  "hash_block_size", "log_stats", "max_model_len", "max_num_batched_tokens",
                  "num_groups", "num_hash_lookahead_tokens", "pool", "prefix_cache_stats",
@@ -209,7 +209,10 @@ class KVCacheManager:
         self._withheld: dict[int, int] = self.coordinator.withheld  # (shared with its managers)
         # Free blocks set_num_free_blocks holds back, the first reused first when given back.
         self._held_free: list[KVCacheBlock] = []
-        self._sparse_retention = config.prefix_cache_retention_interval is not None
+        # Whether a request keeps its lookup's shared-prefix boundary while it runs: sparse
+        # retention caches before it, shared-prefix checkpoints key the Mamba state at it.
+        self._keeps_boundaries = (config.prefix_cache_retention_interval is not None
+                                  or self.coordinator.shared_prefix_checkpoint)
         self._empty = KVCacheBlocks(() for _ in range(self.num_groups))
         self._admission_caps = tuple(
             g.spec.max_blocks_per_request(max_model_len, max_num_batched_tokens)
@@ -396,19 +399,20 @@ class KVCacheManager:
         if num_slots > self.max_model_len:
             num_slots = self.max_model_len
         if tracked is None:
-            # Under sparse retention the request keeps its lookup's shared-prefix boundary while
-            # it runs (given, or carried by the hit: see lookup_boundary).
+            # Under sparse retention (or shared-prefix checkpoints) the request keeps its
+            # lookup's shared-prefix boundary while it runs (given, or carried by the hit: see
+            # lookup_boundary).
             boundary = 0
             if shared_prefix_boundary is not None:
                 boundary = check_count("shared_prefix_boundary", shared_prefix_boundary)
-            elif self._sparse_retention:
+            elif self._keeps_boundaries:
                 boundary = lookup_boundary(hits, request)
             # (Positional, in the coordinator's parameter order: keywords cost ~100 ns a call in
             # pure Python, 2% of a caching-off admission; BENCHMARKS.md 2026-11-27, issue 37.)
             new_blocks = self.coordinator.allocate_new(
                 request, num_slots, hits, num_local_computed, num_external_computed_tokens,
                 num_encoder_tokens, cache_upto, reserved_blocks + watermark_blocks,
-                num_computed_after, boundary if self._sparse_retention else 0)
+                num_computed_after, boundary if self._keeps_boundaries else 0)
             if new_blocks is None:
                 return None
             self._requests[rid] = [request, num_slots]

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from kvcore.errors import InvalidArgumentError, InvalidHitError, UnsupportedFeatureError
-from kvcore.manager import KVCacheManager
+from kvcore.manager import KVCacheManager, lookup_boundary
 from kvcore.request import Request
 from kvcore.specs import KVCacheConfig, KVCacheGroup, KVCacheSpec, MambaSpec
 from kvcore.testing.checked import checked
@@ -187,3 +187,28 @@ def test_the_checked_manager_runs_copies_on_write_in_its_content_oracle() -> Non
     m.free_withheld(m.take_block_copies()[1])
     m.free(p)
     m.free(q)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_shared_prefix_checkpoint_keys_the_state_at_the_junction(shared: bool) -> None:
+    """A request whose lookup found full attention holding a longer prefix (12 tokens, inside
+    a block) than the Mamba state (none) keys its own state there when its chunk ends at that
+    junction (mamba_shared_prefix_checkpoint): a sibling then resumes at 12.  Off, it does not."""
+    m = _manager(mamba_shared_prefix_checkpoint=shared)
+    base = list(range(1, 21))
+    c = m.make_request("c", base[:13])
+    assert m.allocate_slots(c, 12) is not None  # its prompt's last unit: 12, in both groups
+    m.new_step()
+    state = m.pool.get_cached_block(c.block_hashes[5], [1])
+    assert state is not None
+    m.evict_blocks([state[0].block_id])  # the Mamba state at 12 is gone, full attention's stays
+    b = m.make_request("b", base)
+    blocks, hit = m.get_computed_blocks(b)
+    assert hit == 0 and lookup_boundary(blocks, b) == 12
+    assert m.allocate_slots(b, 12, hit, blocks) is not None  # a chunk ending at the junction
+    b.num_computed_tokens = 12
+    m.new_step()
+    d = m.make_request("d", [*base[:13], 0, 0])
+    _, hit = m.get_computed_blocks(d)
+    assert hit == (12 if shared else 0)
+    m.check_invariants()

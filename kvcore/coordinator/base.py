@@ -75,6 +75,9 @@ class KVCacheCoordinator:
             raise UnsupportedFeatureError(
                 "partial-block hits (KVCacheConfig.partial_block_hits) with verified hits "
                 "(CacheSettings.verify_hits): a partial entry carries no prefix proof")
+        # Shared-prefix checkpoints: in effect only with partial hits.
+        self.shared_prefix_checkpoint = (settings.mamba_shared_prefix_checkpoint
+                                         and self.partial_hits)
         self.alignment_tokens = alignment_tokens = (config.hit_alignment_tokens
                                                    if self.partial_hits
                                                    else config.alignment_tokens)
@@ -89,6 +92,7 @@ class KVCacheCoordinator:
                              mamba_recache_prompt_boundary=settings.mamba_recache_prompt_boundary,
                              eagle_group_ids=eagle_ids,
                              partial_block_hits=self.partial_hits,
+                             mamba_shared_prefix_checkpoint=self.shared_prefix_checkpoint,
                              scheduler_alignment=config.alignment_tokens)
         # References withheld from the pool by block id (KVCacheManager's deferred frees and
         # block copies; a partial hit's copy-on-write withholds its endpoints here).

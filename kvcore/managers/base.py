@@ -57,6 +57,9 @@ class ManagerContext:
     mamba_recache_prompt_boundary: bool = False
     eagle_group_ids: frozenset[int] | None = None
     partial_block_hits: bool = False
+    mamba_shared_prefix_checkpoint: bool = False
+    """Whether Mamba "align" groups key the state at a request's shared-prefix junction
+    (``CacheSettings.mamba_shared_prefix_checkpoint``, in effect: with partial hits)."""
     scheduler_alignment: int = 0
     """The lcm of the block sizes (vLLM's scheduler block), where a prompt's replay boundaries
     lie; 0: ``alignment_tokens`` (they differ under partial-block hits only)."""

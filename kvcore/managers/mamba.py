@@ -161,6 +161,7 @@ class MambaAlignManager(MambaManager):
         self.retention_interval = ctx.retention_interval
         self.shared_prefix_boundaries = ctx.shared_prefix_boundaries
         self.recache_prompt_boundary = ctx.mamba_recache_prompt_boundary
+        self.shared_prefix_checkpoint = ctx.mamba_shared_prefix_checkpoint
         # cache_blocks has work even when no block filled (checkpoints, the 0.32 re-mark).
         self.caches_partial_tail = self.enable_caching
         # Per request: the block the running state was copied from (released once the step
@@ -614,10 +615,16 @@ class MambaAlignManager(MambaManager):
         entry when inside the block; the producer then copies it on its next allocation,
         ``_allocate_partial``, before the state moves on), not hittable this step."""
         unit = self.hash_block_size
-        if num_tokens <= 0 or num_tokens % unit or num_tokens != checkpoint_position(
-                request.num_prompt_tokens, unit, self.eagle_checkpoints):
-            return
         rid = request.request_id
+        if num_tokens <= 0 or num_tokens % unit:
+            return
+        if num_tokens != checkpoint_position(request.num_prompt_tokens, unit,
+                                             self.eagle_checkpoints) and not (
+                # (shared-prefix checkpoints) a prompt chunk ending at the request's junction
+                self.shared_prefix_checkpoint
+                and num_tokens == self.shared_prefix_boundaries.get(rid, 0)
+                and request.num_computed_tokens < num_tokens <= request.num_prompt_tokens):
+            return
         index = -(-num_tokens // self.block_size) - 1
         blocks = self.req_to_blocks[rid]
         if index >= len(blocks) or blocks[index].is_null:

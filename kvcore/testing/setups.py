@@ -75,6 +75,7 @@ class Setup:
     eviction_policy: str = "lru"  # CacheSettings.eviction_policy
     prefix_match_unit: int | None = None  # KVCacheConfig.prefix_match_unit
     partial_block_hits: bool = False  # KVCacheConfig.partial_block_hits
+    shared_prefix_checkpoint: bool = False  # CacheSettings.mamba_shared_prefix_checkpoint
     # The class to build: a subclass of KVCacheManager drives your own manager (or one with a
     # planted bug, to see the driver catch it).
     manager_class: type[KVCacheManager] = KVCacheManager
@@ -89,7 +90,8 @@ class Setup:
                               block_hasher=hasher, enable_events=True, use_eagle=self.use_eagle,
                               fast_path=self.fast_path,
                               num_hash_lookahead_tokens=self.hash_lookahead,
-                              eviction_policy=self.eviction_policy)
+                              eviction_policy=self.eviction_policy,
+                              mamba_shared_prefix_checkpoint=self.shared_prefix_checkpoint)
 
 
 def _setups() -> tuple[Setup, ...]:
@@ -135,6 +137,9 @@ def _setups() -> tuple[Setup, ...]:
         Setup("full8+mamba-align8 unit2 partial checkpoint eagle retention0",
               (full(8), mamba_align(8, checkpoint=True)), num_blocks=48, prefix_match_unit=2,
               partial_block_hits=True, use_eagle=True, retention=0),
+        Setup("full8+mamba-align8 unit2 partial eagle shared-prefix", (full(8), mamba_align(8)),
+              num_blocks=48, prefix_match_unit=2, partial_block_hits=True, use_eagle=True,
+              shared_prefix_checkpoint=True),
         Setup("full8+mamba-align8 unit4 partial checkpoint spec2",
               (full(8), mamba_align(8, checkpoint=True, spec=2)), num_blocks=48,
               prefix_match_unit=4, partial_block_hits=True),

@@ -310,6 +310,8 @@ class KvcoreImpl(_Impl):
         extra: dict[str, Any] = {"use_eagle": True} if cfg.get("eagle") else {}
         if cfg.get("eagle_groups") is not None:  # vLLM's is_eagle_group flags
             extra["eagle_groups"] = tuple(cfg["eagle_groups"])
+        if cfg.get("shared_ckpt"):  # vLLM's enable_mamba_shared_prefix_checkpoint
+            extra["mamba_shared_prefix_checkpoint"] = True
         if cfg.get("vllm") == "0.32":  # the peer's EAGLE retention (see CacheSettings)
             extra["eagle_junction_tail"] = False
             extra["mamba_recache_prompt_boundary"] = True
@@ -469,6 +471,8 @@ class VllmImpl(_Impl):
         """The trace's manager options beyond the config (vLLM's keyword names): lookahead
         hashes, the watermark, and a fresh metrics collector (kept as ``self.metrics``)."""
         options: dict[str, Any] = dict(ahead)
+        if self.cfg.get("shared_ckpt"):
+            options["enable_mamba_shared_prefix_checkpoint"] = True
         if self.cfg.get("watermark"):
             options["watermark"] = self.cfg["watermark"]
         if self.cfg.get("metrics"):
@@ -594,6 +598,9 @@ class Replayer:
         # "align" block (0 otherwise).
         unit = impl.cfg.get("prefix_match_unit") or 0
         self.partial_unit = unit if impl.cfg.get("caching", True) and 0 < unit < self.align_block else 0
+        # Shared-prefix checkpoints: each request's latest lookup boundary (vLLM's
+        # request.shared_prefix_boundary), where its prompt chunks also stop.
+        self.junctions: dict[str, int] = {}
 
     def chunk(self, req: Any, start: int, n: int) -> int:
         """``n`` new tokens from ``start``, cut as vLLM's scheduler cuts a Mamba "align" prefill
@@ -620,6 +627,11 @@ class Replayer:
             tail = self._checkpoint_position(req.num_prompt_tokens, unit)
             if last < tail < req.num_prompt_tokens:
                 stops.append(tail)
+        junction = self.junctions.get(req.request_id, 0) if self.impl.cfg.get("shared_ckpt") else 0
+        if start < junction < end:
+            # vLLM's scheduler: the junction itself within the prompt, else block-floored.
+            stops.append(junction if junction <= req.num_prompt_tokens
+                         else start + (junction - start) // bs * bs)
         end = min((s for s in stops if start < s < end), default=end)
         return end - start
 
@@ -657,6 +669,7 @@ class Replayer:
         elif kind == "admit":
             req = self.requests[rid]
             blocks, hit, boundary = impl.get_computed_blocks(req)
+            self.junctions[rid] = boundary
             if boundary:
                 o["boundary"] = boundary
             rest = req.num_tokens - hit

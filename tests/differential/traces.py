@@ -155,6 +155,10 @@ def random_config(rng: random.Random, pending: list[str] | None = None,
               "budget": budget, "pending": list(pending)}
     if kind in PARTIAL_KINDS:
         config["prefix_match_unit"] = rng.choice([u for u in (2, 3, 4, 6) if bs % u == 0])
+        # vLLM's Mamba shared-prefix checkpoints (EAGLE models only), drawn from a generator
+        # seeded by the trace's own (not advanced: the other draws stay as they were).
+        if config["eagle"] and random.Random(hash(rng.getstate()[1]) + 1).random() < 0.5:
+            config["shared_ckpt"] = True
     if kind == "eagle_partial":
         config["eagle"] = True
         config["eagle_groups"] = eagle_groups

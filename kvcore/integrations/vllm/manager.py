@@ -104,9 +104,6 @@ class KVCacheManagerAdapter:
                 or not watermark >= 0.0):
             raise InvalidArgumentError(
                 f"watermark must be a fraction of the blocks >= 0, got {watermark!r}")
-        if enable_mamba_shared_prefix_checkpoint:
-            raise refuse("Mamba shared-prefix checkpoints",
-                         "turn enable_mamba_shared_prefix_checkpoint off")
         if num_hash_lookahead_tokens and not version.lookahead_hashes:
             raise refuse(f"lookahead block hashes on vLLM {version.text}",
                          "use vLLM 0.33 for them")
@@ -135,7 +132,6 @@ class KVCacheManagerAdapter:
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
         self.metrics_collector = metrics_collector
-        self.mamba_shared_prefix_checkpoint = False
         # Published hashes: 64-bit ints (vLLM's default) or the bytes.  Read once, as vLLM's
         # environment is fixed once its engine has started.
         convert = int_hash if envs.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES else None
@@ -150,9 +146,14 @@ class KVCacheManagerAdapter:
             num_hash_lookahead_tokens=num_hash_lookahead_tokens,
             eagle_junction_tail=version.eagle_junction_tail,
             mamba_recache_prompt_boundary=version.mamba_recache_prompt_boundary,
+            # vLLM honours it on EAGLE models (flagged or use_eagle groups) with partial hits.
+            mamba_shared_prefix_checkpoint=(enable_mamba_shared_prefix_checkpoint
+                                            and bool(eagle_ids)),
             eviction_policy=(settings.eviction_policy if eviction_policy is None
                              else eviction_policy),
             events=VllmEventRecorder(config, num_hash_lookahead_tokens, convert))
+        # vLLM's scheduler also ends prompt chunks at the junction when this is on.
+        self.mamba_shared_prefix_checkpoint = self.kv.coordinator.shared_prefix_checkpoint
         if metrics_collector is not None:  # vLLM's residency metrics observe kvcore's pool
             self.kv.pool.set_observer(metrics_collector)
         self.block_pool = BlockPoolView(self.kv, hash_block_size, num_hash_lookahead_tokens)

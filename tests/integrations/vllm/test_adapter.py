@@ -227,6 +227,23 @@ def test_partial_hash_hits_run_as_kvcores_partial_block_hits() -> None:
     assert m.coordinator.enable_partial_hash_hits is False
 
 
+@pytest.mark.parametrize(("use_eagle", "unit", "effective"),
+                         [(True, 16, True), (False, 16, False), (True, 32, False)])
+def test_shared_prefix_checkpoints_take_effect_where_vllms_do(use_eagle: bool, unit: int,
+                                                              effective: bool) -> None:
+    """``enable_mamba_shared_prefix_checkpoint``: in effect on an EAGLE model with partial hash
+    hits (the manager's ``mamba_shared_prefix_checkpoint``, which vLLM's scheduler reads to
+    stop prompt chunks at the junction), accepted and without effect otherwise, as in vLLM."""
+    config = kv_config(full(32), MambaSpec(block_size=32, shapes=((2, 4),),
+                                           dtypes=(torch.float32,), mamba_cache_mode="align"))
+    m = KVCacheManagerAdapter(config, 4096, scheduler_block_size=32, hash_block_size=unit,
+                              enable_caching=True, use_eagle=use_eagle,
+                              enable_mamba_shared_prefix_checkpoint=True,
+                              settings=KvcoreSettings())
+    assert m.mamba_shared_prefix_checkpoint is effective
+    assert m.kv.coordinator.managers[1].shared_prefix_checkpoint is effective
+
+
 def test_a_prefix_match_unit_without_partial_hits_hashes_where_vllm_does() -> None:
     """vLLM's prefix_match_unit on a model without Mamba "align" groups: hashes every unit,
     hits on block boundaries (vLLM enables partial-block hits only with such a group); kvcore
