@@ -7,7 +7,7 @@ import dataclasses
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, SupportsIndex
+from typing import SupportsIndex
 
 import pytest
 
@@ -41,11 +41,15 @@ def test_fuzz_reports_a_planted_violation() -> None:
 
 class KeepsPartialTailOnRunningState(KVCacheManager):
     """A manager whose Mamba producers keep their partial prompt-tail entry on the state block
-    they go on writing (the entry never moves to the copy of that state)."""
+    they go on writing: each copy's entries go back to its source before the step runs."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.pool.move_block_hashes = lambda src, dst: None  # type: ignore[method-assign]  # the planted bug
+    def take_block_copies(self) -> tuple[list[tuple[KVCacheBlock, KVCacheBlock]],
+                                         list[KVCacheBlock]]:
+        pairs, retained = super().take_block_copies()
+        for source, copy in pairs:
+            if copy.block_hash is not None and source.block_hash is None:
+                self.pool.move_block_hashes(copy, source)  # the planted bug
+        return pairs, retained
 
 
 class RunsNoBlockCopies(KVCacheManager):
