@@ -16,7 +16,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvcore.errors import InvalidArgumentError, InvalidHitError, UnsupportedFeatureError
+from kvcore.errors import (
+    InvalidArgumentError,
+    InvalidHitError,
+    InvariantError,
+    UnsupportedFeatureError,
+)
 from kvcore.manager import KVCacheManager, lookup_boundary
 from kvcore.request import Request
 from kvcore.specs import KVCacheConfig, KVCacheGroup, KVCacheSpec, MambaSpec
@@ -211,4 +216,20 @@ def test_shared_prefix_checkpoint_keys_the_state_at_the_junction(shared: bool) -
     d = m.make_request("d", [*base[:13], 0, 0])
     _, hit = m.get_computed_blocks(d)
     assert hit == (12 if shared else 0)
+    m.check_invariants()
+
+
+def test_the_invariants_catch_a_copy_on_write_that_left_its_table() -> None:
+    m = _manager()
+    p = _producer(m, list(range(1, 14)), 12)  # a producer: its copy-on-write is still to make
+    mamba = m.coordinator.managers[1]
+    assert "p" in mamba.partial_hit_reqs
+    m.check_invariants()
+    index, source = mamba.partial_hit_reqs["p"]
+    mamba.partial_hit_reqs["p"] = (index, m.get_blocks("p")[0][0])  # not the table's block
+    with pytest.raises(InvariantError, match=r"\[partial-hit\]"):
+        m.check_invariants()
+    mamba.partial_hit_reqs["p"] = (index, source)
+    m.free(p)
+    assert not mamba.partial_hit_reqs
     m.check_invariants()
