@@ -617,7 +617,8 @@ class BlockPool:
                 self.events.removed(h, g)
 
     def cache_partial_block(self, request: KVRequest, block: KVCacheBlock, num_tokens: int,
-                            hash_block_size: int, group_id: int) -> None:
+                            hash_block_size: int, group_id: int, *,
+                            replace_existing_hashes: bool = False) -> BlockHash | None:
         """Register ``block`` under the request's hash at ``num_tokens`` (a multiple of the hash
         block size inside the block): a *partial* prefix-cache entry, as vLLM registers the
         prompt's last hash boundary when a full-attention block is larger than the hash block.
@@ -628,20 +629,32 @@ class BlockPool:
         entry through a full block's hash (it is a different prefix length): it exists so that
         KV events, eviction order and free-queue placement match vLLM's.  Emits ``BlockStored``
         (``block_size`` = the hash block size) when the entry is new.
+
+        ``replace_existing_hashes`` (vLLM's flag of that name: the block's content was
+        replaced) first drops every entry the block carries (a ``BlockRemoved`` each), then
+        registers this one as its hash, with a ``BlockStored`` even if it was there before.
+        Returns the entry's key (also when it was already there); ``None`` for the null block
+        or with caching off.
         """
+        replace = check_flag("replace_existing_hashes", replace_existing_hashes)
         if not self.enable_caching or block.is_null:
-            return
+            return None
         idx = self._check_partial(request, block, num_tokens, hash_block_size, group_id)
         key = request.block_hashes[idx - 1]
+        dropped: list[BlockHash] = []
+        if replace and block.block_hash is not None:
+            dropped = self._maps.drop_keys(block)
         removed = self._maps.add_partial(block, key, num_tokens, group_id)
         if removed is not None:
+            removed = dropped + removed
             self._changed((key, *removed))
         events = self.events
         if removed is None or events is None:
-            return
+            return key
         for h in removed:
             events.removed(h, group_id)
         events.stored(request, request.block_hashes, idx - 1, 1, hash_block_size, group_id, (0,))
+        return key
 
     def has_partial_primary(self, block: KVCacheBlock) -> bool:
         """Whether ``block``'s hash is a partial prompt-tail entry (``cache_partial_block``)."""
@@ -655,6 +668,44 @@ class BlockPool:
     def secondary_keys(self, block: KVCacheBlock) -> tuple[BlockHash, ...]:
         """The partial entries ``block`` carries besides its hash."""
         return tuple(self._maps.secondary.get(block.block_id, ()))
+
+    def move_block_hashes(self, src: KVCacheBlock, dst: KVCacheBlock) -> None:
+        """Re-point every prefix-cache entry of ``src`` (its hash, a partial entry's token count,
+        its extra partial keys, its prefix node) to the unhashed ``dst``, as vLLM's
+        ``BlockPool.move_block_hashes``: for a request that keeps writing into ``src`` while a
+        copy of it (``dst``, filled by a block copy before that write) takes its place in the
+        cache.  The entries stay live: no KV events; lookups of these keys now find ``dst`` (after
+        any duplicate cached earlier, which a removed first entry promotes).  ``src`` without a
+        hash moves nothing.  Raises :class:`BlockStateError` (changing nothing) for a block not
+        of this pool, ``dst`` is ``src`` or a hashed ``dst``; :class:`NullBlockError` for the
+        null block.
+        """
+        self._check_owned([src, dst], "move_block_hashes")
+        if src.is_null or dst.is_null:
+            raise NullBlockError("move_block_hashes: the null block carries no cache entries")
+        if dst is src:
+            raise BlockStateError(f"move_block_hashes: block {src.block_id} onto itself")
+        if dst.block_hash is not None:
+            raise BlockStateError(f"move_block_hashes: destination block {dst.block_id} is "
+                                  "already cached")
+        if src.block_hash is None or not self.enable_caching:
+            return
+        maps = self._maps
+        g = src.group_id
+        node = src.prefix_node
+        covered = maps.partial_primary.get(src.block_id)
+        keys = maps.drop_keys(src)  # primary first, then the extra keys in their order
+        dst.block_hash = keys[0]
+        dst.group_id = g
+        dst.prefix_node = node
+        maps.map(g, keys[0], dst)
+        if covered is not None:
+            maps.partial_primary[dst.block_id] = covered
+        if len(keys) > 1:
+            maps.secondary[dst.block_id] = list(keys[1:])
+            for key in keys[1:]:
+                maps.map(g, key, dst)
+        self._changed(keys)
 
     def evict_blocks(self, block_ids: Iterable[SupportsIndex]) -> None:
         """Drop the listed blocks from the prefix cache (their reference counts are unchanged).

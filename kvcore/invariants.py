@@ -245,6 +245,10 @@ def check_manager_invariants(manager: ManagerState) -> None:
                           (and count in their ``ref_cnt``, checked with the pool's ownership)
     ``pending-copy``      each endpoint of a pending block copy (``pending_copies``) holds a
                           withheld reference for each copy it is an endpoint of
+    ``partial-hit``       a copy-on-write still to make (``partial_hit_reqs``: a partial-block
+                          hit's shared tail, a Mamba producer's partial prompt tail) names a
+                          tracked request's real block at that position of its table, with
+                          the request's cached blocks stopping before it
     ``null-placement``    null blocks only in groups whose type allows them, as a leading run
                           (anywhere for types with ``null_gaps``)
     ``block-count``       every computed token has a slot; no table exceeds max_model_len, nor
@@ -290,6 +294,14 @@ def check_manager_invariants(manager: ManagerState) -> None:
                     raise _fail("pending-copy", f"group {g}'s pending copy {pair!r} retains "
                                 f"block {bid} {n} time(s), withheld {withheld.get(bid, 0)}",
                                 block)
+    for g, m in enumerate(coord.managers):
+        for rid, (index, source) in m.partial_hit_reqs.items():
+            table = m.req_to_blocks.get(rid, [])
+            if (rid not in requests or not 0 <= index < len(table) or table[index] is not source
+                    or source.is_null or m.num_cached_block.get(rid, 0) > index):
+                raise _fail("partial-hit", f"request {rid!r} group {g}: the copy-on-write of "
+                            f"block {source.block_id} at {index} does not match its table",
+                            source)
     held = manager.held_free_blocks()
     if held:  # one reference each, taken by set_num_free_blocks
         owners["held free"] = [held]

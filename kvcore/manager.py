@@ -153,8 +153,8 @@ class KVCacheManager:
 
     # Fixed attributes, as in the compiled build (whose instances have no __dict__): the two
     # builds' objects have the same layout, which kvcore.testing's checked() relies on.
-    __slots__ = ("_admission_caps", "_block_sizes", "_empty", "_held_free", "_reads_releases",
-                 "_requests", "_sparse_retention", "_withheld",
+    __slots__ = ("_admission_caps", "_block_sizes", "_empty", "_held_free", "_keeps_boundaries",
+                 "_reads_releases", "_requests", "_withheld",
                  "block_hasher", "config", "coordinator", "enable_caching", "fast_path",
                  "hash_block_size", "log_stats", "max_model_len", "max_num_batched_tokens",
                  "num_groups", "num_hash_lookahead_tokens", "pool", "prefix_cache_stats",
@@ -206,10 +206,13 @@ class KVCacheManager:
         self._requests: dict[str, list[Any]] = {}
         # Deferred frees: block id -> references pop_blocks_for_free handed out and
         # free_withheld has not returned yet.
-        self._withheld: dict[int, int] = {}
+        self._withheld: dict[int, int] = self.coordinator.withheld  # (shared with its managers)
         # Free blocks set_num_free_blocks holds back, the first reused first when given back.
         self._held_free: list[KVCacheBlock] = []
-        self._sparse_retention = config.prefix_cache_retention_interval is not None
+        # Whether a request keeps its lookup's shared-prefix boundary while it runs: sparse
+        # retention caches before it, shared-prefix checkpoints key the Mamba state at it.
+        self._keeps_boundaries = (config.prefix_cache_retention_interval is not None
+                                  or self.coordinator.shared_prefix_checkpoint)
         self._empty = KVCacheBlocks(() for _ in range(self.num_groups))
         self._admission_caps = tuple(
             g.spec.max_blocks_per_request(max_model_len, max_num_batched_tokens)
@@ -396,19 +399,20 @@ class KVCacheManager:
         if num_slots > self.max_model_len:
             num_slots = self.max_model_len
         if tracked is None:
-            # Under sparse retention the request keeps its lookup's shared-prefix boundary while
-            # it runs (given, or carried by the hit: see lookup_boundary).
+            # Under sparse retention (or shared-prefix checkpoints) the request keeps its
+            # lookup's shared-prefix boundary while it runs (given, or carried by the hit: see
+            # lookup_boundary).
             boundary = 0
             if shared_prefix_boundary is not None:
                 boundary = check_count("shared_prefix_boundary", shared_prefix_boundary)
-            elif self._sparse_retention:
+            elif self._keeps_boundaries:
                 boundary = lookup_boundary(hits, request)
             # (Positional, in the coordinator's parameter order: keywords cost ~100 ns a call in
             # pure Python, 2% of a caching-off admission; BENCHMARKS.md 2026-11-27, issue 37.)
             new_blocks = self.coordinator.allocate_new(
                 request, num_slots, hits, num_local_computed, num_external_computed_tokens,
                 num_encoder_tokens, cache_upto, reserved_blocks + watermark_blocks,
-                num_computed_after, boundary if self._sparse_retention else 0)
+                num_computed_after, boundary if self._keeps_boundaries else 0)
             if new_blocks is None:
                 return None
             self._requests[rid] = [request, num_slots]
@@ -975,7 +979,16 @@ class KVCacheManager:
                     raise InvalidHitError(f"request {rid!r}: group {g} is never cached, but "
                                           f"new_computed_blocks holds {len(blocks)} blocks for it")
                 continue
-            if len(blocks) * bs != num_hit_tokens and not (
+            if m.partial_hits and num_hit_tokens % bs and blocks:
+                # A hit ending inside a block: its last block is the one cached under the
+                # request's hash at the hit's end (a partial entry), the others as usual.
+                self._check_partial_tail(request, hits, g, blocks, num_hit_tokens, bs)
+                blocks = blocks[:-1]
+                if len(blocks) != num_hit_tokens // bs:
+                    raise InvalidHitError(
+                        f"request {rid!r}: num_new_computed_tokens={num_hit_tokens} but group "
+                        f"{g} has {len(blocks) + 1} hit blocks of {bs} tokens")
+            elif len(blocks) * bs != num_hit_tokens and not (
                     # A recurrent state's hit may stop short when a KV connector supplies the
                     # state at the end of the computed tokens (vLLM: a connector that refills
                     # Mamba state behind a deeper full-attention hit).
@@ -1010,6 +1023,49 @@ class KVCacheManager:
                         raise InvalidHitError(
                             f"request {rid!r}: block {block.block_id} at group {g} position "
                             f"{i} holds KV of another prefix")
+
+    def _check_partial_tail(self, request: KVRequest, hits: Sequence[Sequence[KVCacheBlock]],
+                            g: int, blocks: Sequence[KVCacheBlock], num_hit_tokens: int,
+                            bs: int) -> None:
+        """Raise :class:`InvalidHitError` unless the last of ``blocks`` (group ``g``'s part of a
+        hit of ``num_hit_tokens`` tokens, ending inside that block) is this pool's block cached
+        under the request's hash at the hit's end, at the hit's last table position."""
+        rid = request.request_id
+        block = blocks[-1]
+        unit = self.hash_block_size
+        index = num_hit_tokens // unit - 1
+        mine = self.pool.blocks
+        if (len(blocks) != -(-num_hit_tokens // bs) or num_hit_tokens % unit
+                or index >= len(request.block_hashes)):
+            raise InvalidHitError(f"request {rid!r}: num_new_computed_tokens={num_hit_tokens} "
+                                  f"but group {g} has {len(blocks)} hit blocks of {bs} tokens")
+        key = request.block_hashes[index]
+        # Attention: the block holds the hit's prefix if it is cached under the request's hash
+        # at the hit's end or at any later unit inside the block (a partial entry, or its full
+        # hash: a hit a hybrid search or EAGLE's drop trimmed keeps its first tokens).  A
+        # recurrent state is the state after its entry's tokens only: that entry must be the
+        # block's own, at the hit's end.
+        state = self.coordinator.managers[g].spec.holds_state
+        position = len(blocks) - 1
+        if (not isinstance(block, KVCacheBlock) or block.is_null
+                or not 0 <= block.block_id < len(mine) or mine[block.block_id] is not block):
+            self._bad_hit(request, hits, g, position, block, position + 1, [])
+        if state:
+            held = (block.block_hash == key
+                    and self.pool.partial_primary_tokens(block) == num_hit_tokens)
+        else:
+            keys = set(request.block_hashes[index:min((position + 1) * bs // unit,
+                                                      len(request.block_hashes))])
+            held = block.block_hash in keys or not keys.isdisjoint(
+                self.pool.secondary_keys(block))
+        if block.group_id != g or not held:
+            if block.block_hash is None or evictions_since_lookup(hits, request, self.pool):
+                # (says why: evicted or reused since the lookup, or never cached)
+                self._bad_hit(request, hits, g, position, block, position + 1,
+                              [None] * position + [key])
+            raise InvalidHitError(
+                f"request {rid!r}: group {g}'s hit ends inside block {block.block_id}, which "
+                f"is not cached under the request's prefix of {num_hit_tokens} tokens")
 
     def _bad_hit(self, request: KVRequest, hits: Sequence[Sequence[KVCacheBlock]], g: int,
                  i: int, block: object, needed_from: int, hashes: Sequence[object]) -> NoReturn:

@@ -32,7 +32,8 @@ from kvcore.hashing import BlockHasher
 from kvcore.validation import check_flag
 
 _FLAGS = ("enable_caching", "enable_events", "verify_hits", "use_eagle", "eagle_junction_tail",
-          "mamba_recache_prompt_boundary", "log_stats", "fast_path")
+          "mamba_recache_prompt_boundary", "mamba_shared_prefix_checkpoint", "log_stats",
+          "fast_path")
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,13 @@ class CacheSettings:
             block boundary before its end as cached this step (not hittable until the next)
             whenever a chunk ends there, even when it was cached or hit earlier (vLLM 0.32;
             ``False``, the default: only a state cached now, as vLLM 0.33).
+        mamba_shared_prefix_checkpoint: with partial-block hits
+            (``KVCacheConfig.partial_block_hits``), a Mamba "align" group also keys the state
+            where a prompt chunk ends at the request's shared-prefix junction (the longest
+            prefix its lookup found some group holding), so a sibling sharing that prefix
+            resumes there (vLLM's ``enable_mamba_shared_prefix_checkpoint``, which vLLM honours
+            on EAGLE models only: kvcore's vLLM adapter passes it so); without partial hits it
+            does nothing.
         log_stats: collect :class:`~kvcore.manager.PrefixCacheStats`.
         fast_path: let ``allocate_slots`` calls that only add new tokens skip the validation they
             cannot fail; ``False`` validates every call in full (both reach the same code).
@@ -95,6 +103,7 @@ class CacheSettings:
     num_hash_lookahead_tokens: int = 0
     eagle_junction_tail: bool = True
     mamba_recache_prompt_boundary: bool = False
+    mamba_shared_prefix_checkpoint: bool = False
     log_stats: bool = True
     fast_path: bool = True
     hash_algo: str = "xxh3_128"

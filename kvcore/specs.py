@@ -371,15 +371,25 @@ class KVCacheConfig:
     divide each of those block sizes, and with a single group be its block size (as vLLM
     requires).  Hits still end on the hit alignment (block boundaries),
     as with the gcd: a finer unit only moves where full-attention groups register a prompt's
-    partial tail.  (vLLM serves partial-block hits — a hit ending inside a block, the shared
-    tail block copied on write — when a Mamba ``"align"`` group's blocks are larger than the
-    unit; kvcore does not implement them, and its vLLM adapter refuses such a configuration.)
+    partial tail.
+
+    ``partial_block_hits`` (vLLM's partial hash hits, which vLLM turns on exactly when a Mamba
+    ``"align"`` group's blocks are larger than the hash unit and every other prefix-cacheable
+    group is full attention or has blocks of one unit) lets a hit end on any hash unit, inside
+    a block: the hit's shared tail block is copied on write into a fresh block of the request
+    (a pending block copy whose endpoints stay withheld until the copy has run), and a Mamba
+    "align" request that registered its prompt's last hash boundary inside its running state
+    block hands that entry to a copy before it overwrites the state.  It needs exactly that
+    configuration (else :class:`~kvcore.errors.InvalidArgumentError`); off (the default), hits
+    end on block boundaries whatever the unit.  (Not with ``verify_hits``: a partial entry
+    carries no prefix proof; the manager refuses it.)
     """
 
     num_blocks: int
     groups: tuple[KVCacheGroup, ...] = field(default=())
     prefix_cache_retention_interval: int | None = None
     prefix_match_unit: int | None = None
+    partial_block_hits: bool = False
 
     def __post_init__(self) -> None:
         if self.num_blocks.__class__ is not int or self.num_blocks < 2:
@@ -422,11 +432,41 @@ class KVCacheConfig:
             if any(size % unit for size in sizes):
                 raise InvalidArgumentError(f"prefix_match_unit={unit} must divide every prefix-"
                                            f"cacheable group's block size, got {sizes}")
+        if self.partial_block_hits is not False:
+            if self.partial_block_hits is not True:
+                raise InvalidArgumentError(f"partial_block_hits must be a bool, got "
+                                           f"{self.partial_block_hits!r}")
+            self._check_partial_block_hits()
         windows = sorted({g.spec.prefix_replay_tokens for g in self.groups
                           if g.spec.prefix_replay_tokens})
         if len(windows) > 1:
             raise InvalidArgumentError(f"groups with bounded replay must replay one window "
                                        f"(vLLM's scheduler rewinds a hit by one), got {windows}")
+
+    def _check_partial_block_hits(self) -> None:
+        """Raise unless vLLM would serve partial-block hits for these groups."""
+        unit = self.hash_block_size
+        coarse = [i for i, g in enumerate(self.groups)
+                  if g.spec.kind == "mamba" and getattr(g.spec, "mamba_cache_mode", "") == "align"
+                  and g.spec.block_size > unit]
+        if not coarse:
+            raise InvalidArgumentError(
+                f"partial_block_hits needs a Mamba 'align' group whose blocks are larger than "
+                f"the {unit}-token hash unit (vLLM serves partial-block hits only then)")
+        other = [i for i, g in enumerate(self.groups)
+                 if g.spec.prefix_cacheable and g.spec.block_size != unit
+                 and g.spec.kind not in ("full_attention", "mamba")]
+        if other:
+            raise InvalidArgumentError(
+                f"partial_block_hits: groups {other} need hits on their block boundaries "
+                f"(only full attention and Mamba find a hit inside a block; vLLM turns partial "
+                "hits off for such a model)")
+
+    @property
+    def hit_alignment_tokens(self) -> int:
+        """Where a prefix hit may end: every hash unit with ``partial_block_hits``, else the
+        hit alignment (``alignment_tokens``)."""
+        return self.hash_block_size if self.partial_block_hits else self.alignment_tokens
 
     @property
     def num_groups(self) -> int:

@@ -386,6 +386,9 @@ CASES = [
     Case("pool", "partial entry off a hash boundary", lambda w: w.m.pool.cache_partial_block(
         w.running, w.m.get_blocks("run")[0][1], 6, 4, 0), InvalidArgumentError,
          "multiple of hash_block_size", f"{P}.cache_partial_block"),
+    Case("pool", "move cache entries onto a cached block", lambda w: w.m.pool.move_block_hashes(
+        w.m.get_blocks("run")[0][0], w.m.get_blocks("run")[0][1]), BlockStateError,
+         "already cached", f"{P}.move_block_hashes"),
     Case("pool", "report a hit in a group that does not exist",
          lambda w: w.m.pool.report_cached_blocks(w.running, 1, 4, 2, w.running.block_hashes),
          InvalidGroupError, "group id 2", f"{P}.report_cached_blocks"),

@@ -337,3 +337,107 @@ def test_trusted_touch_and_free_match_the_checked_calls() -> None:
     assert ids(list(pools[0].policy)) == ids(list(pools[1].policy))
     with pytest.raises(BlockStateError):  # the checked call still checks
         pools[0].touch([pools[1].blocks[1]])
+
+
+def test_move_block_hashes_repoints_every_entry_without_events() -> None:
+    """vLLM's move for a running request's copy-on-write: the copy takes the source's hash, its
+    partial entry's token count and its extra partial keys; the source is left unhashed."""
+    pool = BlockPool(8, enable_events=True)
+    req = make_request("r", list(range(12)), 4)  # hashes every 4 tokens
+    src, dst = pool.get_new_blocks(2)
+    pool.cache_partial_block(req, src, 4, 4, 0)  # a partial entry: src's hash
+    pool.cache_partial_block(req, src, 8, 4, 0)  # longer: replaces it
+    assert pool.partial_primary_tokens(src) == 8
+    pool.take_events()
+    before = pool.cache_version
+    pool.move_block_hashes(src, dst)
+    assert src.block_hash is None and pool.partial_primary_tokens(src) is None
+    assert dst.block_hash == req.block_hashes[1] and pool.partial_primary_tokens(dst) == 8
+    assert pool.get_cached_block(req.block_hashes[1], [0]) == [dst]
+    assert pool.take_events() == []
+    assert pool.cache_version != before
+    pool.free_blocks([src, dst])
+    check_invariants(pool)
+    # dst now leaves the cache like any cached block: one BlockRemoved for its key.
+    pool.evict_blocks([dst.block_id])
+    assert [type(e) for e in pool.take_events()] == [BlockRemoved]
+    assert pool.get_cached_block(req.block_hashes[1], [0]) is None
+
+
+def test_move_block_hashes_carries_extra_keys_and_keeps_duplicates_first() -> None:
+    pool = BlockPool(8)
+    req = make_request("r", list(range(8)), 4)
+    a, b, dst = pool.get_new_blocks(3)
+    pool.cache_full_blocks(req, [a], 0, 1, 4, 0)
+    pool.cache_full_blocks(req, [b], 0, 1, 4, 0)  # a duplicate of a's hash
+    pool.cache_partial_block(req, a, 8, 4, 0)  # an extra key on a (a is hashed)
+    assert pool.secondary_keys(a) == (req.block_hashes[1],)
+    pool.move_block_hashes(a, dst)
+    assert a.block_hash is None and pool.secondary_keys(a) == ()
+    assert dst.block_hash == req.block_hashes[0]
+    assert pool.secondary_keys(dst) == (req.block_hashes[1],)
+    # b, the earlier duplicate, is promoted; dst waits behind it as vLLM's dict insert does.
+    assert pool.get_cached_block(req.block_hashes[0], [0]) == [b]
+    assert pool.get_cached_block(req.block_hashes[1], [0]) == [dst]
+    pool.free_blocks([b])
+    pool.evict_blocks([b.block_id])
+    assert pool.get_cached_block(req.block_hashes[0], [0]) == [dst]
+    check_invariants(pool)
+
+
+def test_move_block_hashes_from_an_unhashed_block_moves_nothing() -> None:
+    pool = BlockPool(4)
+    src, dst = pool.get_new_blocks(2)
+    before = pool_snapshot(pool)
+    pool.move_block_hashes(src, dst)
+    assert pool_snapshot(pool) == before
+
+
+@pytest.mark.parametrize(("case", "error", "match"), [
+    ("null", NullBlockError, "null block"),
+    ("self", BlockStateError, "onto itself"),
+    ("hashed", BlockStateError, "already cached"),
+    ("foreign", BlockStateError, "not a block of this pool"),
+])
+def test_move_block_hashes_refusals_change_nothing(case: str, error: type[Exception],
+                                                   match: str) -> None:
+    pool = BlockPool(8)
+    req = make_request("r", list(range(8)), 4)
+    src, other = pool.get_new_blocks(2)
+    pool.cache_full_blocks(req, [src, other], 0, 2, 4, 0)
+    dst = {"null": pool.null_block, "self": src, "hashed": other,
+           "foreign": BlockPool(8).blocks[3]}[case]
+    before = pool_snapshot(pool)
+    with pytest.raises(error, match=match):
+        pool.move_block_hashes(src, dst)
+    assert pool_snapshot(pool) == before
+
+
+def test_cache_partial_block_returns_its_key_and_can_replace_every_entry() -> None:
+    """vLLM's ``replace_existing_hashes``: the block's content changed (a Mamba checkpoint
+    re-keyed at its boundary), so every entry it carried leaves (one ``BlockRemoved`` each)
+    before the new one is stored, even one it carried already."""
+    pool = BlockPool(8, enable_events=True)
+    req = make_request("r", list(range(12)), 4)
+    a, = pool.get_new_blocks(1)
+    pool.cache_full_blocks(req, [a], 0, 1, 4, 0)  # a's hash: the first 4 tokens
+    assert pool.cache_partial_block(req, a, 8, 4, 0) == req.block_hashes[1]  # an extra key
+    assert pool.cache_partial_block(req, a, 8, 4, 0) == req.block_hashes[1]  # already there
+    pool.take_events()
+    assert pool.cache_partial_block(req, a, 12, 4, 0,
+                                    replace_existing_hashes=True) == req.block_hashes[2]
+    events = pool.take_events()
+    assert [type(e) for e in events] == [BlockRemoved, BlockRemoved, BlockStored]
+    assert a.block_hash == req.block_hashes[2] and pool.secondary_keys(a) == ()
+    assert pool.partial_primary_tokens(a) == 12
+    assert pool.get_cached_block(req.block_hashes[0], [0]) is None
+    assert pool.get_cached_block(req.block_hashes[2], [0]) == [a]
+    # Replacing with the key the block already carries stores it again.
+    pool.cache_partial_block(req, a, 12, 4, 0, replace_existing_hashes=True)
+    assert [type(e) for e in pool.take_events()] == [BlockRemoved, BlockStored]
+    assert pool.cache_partial_block(req, pool.null_block, 4, 4, 0) is None
+    with pytest.raises(InvalidArgumentError, match="replace_existing_hashes must be a bool"):
+        pool.cache_partial_block(req, a, 4, 4, 0, replace_existing_hashes=1)  # type: ignore[arg-type]  # a bad input on purpose
+    assert a.block_hash == req.block_hashes[2]
+    pool.free_blocks([a])
+    check_invariants(pool)

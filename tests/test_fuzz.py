@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from kvcore.bench.fuzz import FuzzReport, fuzz, main, run_round
 from kvcore.manager import KVCacheManager
 from kvcore.testing.setups import SETUPS, Setup, full
-from kvcore.types import KVRequest
+from kvcore.types import KVCacheBlock, KVRequest
 
 
 @pytest.mark.parametrize("setup", SETUPS, ids=[s.name for s in SETUPS])
@@ -36,6 +37,41 @@ def test_fuzz_reports_a_planted_violation() -> None:
     report = fuzz(3000, seed=1, round_ops=3000,
                   setups=(Setup("full", (full(4),), manager_class=ForgetsToUncache),))
     assert report.violations and "WrongKVError" in report.violations[0]
+
+
+class KeepsPartialTailOnRunningState(KVCacheManager):
+    """A manager whose Mamba producers keep their partial prompt-tail entry on the state block
+    they go on writing: each copy's entries go back to its source before the step runs."""
+
+    def take_block_copies(self) -> tuple[list[tuple[KVCacheBlock, KVCacheBlock]],
+                                         list[KVCacheBlock]]:
+        pairs, retained = super().take_block_copies()
+        for source, copy in pairs:
+            if copy.block_hash is not None and source.block_hash is None:
+                self.pool.move_block_hashes(copy, source)  # the planted bug
+        return pairs, retained
+
+
+class RunsNoBlockCopies(KVCacheManager):
+    """A manager that records copies-on-write but never hands them to the engine."""
+
+    def take_block_copies(self) -> tuple[list[tuple[KVCacheBlock, KVCacheBlock]],
+                                         list[KVCacheBlock]]:
+        super().take_block_copies()
+        return [], []
+
+
+@pytest.mark.parametrize("planted", [KeepsPartialTailOnRunningState, RunsNoBlockCopies])
+def test_fuzz_catches_a_partial_block_hit_serving_other_kv(planted: type[KVCacheManager]) -> None:
+    """Partial-block hits: a state served after it went on, or a shared tail never copied,
+    is caught by the content oracle (or the withheld-block check)."""
+    setup = next(s for s in SETUPS if s.name == "full12+mamba-align12 unit3 partial")
+    report = FuzzReport()
+    for seed in range(4):
+        run_round(dataclasses.replace(setup, manager_class=planted), seed=seed, num_ops=300,
+                  report=report)
+    assert report.violations
+    assert any(w in report.violations[0] for w in ("WrongKVError", "withheld blocks differ"))
 
 
 def test_fuzz_command(capsys: pytest.CaptureFixture[str]) -> None:

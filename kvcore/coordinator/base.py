@@ -16,7 +16,7 @@ from collections.abc import Collection, Iterable, Sequence
 from typing import ClassVar
 
 from kvcore.block_pool import BlockPool
-from kvcore.errors import InvalidGroupError
+from kvcore.errors import InvalidGroupError, UnsupportedFeatureError
 from kvcore.hashing import hashes_at
 from kvcore.managers import make_manager
 from kvcore.managers.base import ManagerContext, SingleTypeKVCacheManager, cdiv
@@ -67,8 +67,22 @@ class KVCacheCoordinator:
         self.eagle_group_ids = eagle_ids = dropping_groups(config, settings)
         self.use_eagle = settings.use_eagle and (eagle_ids is None or bool(eagle_ids))
         self.hash_block_size = config.hash_block_size
-        self.alignment_tokens = alignment_tokens = config.alignment_tokens
-        self.cache_alignment = alignment_tokens if self.aligns_caching else None
+        # Partial-block hits (KVCacheConfig.partial_block_hits): hits end on any hash unit and
+        # caching is not rounded (vLLM: rounding even to the unit would register a Mamba
+        # tail that was copied on write again).
+        self.partial_hits = settings.enable_caching and config.partial_block_hits
+        if self.partial_hits and self.verify_hits:
+            raise UnsupportedFeatureError(
+                "partial-block hits (KVCacheConfig.partial_block_hits) with verified hits "
+                "(CacheSettings.verify_hits): a partial entry carries no prefix proof")
+        # Shared-prefix checkpoints: in effect only with partial hits.
+        self.shared_prefix_checkpoint = (settings.mamba_shared_prefix_checkpoint
+                                         and self.partial_hits)
+        self.alignment_tokens = alignment_tokens = (config.hit_alignment_tokens
+                                                   if self.partial_hits
+                                                   else config.alignment_tokens)
+        self.cache_alignment = (alignment_tokens if self.aligns_caching and not self.partial_hits
+                                else None)
         self.prefix_chains = (PrefixChains(settings.num_hash_lookahead_tokens) if self.verify_hits
                               else None)
         ctx = ManagerContext(pool, enable_caching, self.hash_block_size, alignment_tokens,
@@ -76,7 +90,13 @@ class KVCacheCoordinator:
                              config.prefix_cache_retention_interval,
                              eagle_junction_tail=settings.eagle_junction_tail,
                              mamba_recache_prompt_boundary=settings.mamba_recache_prompt_boundary,
-                             eagle_group_ids=eagle_ids)
+                             eagle_group_ids=eagle_ids,
+                             partial_block_hits=self.partial_hits,
+                             mamba_shared_prefix_checkpoint=self.shared_prefix_checkpoint,
+                             scheduler_alignment=config.alignment_tokens)
+        # References withheld from the pool by block id (KVCacheManager's deferred frees and
+        # block copies; a partial hit's copy-on-write withholds its endpoints here).
+        self.withheld = ctx.withheld
         # Per running request, the shared-prefix boundary of its admission lookup (read by
         # sparse-retention caching; written at admission, dropped when the request is freed).
         self.shared_prefix_boundaries = ctx.shared_prefix_boundaries
@@ -101,6 +121,8 @@ class KVCacheCoordinator:
                              for m in self.managers)
         self._releasing = tuple(m for m in self.managers if m.releases_blocks)
         self._caching = tuple(m for m in self.managers if m.enable_caching)
+        # Types that may take a partial-block hit (copy-on-write of its shared tail).
+        self._fine = tuple(m for m in self.managers if m.partial_hits)
         # What an allocation returns when no group got a block (shared: never mutated).
         self.no_blocks: GroupBlocks = tuple([] for _ in self.managers)
         # Groups whose lookup keeps their own longer hit rather than the hit all groups agree
@@ -126,7 +148,8 @@ class KVCacheCoordinator:
                                total_computed_tokens: int,
                                max_blocks: Sequence[int | None] | None = None,
                                num_main_tokens: int | None = None, prefill_end: int = 0,
-                               record: bool = False) -> int:
+                               record: bool = False,
+                               num_local_computed_tokens: int | None = None) -> int:
         """Free blocks all groups need together to hold ``num_tokens`` tokens (encoder groups:
         ``num_encoder_tokens``; types counting their own growth: ``num_main_tokens``, default
         ``num_tokens``, with ``prefill_end`` and ``record``, see ``count_state_blocks``), hit
@@ -143,6 +166,13 @@ class KVCacheCoordinator:
             n += m.get_num_blocks_to_allocate(
                 request_id, num_encoder_tokens if sizing == 1 else num_tokens, hits[i],
                 total_computed_tokens, None if max_blocks is None else max_blocks[i])
+        if self._fine:
+            # A local hit ending inside a block takes one more: its shared tail's copy (vLLM
+            # counts the local hit's tokens, not the external ones after it).
+            local = (total_computed_tokens if num_local_computed_tokens is None
+                     else num_local_computed_tokens)
+            for m in self._fine:
+                n += m.cow_blocks(request_id, hits[m.group_id], local)
         return n
 
     def allocate_new(self, request: RequestLike, num_slots: int,
@@ -175,7 +205,8 @@ class KVCacheCoordinator:
         if total_computed:
             # A new request bringing computed tokens: each type counts and takes its own hits.
             need = self.num_blocks_to_allocate(rid, num_slots, hits, num_encoder_tokens,
-                                               total_computed, None, main, prefill_end, True)
+                                               total_computed, None, main, prefill_end, True,
+                                               num_local_computed_tokens)
             if need > self.pool.num_free_blocks - reserved_blocks:
                 return None
             if own and num_external_computed_tokens:
@@ -189,6 +220,9 @@ class KVCacheCoordinator:
             # Phase 1: every group takes its hit before any group allocates.
             for i, m in enumerate(self.managers):
                 m.add_computed_blocks(rid, hits[i], total_computed)
+            for m in self._fine:
+                m.note_partial_hit(rid, hits[m.group_id], num_local_computed_tokens,
+                                   total_computed)
             if num_external_computed_tokens:
                 for m in self._decoder:
                     m.allocate_external_computed_blocks(rid, num_local_computed_tokens,

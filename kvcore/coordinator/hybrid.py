@@ -111,12 +111,16 @@ class HybridCoordinator(KVCacheCoordinator):
         """One spec group's own longest hit of at most ``max_length`` tokens; with ``drop``
         (EAGLE) it looks one block further (types that drop) so the drop lands on the bound."""
         limit = max_length
+        bs = sg.spec.block_size
+        fine = self.partial_hits and sg.manager_cls.fine_grained_hits
         if drop and not sg.spec.holds_state:  # (the manager's drops_eagle_block)
-            limit = min(max_length + sg.spec.block_size,
-                        len(block_hashes) * self.hash_block_size)
+            # EAGLE's margin: one block, or one hash unit where hits may end inside a block.
+            margin = self.hash_block_size if fine and bs > self.hash_block_size else bs
+            limit = min(max_length + margin, len(block_hashes) * self.hash_block_size)
         return sg.manager_cls.find_longest_cache_hit(HitQuery(
-            hashes_at(block_hashes, self.hash_block_size, sg.spec.block_size), limit,
-            sg.group_ids, self.pool, sg.spec, self.alignment_tokens, verifier, drop))
+            hashes_at(block_hashes, self.hash_block_size, bs), limit,
+            sg.group_ids, self.pool, sg.spec, self.alignment_tokens, verifier, drop,
+            block_hashes if fine else None))
 
     def find_longest_cache_hit_per_group(self, block_hashes: Sequence[BlockHash],
                                          max_length: int) -> tuple[GroupBlocks, tuple[int, ...]]:

@@ -56,6 +56,17 @@ class ManagerContext:
     eagle_junction_tail: bool = True
     mamba_recache_prompt_boundary: bool = False
     eagle_group_ids: frozenset[int] | None = None
+    partial_block_hits: bool = False
+    mamba_shared_prefix_checkpoint: bool = False
+    """Whether Mamba "align" groups key the state at a request's shared-prefix junction
+    (``CacheSettings.mamba_shared_prefix_checkpoint``, in effect: with partial hits)."""
+    scheduler_alignment: int = 0
+    """The lcm of the block sizes (vLLM's scheduler block), where a prompt's replay boundaries
+    lie; 0: ``alignment_tokens`` (they differ under partial-block hits only)."""
+    withheld: dict[int, int] = field(default_factory=dict)
+    """The references withheld from the pool by block id (``KVCacheManager``'s deferred
+    frees, block copies' endpoints): a copy-on-write of a partial-block hit withholds its
+    endpoints here."""
 
 
 @dataclass(slots=True)
@@ -77,6 +88,9 @@ class HitQuery:
     alignment_tokens: int
     verifier: HitVerifier | None = None
     drop_last: bool = False
+    unit_hashes: Sequence[BlockHash] | None = None
+    """The request's hashes at the hash unit (``alignment_tokens``) when hits may end inside a
+    block (``KVCacheConfig.partial_block_hits``; types with ``fine_grained_hits``)."""
 
     def lookup(self, index: int) -> list[KVCacheBlock] | None:
         """The cached block at block ``index`` in every group, or ``None`` (a miss in any group,
@@ -91,6 +105,12 @@ class HitQuery:
                 self.pool.num_rejected_hits += 1
                 return None
         return found
+
+    def lookup_unit(self, index: int) -> list[KVCacheBlock] | None:
+        """The block cached under the request's hash at hash unit ``index`` (a full block's
+        hash at a block boundary, else a partial entry) in every group, or ``None``."""
+        assert self.unit_hashes is not None
+        return self.pool.get_cached_block(self.unit_hashes[index], self.group_ids)
 
 
 # Custom attention types (KVCacheManager(manager_classes=...)) subclass these outside the
@@ -122,6 +142,11 @@ class SingleTypeKVCacheManager:
     """The most blocks a request's table of this type ever holds, whatever its length (a
     circular buffer: 1); ``None``: its tokens decide."""
 
+    fine_grained_hits: ClassVar[bool] = False
+    """Whether the type finds hits ending inside a block (every hash unit) under
+    ``KVCacheConfig.partial_block_hits`` (vLLM's ``supports_fine_grained_hash_lookup``: full
+    attention and Mamba)."""
+
     def __init__(self, spec: KVCacheSpec, group_id: int, ctx: ManagerContext) -> None:
         self.spec = spec
         self.block_size = spec.block_size
@@ -138,6 +163,9 @@ class SingleTypeKVCacheManager:
         self.enable_caching = ctx.enable_caching and spec.prefix_cacheable
         self.hash_block_size = ctx.hash_block_size
         self.alignment_tokens = ctx.alignment_tokens
+        # Where a prompt's replay boundaries lie (vLLM: the scheduler block, also when hits
+        # may end on any hash unit).
+        self.replay_alignment = ctx.scheduler_alignment or ctx.alignment_tokens
         # EAGLE: whether this group's hits drop their last block (``use_eagle``), and whether
         # any group's do (``any_eagle``: the prompt's replay boundaries follow it, as vLLM's).
         self.any_eagle = ctx.use_eagle
@@ -161,6 +189,12 @@ class SingleTypeKVCacheManager:
         # copy-on-write's (source, destination) pairs, each endpoint holding one withheld
         # reference until the step that runs the copy has been processed.
         self.pending_copies: list[tuple[KVCacheBlock, KVCacheBlock]] = []
+        # Partial-block hits (KVCacheConfig.partial_block_hits, types with fine_grained_hits):
+        # per request whose hit ends inside a block, that block's table index and the shared
+        # block, copied on write into a fresh block by the request's next allocation.
+        self.partial_hits = ctx.partial_block_hits and self.fine_grained_hits
+        self.partial_hit_reqs: dict[str, tuple[int, KVCacheBlock]] = {}
+        self.withheld = ctx.withheld
         # Tokens past the slots a request's table also covers (Mamba "none" with speculative
         # state blocks: ``num_speculative_blocks * block_size``); the type's counts and
         # allocations add them, and so does the coordinator where it counts inline.
@@ -254,7 +288,49 @@ class SingleTypeKVCacheManager:
                 n += 1
         return n
 
+    def cow_blocks(self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock],
+                   num_local_computed_tokens: int) -> int:
+        """The block a partial-block hit's copy-on-write takes on admission (1 when the
+        request's local hit ends inside one of this group's blocks), counted on top of
+        ``get_num_blocks_to_allocate`` (vLLM reserves it in that count)."""
+        if (self.partial_hits and new_computed_blocks
+                and num_local_computed_tokens % self.block_size):
+            return 1
+        return 0
+
     # -- mutation ---------------------------------------------------------------------------------
+    def note_partial_hit(self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock],
+                         num_local_computed_tokens: int, num_total_computed_tokens: int) -> None:
+        """After ``add_computed_blocks``: a local hit ending inside a block (``cow_blocks``)
+        whose shared block the request took (not skipped: the tokens computed elsewhere after
+        it may leave it behind, as vLLM) records that block for the copy-on-write of the next
+        allocation, and the request's cached blocks stop before it (its private copy is
+        cached once full)."""
+        num_skipped = self.get_num_skipped_tokens(num_total_computed_tokens) // self.block_size
+        if num_skipped >= len(new_computed_blocks):
+            return
+        if self.cow_blocks(request_id, new_computed_blocks, num_local_computed_tokens):
+            index = num_local_computed_tokens // self.block_size
+            self.partial_hit_reqs[request_id] = (index, new_computed_blocks[-1])
+            self.num_cached_block[request_id] = index
+
+    def copy_on_write(self, request_id: str, index: int, source: KVCacheBlock,
+                      copy: KVCacheBlock) -> None:
+        """Put the fresh ``copy`` in place of the shared ``source`` at table ``index`` and record
+        the block copy ``source -> copy``: the request's reference on ``source`` and one more on
+        ``copy`` stay withheld until the step that runs the copy has been processed
+        (``KVCacheManager.take_block_copies``), so neither endpoint is reused before."""
+        blocks = self.req_to_blocks[request_id]
+        if blocks[index] is not source or source.is_null or source.ref_cnt <= 0:
+            raise AssertionError(f"copy-on-write of request {request_id!r}: table position "
+                                 f"{index} does not hold the shared block {source.block_id}")
+        blocks[index] = copy
+        self.pending_copies.append((source, copy))
+        self.pool.pin([copy])
+        withheld = self.withheld
+        for block in (source, copy):
+            withheld[block.block_id] = withheld.get(block.block_id, 0) + 1
+
     def add_computed_blocks(self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock],
                             num_total_computed_tokens: int) -> None:
         """Start a request's block list with its prefix hit: touch the hit blocks (null-padding
@@ -285,7 +361,10 @@ class SingleTypeKVCacheManager:
             blocks.extend(self.pool.get_new_blocks(num_new))
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
-        """Grow the request's list to ``cdiv(num_tokens, block_size)`` blocks; return the new ones."""
+        """Grow the request's list to ``cdiv(num_tokens, block_size)`` blocks; return the new ones
+        (first the copy of a partial-block hit's shared tail, see ``note_partial_hit``)."""
+        if self.partial_hit_reqs and request_id in self.partial_hit_reqs:
+            return self._allocate_with_copy(request_id, num_tokens)
         blocks = self.req_to_blocks.get(request_id)
         if blocks is None:
             blocks = self.req_to_blocks[request_id] = []
@@ -295,6 +374,14 @@ class SingleTypeKVCacheManager:
         new = self.pool.get_new_blocks(num_new)
         blocks.extend(new)
         return new
+
+    def _allocate_with_copy(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+        """``allocate_new_blocks`` of a request whose hit's shared tail is copied on write."""
+        index, source = self.partial_hit_reqs.pop(request_id)
+        copy = self.pool.get_new_blocks(1)[0]
+        self.copy_on_write(request_id, index, source, copy)
+        return [copy, *SingleTypeKVCacheManager.allocate_new_blocks(self, request_id,
+                                                                    num_tokens)]
 
     def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
         """Put the request's blocks that are full and hashed within its first ``num_tokens``
@@ -397,6 +484,8 @@ class SingleTypeKVCacheManager:
         """Forget the request and hand back its block list (allocation order, null positions
         included) without releasing anything: the caller owns its references now."""
         self.num_cached_block.pop(request_id, None)
+        if self.partial_hit_reqs:
+            self.partial_hit_reqs.pop(request_id, None)
         return self.req_to_blocks.pop(request_id, None) or []
 
     def new_step(self) -> None:

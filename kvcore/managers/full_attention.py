@@ -13,6 +13,7 @@ from kvcore.types import HitBlocks, KVCacheBlock, KVRequest
 class FullAttentionManager(SingleTypeKVCacheManager):
     registers_partial_tail = True
     downward_closed_hits = True
+    fine_grained_hits = True
 
     @classmethod
     def find_longest_cache_hit(cls, query: HitQuery) -> tuple[HitBlocks, int]:
@@ -42,12 +43,28 @@ class FullAttentionManager(SingleTypeKVCacheManager):
                 for blocks, block in zip(out, found):
                     blocks.append(block)
         hit_length = len(out[0]) * bs
-        if query.drop_last and hit_length:
-            hit_length -= bs  # EAGLE: the draft model recomputes the last block
         alignment = query.alignment_tokens
+        units = query.unit_hashes
+        if units is not None and alignment < bs:
+            # Partial-block hits: the longest hash boundary cached inside the first block the
+            # run of full blocks did not reach (a partial entry: its block holds that prefix).
+            scale = bs // alignment
+            first = len(out[0]) * scale
+            for j in range(min(first + scale - 1, query.max_length // alignment, len(units)) - 1,
+                           first - 1, -1):
+                found = query.lookup_unit(j)
+                if found is not None:
+                    for blocks, block in zip(out, found):
+                        blocks.append(block)
+                    hit_length = (j + 1) * alignment
+                    break
+        if query.drop_last and hit_length:
+            # EAGLE: the draft model recomputes the last block (one hash unit when hits may
+            # end inside a block: the tail block's KV still covers the shorter hit).
+            hit_length -= alignment if alignment < bs else bs
         if alignment != bs:
             hit_length -= hit_length % alignment
-        if hit_length != len(out[0]) * bs:
+        if -(-hit_length // bs) != len(out[0]):
             for blocks in out:
                 del blocks[-(-hit_length // bs):]
         return out, hit_length

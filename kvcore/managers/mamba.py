@@ -44,6 +44,17 @@ class MambaManager(SingleTypeKVCacheManager):
         bs = query.spec.block_size
         alignment = query.alignment_tokens
         null = query.pool.null_block
+        units = query.unit_hashes
+        if units is not None and alignment < bs:
+            # Partial-block hits: the right-most hash boundary with a cached state (a full
+            # block's at a block boundary, else a partial entry), in the block holding it.
+            scale = bs // alignment
+            for j in range(min(query.max_length // alignment, len(units)) - 1, -1, -1):
+                found = query.lookup_unit(j)
+                if found is not None:
+                    i = j // scale
+                    return [[null] * i + [block] for block in found], (j + 1) * alignment
+            return [[] for _ in query.group_ids], 0
         for i in range(min(query.max_length // bs, len(query.block_hashes)) - 1, -1, -1):
             if bs != alignment and (i + 1) * bs % alignment:
                 continue
@@ -120,12 +131,13 @@ class MambaAlignManager(MambaManager):
 
     null_gaps = True
     counts_own_growth = True
+    fine_grained_hits = True
 
     def __init__(self, spec: KVCacheSpec, group_id: int, ctx: ManagerContext) -> None:
         super().__init__(spec, group_id, ctx)
         assert isinstance(spec, MambaSpec)
         self.has_checkpoints = spec.num_prefill_checkpoint_blocks > 0
-        if (self.num_speculative_blocks and self.has_checkpoints
+        if (self.num_speculative_blocks and self.has_checkpoints and not self.partial_hits
                 and self.alignment_tokens != self.block_size):
             # vLLM's layout puts the checkpoint right before the running state; with a hit
             # alignment larger than the block it lies further back, which the speculative
@@ -134,6 +146,9 @@ class MambaAlignManager(MambaManager):
                 f"speculative Mamba state blocks ({self.num_speculative_blocks}) with a prefill "
                 f"checkpoint in group {group_id}, whose {self.block_size}-token blocks are "
                 f"smaller than the {self.alignment_tokens}-token hit alignment")
+        # Partial-block hits: per request that registered its prompt's last hash boundary
+        # inside its running state block (a producer), that block and the boundary.
+        self.producer_tails: dict[str, tuple[KVCacheBlock, int]] = {}
         # EAGLE/MTP drafting: checkpoints move to EAGLE's replay boundary (checkpoint_position).
         self.eagle_checkpoints = ctx.use_eagle
         self.junction_tail = ctx.eagle_junction_tail and ctx.use_eagle
@@ -146,6 +161,7 @@ class MambaAlignManager(MambaManager):
         self.retention_interval = ctx.retention_interval
         self.shared_prefix_boundaries = ctx.shared_prefix_boundaries
         self.recache_prompt_boundary = ctx.mamba_recache_prompt_boundary
+        self.shared_prefix_checkpoint = ctx.mamba_shared_prefix_checkpoint
         # cache_blocks has work even when no block filled (checkpoints, the 0.32 re-mark).
         self.caches_partial_tail = self.enable_caching
         # Per request: the block the running state was copied from (released once the step
@@ -183,7 +199,7 @@ class MambaAlignManager(MambaManager):
         alignment = self.checkpoint_alignment
         if not self.has_checkpoints or alignment is None or query_end < prefill_end:
             return False
-        index = position // self.block_size - 1
+        index = self._checkpoint_index(position, query_end)
         return (index >= 0
                 and query_start % self.hash_block_size == 0
                 and index > (query_start - 1) // self.block_size
@@ -195,6 +211,15 @@ class MambaAlignManager(MambaManager):
                          and (blocks[index].is_null
                               or (request_id in self.allocated
                                   and index >= len(blocks) - self.num_speculative_blocks)))))
+
+    def _checkpoint_index(self, position: int, query_end: int) -> int:
+        """The table slot a checkpoint at ``position`` goes to: the slot holding that state
+        (``position // block_size - 1``, kvcore's layout for hit alignments of whole blocks);
+        under partial-block hits vLLM's slot, the one before the chunk's running state
+        (``cdiv(query_end, block_size) - 2``), whatever unit the position ends on."""
+        if self.partial_hits:
+            return -(-query_end // self.block_size) - 2
+        return position // self.block_size - 1
 
     def count_state_blocks(self, request_id: str, num_tokens: int,
                            new_computed_blocks: Sequence[KVCacheBlock], total_computed_tokens: int,
@@ -228,8 +253,11 @@ class MambaAlignManager(MambaManager):
                 num_new = cap
         else:
             num_new = 0
+        if self.partial_hit_reqs and blocks and request_id in self.partial_hit_reqs:
+            num_new += 1  # a producer's copy of its partial tail (admission: cow_blocks)
         if record:
-            self._staged = (request_id, (position, position // bs - 1) if position else None)
+            self._staged = (request_id, (position, self._checkpoint_index(position, num_tokens))
+                                        if position else None)
         hit_tokens = len(new_computed_blocks) * bs
         if record:
             self.shortfall = 0
@@ -284,6 +312,8 @@ class MambaAlignManager(MambaManager):
         blocks = self.req_to_blocks.get(request_id)
         if blocks is None:
             blocks = self.req_to_blocks[request_id] = []
+        if self.partial_hits:
+            return self._allocate_partial(request_id, blocks, num_tokens)
         if self.num_speculative_blocks:
             return self._allocate_with_speculative(request_id, blocks, num_tokens)
         required = -(-num_tokens // self.block_size)
@@ -306,6 +336,69 @@ class MambaAlignManager(MambaManager):
             blocks.extend([null] * (required - 2 - index))
             blocks.append(new[1])
         return blocks[prev:]  # the new positions, null ones included (as vLLM returns them)
+
+    def _allocate_partial(self, request_id: str, blocks: list[KVCacheBlock],
+                          num_tokens: int) -> list[KVCacheBlock]:
+        """``allocate_new_blocks`` under partial-block hits (vLLM's layout: the running state's
+        slot, a reserved checkpoint's in the slot before it, the speculative blocks after it,
+        relocated as in ``_allocate_with_speculative``), plus the copy-on-write of a partial
+        tail, taken first.  A request admitted on a partial hit gets the copy in place of the
+        shared block; a running producer keeps writing its state block (a worker's table only
+        grows), so the copy takes over that block's prefix-cache entries
+        (``BlockPool.move_block_hashes``) and is filled by the block copy before the step
+        overwrites the state."""
+        partial = self.partial_hit_reqs.pop(request_id, None)
+        allocated = request_id in self.allocated
+        self.allocated.add(request_id)
+        spec = self.num_speculative_blocks
+        checkpoint = int(request_id in self.checkpoints)
+        required = -(-num_tokens // self.block_size) + spec
+        prev = len(blocks)
+        if required <= prev and partial is None and not checkpoint:
+            return []
+        if allocated:  # the running state sits before the speculative blocks
+            self.last_state_block_idx[request_id] = prev - 1 - spec
+        elif prev > 0:  # a hit or loaded tokens: the last block holds the state
+            self.last_state_block_idx[request_id] = prev - 1
+        # The null run stops before the running state's slot, one slot earlier with a
+        # checkpoint reserved (_checkpoint_index: the slot before the running state's).
+        keep_from = required - spec - 1 - checkpoint
+        null = self.null_block
+        if prev < keep_from:
+            blocks.extend([null] * (keep_from - prev))
+        if allocated:
+            for i in range(prev - spec, prev):
+                if i >= keep_from:
+                    break
+                block = blocks[i]
+                blocks[i] = null
+                blocks.append(block)
+        new = self.pool.get_new_blocks(max(required - len(blocks), 0) + (partial is not None))
+        out = blocks[prev:]
+        if partial is not None:
+            index, source = partial
+            copy = new.pop(0)
+            if allocated:
+                if blocks[index] is not source:
+                    raise AssertionError(f"request {request_id!r}: its partial tail block "
+                                         f"{source.block_id} left table position {index}")
+                self.pool.move_block_hashes(source, copy)
+                self.pending_copies.append((source, copy))
+                self.pool.pin([source])
+                withheld = self.withheld
+                for block in (source, copy):
+                    withheld[block.block_id] = withheld.get(block.block_id, 0) + 1
+                tail = self.producer_tails.pop(request_id, None)
+                if tail is not None:
+                    self.pending_offloads.append((request_id, self.group_id, copy, tail[1]))
+                if copy.block_hash is not None:
+                    self.cached_this_step.add(copy.block_hash)  # filled by this step's copy
+            else:
+                self.copy_on_write(request_id, index, source, copy)
+                out = [copy, *out]
+        blocks.extend(new)
+        out.extend(new)
+        return out
 
     def _allocate_with_speculative(self, request_id: str, blocks: list[KVCacheBlock],
                                    num_tokens: int) -> list[KVCacheBlock]:
@@ -421,7 +514,8 @@ class MambaAlignManager(MambaManager):
         mask = [self._retained(i, start_block) for i in range(start_block, end_block)]
         align = self.alignment_tokens
         # (The replay boundaries follow whether any group drops, as vLLM's.)
-        boundaries = list(replay_boundaries(request.num_prompt_tokens, align, self.any_eagle))
+        boundaries = list(replay_boundaries(request.num_prompt_tokens, self.replay_alignment,
+                                            self.any_eagle))
         shared = self.shared_prefix_boundaries.get(request.request_id, 0)
         if shared:
             boundaries.append(shared)
@@ -440,7 +534,12 @@ class MambaAlignManager(MambaManager):
         before = num_cached_before
         after = self.num_cached_block.get(rid, 0)
         if rid in self.checkpoints:
-            self._cache_checkpoint(request)
+            if self.partial_hits:
+                self._cache_checkpoint_partial(request)
+            else:
+                self._cache_checkpoint(request)
+        elif self.partial_hits:
+            self._cache_partial_tail(request, num_tokens)
         elif self.recache_prompt_boundary:
             self._recache_prompt_boundary(request, num_tokens)
         if after > before:
@@ -450,7 +549,8 @@ class MambaAlignManager(MambaManager):
                 if block.is_null or block.block_hash is None:
                     continue
                 self.cached_this_step.add(block.block_hash)
-                self.pending_offloads.append((rid, self.group_id, block, (i + 1) * self.block_size))
+                # (A checkpoint re-keyed under partial-block hits offers its own boundary.)
+                self.pending_offloads.append((rid, self.group_id, block, self._covered(block, i)))
 
     def _cache_checkpoint(self, request: RequestLike) -> None:
         """The checkpoint block reserved for this chunk holds the state at its position: a
@@ -478,6 +578,72 @@ class MambaAlignManager(MambaManager):
                                     self.block_size, self.group_id, hashes, trusted=True)
         self.cached_this_step.add(hashes[index])
 
+    def _cache_checkpoint_partial(self, request: RequestLike) -> None:
+        """``_cache_checkpoint`` under partial-block hits: the checkpoint block holds the state at
+        its position, any hash unit, which replaces every entry the block carries (the block
+        cached as a full block earlier in this call holds another state), unless a transient
+        one leaves the cache or the block already carries it (vLLM's re-keying)."""
+        rid = request.request_id
+        position, index = self.checkpoints[rid]
+        block = self.req_to_blocks[rid][index]
+        retained = False
+        if position % self.block_size == 0:
+            slot = position // self.block_size - 1
+            retained = self._retained(slot, slot)
+        kept = (position == checkpoint_position(request.num_prompt_tokens, self.alignment_tokens,
+                                                self.eagle_checkpoints)
+                or retained or position == self.shared_prefix_boundaries.get(rid, 0))
+        if not kept:
+            self.pool.evict_blocks([block.block_id])
+            return
+        if block.is_null or (block.block_hash is not None
+                             and self._covered(block, index) == position):
+            return
+        key = self.pool.cache_partial_block(request, block, position, self.hash_block_size,
+                                            self.group_id, replace_existing_hashes=True)
+        if key is not None:
+            self.cached_this_step.add(key)
+
+    def _covered(self, block: KVCacheBlock, index: int) -> int:
+        """How many prefix tokens the entry ``block`` (cached, at table ``index``) is keyed by."""
+        covered = self.pool.partial_primary_tokens(block)
+        return covered if covered is not None else (index + 1) * self.block_size
+
+    def _cache_partial_tail(self, request: RequestLike, num_tokens: int) -> None:
+        """Partial-block hits: a chunk ending at the prompt's last hash boundary (vLLM's Mamba
+        partial tail) registers the state block there under that boundary's hash (a partial
+        entry when inside the block; the producer then copies it on its next allocation,
+        ``_allocate_partial``, before the state moves on), not hittable this step."""
+        unit = self.hash_block_size
+        rid = request.request_id
+        if num_tokens <= 0 or num_tokens % unit:
+            return
+        if num_tokens != checkpoint_position(request.num_prompt_tokens, unit,
+                                             self.eagle_checkpoints) and not (
+                # (shared-prefix checkpoints) a prompt chunk ending at the request's junction
+                self.shared_prefix_checkpoint
+                and num_tokens == self.shared_prefix_boundaries.get(rid, 0)
+                and request.num_computed_tokens < num_tokens <= request.num_prompt_tokens):
+            return
+        index = -(-num_tokens // self.block_size) - 1
+        blocks = self.req_to_blocks[rid]
+        if index >= len(blocks) or blocks[index].is_null:
+            return
+        source = blocks[index]
+        if (not self.recache_prompt_boundary and source.block_hash is not None
+                and self._covered(source, index) == num_tokens):
+            # (vLLM 0.33) already keyed at this boundary by a hit or an earlier step: not
+            # marked cached this step again (0.32 marks it, mamba_recache_prompt_boundary).
+            return
+        key = self.pool.cache_partial_block(request, source, num_tokens, unit, self.group_id)
+        if key is None:
+            return
+        if num_tokens % self.block_size:
+            self.partial_hit_reqs[rid] = (index, source)
+            self.num_cached_block[rid] = index
+            self.producer_tails[rid] = (source, num_tokens)
+        self.cached_this_step.add(key)
+
     def _recache_prompt_boundary(self, request: RequestLike, num_tokens: int) -> None:
         """vLLM 0.32: a chunk ending at the prompt's last block boundary before its end marks
         the state there cached this step again, even one cached (or hit) earlier."""
@@ -501,8 +667,22 @@ class MambaAlignManager(MambaManager):
         self.last_state_block_idx.pop(request_id, None)
         self.num_retired_blocks.pop(request_id, None)
         self.checkpoints.pop(request_id, None)
+        if self.producer_tails:
+            self.producer_tails.pop(request_id, None)
         if any(entry[0] == request_id for entry in self.pending_offloads):
             self.pending_offloads = [e for e in self.pending_offloads if e[0] != request_id]
+
+    def finalize_partial_tail(self, request_id: str, num_computed_tokens: int,
+                              num_in_flight_tokens: int) -> tuple[int, KVCacheBlock, int] | None:
+        """A finishing producer's partial prompt tail (``_cache_partial_tail``) for a KV
+        connector, ``(group id, block, boundary tokens)``, when its state block still holds the
+        state at the boundary (nothing computed past it, nothing in flight); consumed either
+        way (vLLM's ``finalize_partial_tail_offload``).  A tail already copied on write was
+        handed off with its copy (``take_boundary_state_offloads``)."""
+        tail = self.producer_tails.pop(request_id, None)
+        if tail is None or num_in_flight_tokens != 0 or num_computed_tokens != tail[1]:
+            return None
+        return self.group_id, tail[0], tail[1]
 
     def take_boundary_state_offloads(self) -> list[tuple[str, int, KVCacheBlock, int]]:
         """The states cached since the last call: ``(request id, group id, block, boundary

@@ -107,7 +107,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
                     mask[i - start_block] = True
         if retention is not None:
             # (The replay boundaries follow whether any group drops, as vLLM's.)
-            boundaries = replay_boundaries(request.num_prompt_tokens, align, self.any_eagle)
+            boundaries = replay_boundaries(request.num_prompt_tokens, self.replay_alignment,
+                                           self.any_eagle)
             shared = self.shared_prefix_boundaries.get(request.request_id, 0)
             if shared:
                 boundaries = ((*boundaries, shared, shared - bs) if self.junction_tail

@@ -148,16 +148,23 @@ class CheckedKVCacheManager(_Layer):
             num_external = 0
         end = min(start + num_external + num_new, request.num_tokens)
         if end > start:
-            oracle.written(request, start, end)
+            oracle.written(request, start, end, min(start + num_external, end))
             state.wrote(rid, end)
 
     # -- the checked calls ----------------------------------------------------------------------
     def allocate_slots(self, request: KVRequest, *args: Any, **kwargs: Any) -> Any:
         state = self._kvcore_check
         before = request.num_computed_tokens
+        managers = self.coordinator.managers
+        copies_before = [len(m.pending_copies) for m in managers]
         try:
             out = super().allocate_slots(request, *args, **kwargs)
             if out is not None and state.oracle is not None:
+                # The block copies this allocation recorded (a partial-block hit's copy-on-write)
+                # run before its step writes anything.
+                for m, n in zip(managers, copies_before):
+                    for source, destination in m.pending_copies[n:]:
+                        state.oracle.copied(source, destination)
                 self._oracle_allocated(request, before, args, kwargs)
         except WrongKVError as exc:
             what = _describe("allocate_slots", (request, *args), kwargs)
@@ -178,7 +185,7 @@ class CheckedKVCacheManager(_Layer):
             start = state.pending_loads.pop(request.request_id, None)
             if state.oracle is not None and start is not None:
                 end = min(operator.index(num_computed_tokens), request.num_tokens)
-                state.oracle.written(request, start, end)
+                state.oracle.written(request, start, end, end)  # loaded, not computed
                 state.wrote(request.request_id, end)
         finally:
             self._after_call(lambda: _describe("cache_blocks", (request, num_computed_tokens), {}))

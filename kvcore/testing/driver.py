@@ -115,7 +115,7 @@ class HostileDriver:
             self.last = None
             return
         end = num_hit + num_external + num_new
-        self.oracle.written(request, num_hit, end)
+        self.oracle.written(request, num_hit, end, num_hit + num_external)
         request.num_computed_tokens = end
         self.running[request.request_id] = request
         self.last = _Step(request, num_hit, end)
@@ -160,6 +160,7 @@ class HostileDriver:
             self.counts["admit: no room"] += 1
             self.last = None
             return
+        self._copy_blocks()
         self._admitted(req, blocks, hit, external, num_new, delay)
         self.counts["admit"] += 1
 
@@ -169,7 +170,7 @@ class HostileDriver:
             return
         rid = sorted(self.loading)[i % len(self.loading)]
         req, upto = self.loading.pop(rid)
-        self.oracle.written(req, req.num_computed_tokens, upto)
+        self.oracle.written(req, req.num_computed_tokens, upto, upto)  # loaded, not computed
         self.m.cache_blocks(req, upto)
         req.num_computed_tokens = upto
         self.running[rid] = req
@@ -199,10 +200,23 @@ class HostileDriver:
             self.counts["step: no room"] += 1
             self.last = None
             return
+        self._copy_blocks()
         self.oracle.written(req, start, start + n)
         req.num_computed_tokens = start + n
         self.last = _Step(req, start, start + n)
         self.counts["step"] += 1
+
+    def _copy_blocks(self) -> None:
+        """Run the block copies the allocation recorded (a partial-block hit's copy-on-write)
+        before its step writes anything; their endpoints stay withheld until
+        :meth:`return_withheld`, as an engine returns them once the step is processed."""
+        pairs, retained = self.m.take_block_copies()
+        if not pairs:
+            return
+        for source, destination in pairs:
+            self.oracle.copied(source, destination)
+        self.withheld.append(retained)
+        self.counts["block copies"] += len(pairs)
 
     def _pick_holder(self, i: int) -> Request | None:
         """The ``i``-th running or loading request (by id), or ``None`` when there is none."""
@@ -470,7 +484,10 @@ class HostileDriver:
         lcm = self.m.coordinator.alignment_tokens
         if kind == "truncate" and hit:
             hit -= lcm * (1 + k % max(1, hit // lcm))
-            lists = [g[:hit // s.block_size] if g else g for g, s in zip(lists, self.setup.specs)]
+            # (Blocks covering the shorter hit: the last may hold it partly, a partial-block
+            # hit when the pool takes them.)
+            lists = [g[:-(-hit // s.block_size)] if g else g
+                     for g, s in zip(lists, self.setup.specs)]
         elif kind == "swap":
             g = lists[k % len(lists)]
             if len(g) > 1:
@@ -506,6 +523,7 @@ class HostileDriver:
             assert manager_snapshot(self.m) == before, "a None allocation changed the manager"
             self.last = None
             return
+        self._copy_blocks()
         self._admitted(req, forged, hit, 0, num_new, False)
         self.counts[f"perturbed {kind}: accepted"] += 1
 

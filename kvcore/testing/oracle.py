@@ -46,8 +46,15 @@ class ContentOracle:
         self._keys: dict[str, tuple[KVRequest, list[int]]] = {}
         self._step = 0
         self._state_step = [-1] * manager.pool.num_blocks  # step that last wrote a state block
+        # A state block holds one state: the one after the last token written into it (its
+        # earlier slots only say which tokens it went through).
+        self._state_last = [UNWRITTEN] * manager.pool.num_blocks
         self._step_slots: list[tuple[int, int]] = []  # (block id, offset) written this step
         self._failed: set[int] = set()  # blocks a failed step wrote, not rewritten since
+        # Partial-block hits: Mamba2's prefill checkpoint is exported at any hash unit, into the
+        # slot before the running state's (the worker's rule, vLLM's
+        # ``compute_mamba_prefill_checkpoints``), not by token position.
+        self._partial = manager.config.partial_block_hits
 
     # -- what a request's tokens are -----------------------------------------------------------
     def keys(self, request: KVRequest) -> list[int]:
@@ -81,10 +88,12 @@ class ContentOracle:
         return value
 
     # -- writes ---------------------------------------------------------------------------------
-    def written(self, request: KVRequest, start: int, end: int) -> None:
+    def written(self, request: KVRequest, start: int, end: int,
+                computed_from: int | None = None) -> None:
         """The request's tokens ``[start, end)`` were computed (or loaded) into its current block
-        tables.  Positions that no later token reads may have no block (tokens loaded from
-        elsewhere that are already outside the window or chunk)."""
+        tables, those from ``computed_from`` on (default ``start``) computed by this step.
+        Positions that no later token reads may have no block (tokens loaded from elsewhere
+        that are already outside the window or chunk)."""
         if start >= end:
             return
         keys = self.keys(request)
@@ -109,6 +118,49 @@ class ContentOracle:
                 self._failed.discard(block_id)
                 if state:
                     self._state_step[block_id] = self._step
+                    self._state_last[block_id] = keys[p]
+            if state and self._partial:
+                self._export_checkpoint(g, blocks, keys,
+                                        start if computed_from is None else computed_from, end)
+
+    def _export_checkpoint(self, g: int, blocks: Sequence[KVCacheBlock], keys: list[int],
+                           start: int, end: int) -> None:
+        """The worker's prefill checkpoint of group ``g`` for the chunk ``[start, end)``: the
+        state after the last hash unit before ``end`` (under EAGLE one unit lower), written
+        into table slot ``cdiv(end, block_size) - 2`` when the chunk can export it (vLLM's
+        ``is_mamba_prefill_checkpoint_valid``).  Derived from the configuration alone, as the
+        worker derives it: the manager's reservation is what is being checked."""
+        manager = self._manager.coordinator.managers[g]
+        alignment = getattr(manager, "checkpoint_alignment", None)
+        if not getattr(manager, "has_checkpoints", False) or alignment is None:
+            return
+        bs, unit = manager.block_size, manager.hash_block_size
+        eagle = bool(getattr(manager, "eagle_checkpoints", False))
+        at = (end if eagle else end - 1) // unit * unit
+        position = max(at - unit if eagle else at, 0)
+        column = -(-end // bs) - 2
+        if not (start % unit == 0 and column > (start - 1) // bs
+                and start + unit <= position and start < position < end
+                and (position - start) % alignment == 0):
+            return
+        if column >= len(blocks) or blocks[column].is_null:
+            return  # (exported into the null block: nothing kept)
+        block_id = blocks[column].block_id
+        slots = self._slots[block_id] = [UNWRITTEN] * len(self._slots[block_id])
+        base = (position - 1) // bs * bs
+        slots[:position - base] = keys[base:position]
+        self._state_last[block_id] = keys[position - 1]
+        self._state_step[block_id] = self._step
+        self._step_slots.append((block_id, 0))
+
+    def copied(self, source: KVCacheBlock, destination: KVCacheBlock) -> None:
+        """A block copy ran (``KVCacheManager.take_block_copies``: a partial-block hit's
+        copy-on-write): ``destination`` now holds what ``source`` holds, a state copied in this
+        step being readable from the next one."""
+        self._slots[destination.block_id] = list(self._slots[source.block_id])
+        self._state_last[destination.block_id] = self._state_last[source.block_id]
+        self._state_step[destination.block_id] = self._step
+        self._failed.discard(destination.block_id)
 
     def discard(self, request: KVRequest, start: int, end: int) -> None:
         """The step that was to compute tokens ``[start, end)`` failed: their slots hold garbage."""
@@ -119,6 +171,7 @@ class ContentOracle:
                 i = p // bs
                 if i < len(tables[g]) and not tables[g][i].is_null:
                     self._slots[tables[g][i].block_id][p - i * bs] = UNWRITTEN
+                    self._state_last[tables[g][i].block_id] = UNWRITTEN
 
     def fail_step(self) -> None:
         """The step since the last :meth:`end_step` was never executed: every slot it was to
@@ -126,6 +179,7 @@ class ContentOracle:
         :meth:`check_failed_uncached`)."""
         for block_id, offset in self._step_slots:
             self._slots[block_id][offset] = UNWRITTEN
+            self._state_last[block_id] = UNWRITTEN
             self._failed.add(block_id)
         self._step_slots.clear()
 
@@ -164,10 +218,18 @@ class ContentOracle:
             for i, block in enumerate(hit):
                 if block.is_null:
                     continue
-                self._check_block(rid, g, block, i, bs, keys, i * bs, (i + 1) * bs, "hit")
+                # (A partial-block hit ends inside its last block: only its tokens are the hit's.)
+                end = (i + 1) * bs
+                if i * bs < num_hit_tokens < end:
+                    end = num_hit_tokens
+                self._check_block(rid, g, block, i, bs, keys, i * bs, end, "hit")
                 if spec.holds_state and self._state_step[block.block_id] >= self._step:
                     raise WrongKVError(f"request {rid!r} hit: state block {block.block_id} of "
                                        f"group {g} is computed in this step, not readable yet")
+                if spec.holds_state and self._state_last[block.block_id] != keys[end - 1]:
+                    raise WrongKVError(f"request {rid!r} hit: state block {block.block_id} of "
+                                       f"group {g} does not hold the state after token "
+                                       f"{end - 1} (it went on, or holds another prefix's)")
             self._check_covered(rid, g, hit, bs, keys, spec.needed_positions(num_hit_tokens), "hit")
 
     def check_table(self, request: KVRequest) -> None:

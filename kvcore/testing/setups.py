@@ -74,6 +74,8 @@ class Setup:
     hash_lookahead: int = 0  # CacheSettings.num_hash_lookahead_tokens
     eviction_policy: str = "lru"  # CacheSettings.eviction_policy
     prefix_match_unit: int | None = None  # KVCacheConfig.prefix_match_unit
+    partial_block_hits: bool = False  # KVCacheConfig.partial_block_hits
+    shared_prefix_checkpoint: bool = False  # CacheSettings.mamba_shared_prefix_checkpoint
     # The class to build: a subclass of KVCacheManager drives your own manager (or one with a
     # planted bug, to see the driver catch it).
     manager_class: type[KVCacheManager] = KVCacheManager
@@ -81,13 +83,15 @@ class Setup:
     def build(self) -> KVCacheManager:
         groups = tuple(KVCacheGroup((f"layer{i}",), s) for i, s in enumerate(self.specs))
         hasher = CollidingHasher(self.collisions) if self.collisions else None
-        config = KVCacheConfig(self.num_blocks, groups, self.retention, self.prefix_match_unit)
+        config = KVCacheConfig(self.num_blocks, groups, self.retention, self.prefix_match_unit,
+                               self.partial_block_hits)
         return self.manager_class(config, self.max_model_len,
                               enable_caching=self.enable_caching, verify_hits=self.verify_hits,
                               block_hasher=hasher, enable_events=True, use_eagle=self.use_eagle,
                               fast_path=self.fast_path,
                               num_hash_lookahead_tokens=self.hash_lookahead,
-                              eviction_policy=self.eviction_policy)
+                              eviction_policy=self.eviction_policy,
+                              mamba_shared_prefix_checkpoint=self.shared_prefix_checkpoint)
 
 
 def _setups() -> tuple[Setup, ...]:
@@ -119,15 +123,35 @@ def _setups() -> tuple[Setup, ...]:
         Setup("full+mamba spec2", (full(4), mamba(4, spec=2)), num_blocks=48),
         Setup("full+mamba-align spec3 eagle", (full(4), mamba_align(4, checkpoint=True, spec=3)),
               num_blocks=48, use_eagle=True),
+        # Partial-block hits (vLLM's partial hash hits): hits end on any hash unit, inside a
+        # block, the shared tail copied on write; odd units too (3 of 12), and under EAGLE.
+        Setup("full8+mamba-align8 unit2 partial", (full(8), mamba_align(8)), num_blocks=48,
+              prefix_match_unit=2, partial_block_hits=True),
+        Setup("full12+mamba-align12 unit3 partial", (full(12), mamba_align(12)), num_blocks=48,
+              prefix_match_unit=3, partial_block_hits=True),
+        Setup("full8+mamba-align8 unit4 partial eagle", (full(8), mamba_align(8)), num_blocks=48,
+              prefix_match_unit=4, partial_block_hits=True, use_eagle=True),
+        Setup("full12+mamba-align12 unit3 partial checkpoint",
+              (full(12), mamba_align(12, checkpoint=True)), num_blocks=48, prefix_match_unit=3,
+              partial_block_hits=True),
+        Setup("full8+mamba-align8 unit2 partial checkpoint eagle retention0",
+              (full(8), mamba_align(8, checkpoint=True)), num_blocks=48, prefix_match_unit=2,
+              partial_block_hits=True, use_eagle=True, retention=0),
+        Setup("full8+mamba-align8 unit2 partial eagle shared-prefix", (full(8), mamba_align(8)),
+              num_blocks=48, prefix_match_unit=2, partial_block_hits=True, use_eagle=True,
+              shared_prefix_checkpoint=True),
+        Setup("full8+mamba-align8 unit4 partial checkpoint spec2",
+              (full(8), mamba_align(8, checkpoint=True, spec=2)), num_blocks=48,
+              prefix_match_unit=4, partial_block_hits=True),
     )
     verified = tuple(Setup(f"{s.name} verify", s.specs, s.num_blocks, s.max_model_len, True,
                            s.enable_caching, use_eagle=s.use_eagle, retention=s.retention,
                            prefix_match_unit=s.prefix_match_unit)
-                     for s in base if s.enable_caching)
+                     for s in base if s.enable_caching and not s.partial_block_hits)
     colliding = tuple(Setup(f"{s.name} {mode}", s.specs, s.num_blocks, s.max_model_len, True,
                             True, mode, s.use_eagle, retention=s.retention,
                             prefix_match_unit=s.prefix_match_unit)
-                      for s in base if s.enable_caching
+                      for s in base if s.enable_caching and not s.partial_block_hits
                       for mode in ("tokens", "constant", "truncated"))
     general = tuple(Setup(f"{s.name} general-path", s.specs, s.num_blocks, s.max_model_len,
                           use_eagle=s.use_eagle, enable_caching=s.enable_caching, fast_path=False)

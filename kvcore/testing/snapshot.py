@@ -23,10 +23,12 @@ def pool_snapshot(pool: BlockPool) -> tuple[object, ...]:
                     None if b.next_free is None else b.next_free.block_id) for b in pool.blocks)
     maps = tuple(tuple((h, b.block_id) for h, b in pool.iter_cached(g))
                  for g in range(pool.num_groups))
+    # Partial entries: how many tokens a block's partial hash covers (None: a full block's).
+    partial = tuple(pool.partial_primary_tokens(b) for b in pool.blocks)
     policy = pool.policy
     segments = tuple(tuple(b.block_id for b in q) for q in policy.queues())
     return (tuple(b.block_id for b in policy), len(policy), segments, policy.check(), blocks,
-            maps, tuple(b.block_id for b in pool.reserve), pool.hints, (pool.events.pending if pool.events is not None else ()),
+            maps, partial, tuple(b.block_id for b in pool.reserve), pool.hints, (pool.events.pending if pool.events is not None else ()),
             pool.num_evicted_blocks, pool.num_rejected_hits)
 
 
@@ -41,6 +43,10 @@ def manager_snapshot(manager: KVCacheManager) -> tuple[object, ...]:
         for m in coord.managers)
     cached = tuple(tuple(sorted(m.num_cached_block.items())) for m in coord.managers)
     mamba = tuple(m.step_state() for m in coord.managers)
+    # Partial hits' copies-on-write still to make (producers' partial tails included).  (Block
+    # copies recorded and not taken are left out: an outside holder may append to them.)
+    partial = tuple(tuple(sorted((rid, i, b.block_id) for rid, (i, b) in
+                                 m.partial_hit_reqs.items())) for m in coord.managers)
     chains: tuple[object, ...] = ()
     if coord.prefix_chains is not None:
         chains = tuple(sorted(
@@ -49,7 +55,7 @@ def manager_snapshot(manager: KVCacheManager) -> tuple[object, ...]:
             for bs, chain in per_size.items()))
     stats = manager.prefix_cache_stats
     boundaries = tuple(sorted(coord.shared_prefix_boundaries.items()))
-    return (pool_snapshot(coord.pool), tables, cached, mamba, chains, boundaries,
+    return (pool_snapshot(coord.pool), tables, cached, mamba, partial, chains, boundaries,
             tuple(sorted((rid, id(t[0]), t[1])
                          for rid, t in manager._requests.items())),
             tuple(sorted(manager.withheld_blocks().items())),

@@ -302,11 +302,16 @@ class KvcoreImpl(_Impl):
         self._lookup_boundary = lookup_boundary  # (the boundary travels with the hit)
         specs = _specs(cfg, classes, {})
         groups = [KVCacheGroup((f"layer{i}",), spec) for i, spec in enumerate(specs)]
-        config = KVCacheConfig(cfg["num_blocks"], tuple(groups), cfg.get("retention"),
-                               cfg.get("prefix_match_unit"))
+        unit = cfg.get("prefix_match_unit")
+        partial = bool(cfg.get("caching", True) and unit and any(
+            g.get("mode") == "align" and g["block_size"] > unit for g in cfg["groups"]))
+        config = KVCacheConfig(cfg["num_blocks"], tuple(groups), cfg.get("retention"), unit,
+                               partial_block_hits=partial)
         extra: dict[str, Any] = {"use_eagle": True} if cfg.get("eagle") else {}
         if cfg.get("eagle_groups") is not None:  # vLLM's is_eagle_group flags
             extra["eagle_groups"] = tuple(cfg["eagle_groups"])
+        if cfg.get("shared_ckpt"):  # vLLM's enable_mamba_shared_prefix_checkpoint
+            extra["mamba_shared_prefix_checkpoint"] = True
         if cfg.get("vllm") == "0.32":  # the peer's EAGLE retention (see CacheSettings)
             extra["eagle_junction_tail"] = False
             extra["mamba_recache_prompt_boundary"] = True
@@ -370,6 +375,14 @@ class KvcoreImpl(_Impl):
 
     def zeroed(self) -> list[int]:
         return []  # kvcore's own manager records nothing for zeroing (vLLM's adapter does)
+
+    def copies(self) -> list[tuple[int, int]]:
+        """The block copies recorded during the op, ``(source, destination)`` ids; their
+        endpoints are released at once (as if the step running them were processed)."""
+        pairs, retained = self.m.take_block_copies()
+        if retained:
+            self.m.free_withheld(retained)
+        return [(a.block_id, b.block_id) for a, b in pairs]
 
 
 def vllm_block_sizes(cfg: dict[str, Any]) -> tuple[int, int]:
@@ -458,6 +471,8 @@ class VllmImpl(_Impl):
         """The trace's manager options beyond the config (vLLM's keyword names): lookahead
         hashes, the watermark, and a fresh metrics collector (kept as ``self.metrics``)."""
         options: dict[str, Any] = dict(ahead)
+        if self.cfg.get("shared_ckpt"):
+            options["enable_mamba_shared_prefix_checkpoint"] = True
         if self.cfg.get("watermark"):
             options["watermark"] = self.cfg["watermark"]
         if self.cfg.get("metrics"):
@@ -532,6 +547,15 @@ class VllmImpl(_Impl):
         """Block ids recorded for zeroing since the last op (Mamba models)."""
         return list(self.m.take_new_block_ids())
 
+    def copies(self) -> list[tuple[int, int]]:
+        """vLLM's ``kv_cache_block_copies`` of the op, ``(source, destination)`` ids; their
+        retained endpoints are freed at once (as its scheduler does once the step that runs
+        them has been processed)."""
+        copies, retained = self.m.take_kv_cache_block_copies()
+        if retained:
+            self.m.block_pool.free_blocks(retained)
+        return [(c.src_block_id, c.dst_block_id) for c in copies]
+
 
 class AdapterImpl(VllmImpl):
     """kvcore behind vLLM's manager surface (kvcore.integrations.vllm): built with exactly the
@@ -570,6 +594,13 @@ class Replayer:
         self.replay = max((g["window"] for g in impl.cfg["groups"]
                            if g["type"] == "swa_replay"), default=0)
         self.scheduler_block = vllm_block_sizes(impl.cfg)[0]
+        # Partial-block hits (vLLM's partial hash hits): the hash unit, when finer than the
+        # "align" block (0 otherwise).
+        unit = impl.cfg.get("prefix_match_unit") or 0
+        self.partial_unit = unit if impl.cfg.get("caching", True) and 0 < unit < self.align_block else 0
+        # Shared-prefix checkpoints: each request's latest lookup boundary (vLLM's
+        # request.shared_prefix_boundary), where its prompt chunks also stop.
+        self.junctions: dict[str, int] = {}
 
     def chunk(self, req: Any, start: int, n: int) -> int:
         """``n`` new tokens from ``start``, cut as vLLM's scheduler cuts a Mamba "align" prefill
@@ -583,9 +614,42 @@ class Replayer:
         if end < prefill_end and end // bs * bs > start:
             end = end // bs * bs
         last = max((req.num_tokens - 1) // bs * bs, 0)
-        if start < last < end:
-            end = last
+        unit = self.partial_unit
+        internal = bool(unit) and end >= prefill_end and self._exports_checkpoint(
+            start, end, prefill_end)
+        stops = [0 if internal else last]
+        if unit and not internal:
+            # vLLM's scheduler under partial hits: a chunk starting inside a block stops at the
+            # block's end, and one crossing the prompt's last hash unit stops there (unless the
+            # chunk exports the prompt's checkpoint itself).
+            if start % bs:
+                stops.append((start // bs + 1) * bs)
+            tail = self._checkpoint_position(req.num_prompt_tokens, unit)
+            if last < tail < req.num_prompt_tokens:
+                stops.append(tail)
+        junction = self.junctions.get(req.request_id, 0) if self.impl.cfg.get("shared_ckpt") else 0
+        if start < junction < end:
+            # vLLM's scheduler: the junction itself within the prompt, else block-floored.
+            stops.append(junction if junction <= req.num_prompt_tokens
+                         else start + (junction - start) // bs * bs)
+        end = min((s for s in stops if start < s < end), default=end)
         return end - start
+
+    def _checkpoint_position(self, num_tokens: int, unit: int) -> int:
+        """vLLM's ``get_mamba_prefill_checkpoint_position`` under the trace's EAGLE drop."""
+        eagle = bool(self.impl.cfg.get("eagle"))
+        at = (num_tokens if eagle else num_tokens - 1) // unit * unit
+        return max(at - unit if eagle else at, 0)
+
+    def _exports_checkpoint(self, start: int, end: int, prefill_end: int) -> bool:
+        """Whether the chunk ``[start, end)`` exports the prompt's checkpoint from inside the
+        step (vLLM's ``is_mamba_prefill_checkpoint_valid``, Mamba2's checkpoint block)."""
+        if not any(g.get("checkpoint") for g in self.impl.cfg["groups"]):
+            return False
+        bs, unit = self.align_block, self.partial_unit
+        position = self._checkpoint_position(prefill_end, unit)
+        return (start % unit == 0 and -(-end // bs) - 2 > (start - 1) // bs
+                and start + unit <= position and start < position < end)
 
     def _admission(self, rid: str) -> dict[str, Any]:
         """The request's state and whether another request runs (vLLM's ``has_scheduled_reqs``,
@@ -605,6 +669,7 @@ class Replayer:
         elif kind == "admit":
             req = self.requests[rid]
             blocks, hit, boundary = impl.get_computed_blocks(req)
+            self.junctions[rid] = boundary
             if boundary:
                 o["boundary"] = boundary
             rest = req.num_tokens - hit
@@ -685,6 +750,9 @@ class Replayer:
             calls = impl.metrics.take()
             if calls:
                 o["metrics"] = calls
+        copies = impl.copies()
+        if copies:
+            o["copies"] = copies
         o["free_queue"] = impl.free_queue()
         events = impl.events()
         if events:

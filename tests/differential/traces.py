@@ -40,7 +40,7 @@ KINDS = ["full", "full", "swa", "swa", "chunked", "hybrid", "hybrid_bs", "nocach
          "mamba", "hybrid_mamba", "cross", "hybrid_partial", "mamba_align", "hybrid_align",
          "hybrid_align"]
 EAGLE_KINDS = {"full", "swa", "hybrid", "hybrid_bs", "mamba", "hybrid_mamba", "hybrid_partial",
-               "mamba_align", "hybrid_align"}
+               "mamba_align", "hybrid_align", "align_partial"}
 """vLLM rejects eagle with chunked local attention (an assertion in its hit search)."""
 SCRATCH_KINDS = ["hybrid_replay", "hybrid_ring", "dsv4"]
 """Kinds with vLLM's scratch groups (never prefix cached): a sliding window rebuilt by bounded
@@ -49,6 +49,10 @@ layout).  Drawn only when asked for (``kinds``), so the other kinds' seeds keep 
 
 
 SPEC_KINDS = ["eagle_partial", "swa_retain"]
+PARTIAL_KINDS = ["align_partial"]
+"""Partial-block hits (vLLM's partial hash hits): a full-attention group and a Mamba "align"
+group of equal blocks, hashed every ``prefix_match_unit`` tokens, a unit finer than the blocks
+(odd ones too: 3 of 12)."""
 """Kinds for two spec features vLLM's offloading tests use, drawn only when asked for
 (``kinds``): an EAGLE block drop in some groups only (``eagle_groups``: vLLM's
 ``is_eagle_group``, both versions drop there with ``use_eagle``), and sliding windows that
@@ -112,6 +116,11 @@ def random_config(rng: random.Random, pending: list[str] | None = None,
         mamba = {"type": "mamba", "block_size": bs, "mode": "align",
                  "checkpoint": rng.random() < 0.5}
         groups = [mamba] if kind == "mamba_align" else [{"type": "full", "block_size": bs}, mamba]
+    elif kind in PARTIAL_KINDS:
+        bs = rng.choice([8, 12])
+        groups = [{"type": "full", "block_size": bs},
+                  {"type": "mamba", "block_size": bs, "mode": "align",
+                   "checkpoint": rng.random() < 0.5}]
     elif kind == "cross":
         # Encoder-decoder: vLLM's cross-attention manager supports no prefix caching at all.
         groups = [{"type": "full", "block_size": rng.choice([2, 4, 8])},
@@ -144,11 +153,18 @@ def random_config(rng: random.Random, pending: list[str] | None = None,
     config = {"kind": kind, "groups": groups, "num_blocks": num_blocks,
               "max_model_len": MAX_MODEL_LEN, "caching": caching, "eagle": eagle,
               "budget": budget, "pending": list(pending)}
+    if kind in PARTIAL_KINDS:
+        config["prefix_match_unit"] = rng.choice([u for u in (2, 3, 4, 6) if bs % u == 0])
+        # vLLM's Mamba shared-prefix checkpoints (EAGLE models only), drawn from a generator
+        # seeded by the trace's own (not advanced: the other draws stay as they were).
+        if config["eagle"] and random.Random(hash(rng.getstate()[1]) + 1).random() < 0.5:
+            config["shared_ckpt"] = True
     if kind == "eagle_partial":
         config["eagle"] = True
         config["eagle_groups"] = eagle_groups
     if lookahead_hashes and eagle and rng.random() < 0.5 and kind not in ("mamba_align",
-                                                                           "hybrid_align"):
+                                                                           "hybrid_align",
+                                                                           "align_partial"):
         # (Mamba "align" keeps EAGLE's block drop: kvcore refuses lookahead hashes on hybrid
         # Mamba models.)
         config["eagle"] = False

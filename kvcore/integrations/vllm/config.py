@@ -6,10 +6,10 @@ vLLM's ``"align"`` and ``"none"`` modes (with MTP/EAGLE's speculative state bloc
 EAGLE with ``"align"`` checkpoints at its replay boundary), and vLLM's scratch groups: circular
 buffers (``CircularBufferSpec``, the CSA compressor ring) and sliding windows rebuilt by bounded
 replay (``SlidingWindowMLASpec(bounded_replay=True)``).  vLLM's ``prefix_match_unit`` is
-honoured (kvcore hashes where vLLM does) while hits stay on block boundaries.  Anything else a
-vLLM 0.32 or 0.33 configuration can ask of its KV-cache manager — copy-on-write partial hits
-(``prefix_match_unit`` finer than a Mamba ``"align"`` group's blocks), context parallelism,
-host-resident groups, ... — is refused here, at engine start, with an
+honoured (kvcore hashes where vLLM does), and where vLLM turns its partial hash hits on (the
+unit finer than a Mamba ``"align"`` group's blocks) kvcore runs with
+``KVCacheConfig.partial_block_hits``.  Anything else a vLLM 0.32 or 0.33 configuration can ask
+of its KV-cache manager — context parallelism, host-resident groups, ... — is refused here, at engine start, with an
 :class:`~kvcore.errors.UnsupportedFeatureError` that names it and the setting that turns it
 off: kvcore never runs a configuration in which it would behave differently from vLLM.
 """
@@ -162,19 +162,11 @@ def kvcore_config(kv_cache_config: Any, *, scheduler_block_size: int, hash_block
         kv_cache_config.num_blocks,
         tuple(KVCacheGroup(tuple(g.layer_names), _spec(i, g)) for i, g in enumerate(groups)),
         getattr(kv_cache_config, "prefix_cache_retention_interval", None))
-    if enable_caching and len(groups) > 1 and partial_hash_hits_enabled(
-            groups, hash_block_size, 1,
-            [KVCacheSpecRegistry.get_manager_class(g.kv_cache_spec, None) for g in groups]):
-        # vLLM's hits may then end inside a block (every hash unit), the shared tail block
-        # copied on write; kvcore's end on block boundaries.
-        coarse = [i for i, g in enumerate(config.groups)
-                  if getattr(g.spec, "mamba_cache_mode", "") == "align"
-                  and g.spec.block_size > hash_block_size]
-        raise refuse(f"partial-block hits: hashing every {hash_block_size} tokens "
-                     f"(prefix_match_unit, or the gcd of the block sizes), finer than the blocks "
-                     f"of Mamba 'align' groups {coarse} (copy-on-write of the shared tail block)",
-                     "leave cache_config.prefix_match_unit unset and give every group the "
-                     "Mamba block size")
+    # vLLM's partial hash hits (a hit may end on any hash unit, inside a block, the shared
+    # tail copied on write): kvcore's partial_block_hits.
+    partial = enable_caching and len(groups) > 1 and partial_hash_hits_enabled(
+        groups, hash_block_size, 1,
+        [KVCacheSpecRegistry.get_manager_class(g.kv_cache_spec, None) for g in groups])
     if enable_caching and config.hash_block_size != hash_block_size:
         # vLLM hashes at its prefix_match_unit (hits still on block boundaries): so does kvcore.
         sizes = [g.spec.block_size for g in config.groups if g.spec.prefix_cacheable]
@@ -183,6 +175,8 @@ def kvcore_config(kv_cache_config: Any, *, scheduler_block_size: int, hash_block
                          f"sizes are {sizes} (gcd {config.hash_block_size})",
                          "give every prefix-cacheable group the same block size")
         config = dataclasses.replace(config, prefix_match_unit=hash_block_size)
+    if partial:
+        config = dataclasses.replace(config, partial_block_hits=True)
     cross = [i for i, g in enumerate(config.groups) if isinstance(g.spec, CrossAttentionSpec)]
     none_mode = [i for i, g in enumerate(config.groups)
                  if getattr(g.spec, "mamba_cache_mode", "align") == "none"]

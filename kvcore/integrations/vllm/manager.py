@@ -23,8 +23,10 @@ Where vLLM's manager surface and kvcore's differ, the adapter speaks vLLM:
   through the group view's ``_pending_cow_copies`` — leave through
   ``take_kv_cache_block_copies`` with their endpoints withheld, which vLLM's scheduler returns
   through ``block_pool.free_blocks`` once the copy's step has been processed;
-* the hooks of features kvcore refuses at start (boundary-state partial tails) report nothing
-  or raise if reached anyway;
+* partial-block hits (vLLM's partial hash hits) record their copies-on-write as any block
+  copy, and a Mamba producer's partial prompt tail reaches KV connectors through
+  ``take_boundary_state_offloads`` (its copy) or ``finalize_partial_tail_offloads`` (a request
+  finishing on it), as vLLM hands them off;
 * ``block_pool``, ``coordinator`` and its ``single_type_managers`` are views answering the
   names vLLM's callers read on vLLM's own objects (:mod:`~kvcore.integrations.vllm.views`);
 * the waiting queue's head that did not fit, asked again every step, is answered from memory
@@ -102,9 +104,6 @@ class KVCacheManagerAdapter:
                 or not watermark >= 0.0):
             raise InvalidArgumentError(
                 f"watermark must be a fraction of the blocks >= 0, got {watermark!r}")
-        if enable_mamba_shared_prefix_checkpoint:
-            raise refuse("Mamba shared-prefix checkpoints",
-                         "turn enable_mamba_shared_prefix_checkpoint off")
         if num_hash_lookahead_tokens and not version.lookahead_hashes:
             raise refuse(f"lookahead block hashes on vLLM {version.text}",
                          "use vLLM 0.33 for them")
@@ -133,7 +132,6 @@ class KVCacheManagerAdapter:
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
         self.metrics_collector = metrics_collector
-        self.mamba_shared_prefix_checkpoint = False
         # Published hashes: 64-bit ints (vLLM's default) or the bytes.  Read once, as vLLM's
         # environment is fixed once its engine has started.
         convert = int_hash if envs.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES else None
@@ -148,9 +146,14 @@ class KVCacheManagerAdapter:
             num_hash_lookahead_tokens=num_hash_lookahead_tokens,
             eagle_junction_tail=version.eagle_junction_tail,
             mamba_recache_prompt_boundary=version.mamba_recache_prompt_boundary,
+            # vLLM honours it on EAGLE models (flagged or use_eagle groups) with partial hits.
+            mamba_shared_prefix_checkpoint=(enable_mamba_shared_prefix_checkpoint
+                                            and bool(eagle_ids)),
             eviction_policy=(settings.eviction_policy if eviction_policy is None
                              else eviction_policy),
             events=VllmEventRecorder(config, num_hash_lookahead_tokens, convert))
+        # vLLM's scheduler also ends prompt chunks at the junction when this is on.
+        self.mamba_shared_prefix_checkpoint = self.kv.coordinator.shared_prefix_checkpoint
         if metrics_collector is not None:  # vLLM's residency metrics observe kvcore's pool
             self.kv.pool.set_observer(metrics_collector)
         self.block_pool = BlockPoolView(self.kv, hash_block_size, num_hash_lookahead_tokens)
@@ -360,10 +363,13 @@ class KVCacheManagerAdapter:
             out = self._new_block_ids[g]
             grown = new[g]
             if tables is not None and g not in skip:
-                table = tables[g]
-                hit_ids = {b.block_id for b in hits[g]} if hits else set()
-                out.extend(b.block_id for b in table[:len(table) - len(grown)]
-                           if not b.is_null and b.block_id not in hit_ids)
+                # (The new blocks are the table's tail, except a partial hit's copy, which
+                # took its shared block's place: left out by id.)
+                skipped = {b.block_id for b in grown}
+                if hits:
+                    skipped.update(b.block_id for b in hits[g])
+                out.extend(b.block_id for b in tables[g]
+                           if not b.is_null and b.block_id not in skipped)
             out.extend(b.block_id for b in grown if not b.is_null)
 
     def free(self, request: Any) -> None:
@@ -529,7 +535,16 @@ class KVCacheManagerAdapter:
         return out
 
     def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
-        return []  # Mamba "align" partial tails need partial-block hits (refused at start)
+        """A finishing request's Mamba "align" partial prompt tails still in its state blocks
+        (partial-block hits), ``[(group id, block id, boundary tokens), ...]``, for a KV
+        connector to offload before the request's blocks are released (vLLM's)."""
+        out: list[tuple[int, int, int]] = []
+        for m in self._state_managers:
+            found = m.finalize_partial_tail(request.request_id, request.num_computed_tokens,
+                                            getattr(request, "num_in_flight_tokens", 0))
+            if found is not None:
+                out.append((found[0], found[1].block_id, found[2]))
+        return out
 
     def new_step_starts(self) -> None:
         """A scheduling step starts; checks kvcore's invariants every

@@ -507,8 +507,13 @@ class CoordinatorView(_View):
     __slots__ = ("_kv", "block_pool", "drop_eagle_group_ids", "eagle_group_ids",
                  "kv_cache_config", "single_type_managers")
 
-    enable_partial_hash_hits = False
     num_reprefillable_tokens = 0
+
+    @property
+    def enable_partial_hash_hits(self) -> bool:
+        """vLLM's flag: whether hits may end inside a block (``KVCacheConfig.partial_block_hits``;
+        vLLM's scheduler then also ends a Mamba prefill chunk at the prompt's last hash unit)."""
+        return self._kv.coordinator.partial_hits
 
     def __init__(self, kv: KVCacheManager, kv_cache_config: Any, block_pool: BlockPoolView,
                  eagle_group_ids: set[int], drop_eagle_group_ids: set[int]) -> None:

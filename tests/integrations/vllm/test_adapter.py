@@ -168,13 +168,9 @@ def _mamba(mode: str = "align", **kw: int) -> MambaSpec:
     (lambda: kv_config(full(), CrossAttentionSpec(block_size=16, num_kv_heads=1, head_size=32,
                                                   dtype=torch.float16)), {},
      "prefix caching with cross attention"),
-    (lambda: kv_config(full(32), MambaSpec(block_size=32, shapes=((2, 4),),
-                                           dtypes=(torch.float32,), mamba_cache_mode="align")),
-     {"hash_block_size": 16}, "partial-block hits: hashing every 16 tokens .* finer than the "
-     "blocks of Mamba 'align' groups \\[1\\]"),
     (lambda: kv_config(), {"dcp_world_size": 2}, "context parallelism"),
     (lambda: kv_config(), {"num_prefill_lookahead": 3}, "multi-module MTP"),
-], ids=["cross-attention", "partial-hash-hits", "dcp", "mtp"])
+], ids=["cross-attention", "dcp", "mtp"])
 def test_refused_configurations_name_the_feature(config, kwargs, names) -> None:  # type: ignore[no-untyped-def]
     args = dict(kv_cache_config=config(), max_model_len=4096, scheduler_block_size=16,
                 hash_block_size=16, enable_caching=True)
@@ -208,6 +204,44 @@ def test_eagle_drops_in_the_groups_vllm_drops_in(flagged: tuple[int, ...],
         admit(m, request("a", range(150)))
     hits = [admit(m, request("b", [*range(150), 7]))[0] for m in (theirs, ours)]
     assert hits[0] == hits[1] and hits[0] > 0
+
+
+def test_partial_hash_hits_run_as_kvcores_partial_block_hits() -> None:
+    """Where vLLM turns partial hash hits on (a Mamba "align" group whose blocks are larger than
+    the hash unit), kvcore runs with partial_block_hits and the coordinator view says so."""
+    for extra in ({}, {"num_prefill_checkpoint_blocks": 1, "prefill_checkpoint_alignment": 1},
+                  {"num_speculative_blocks": 2}):
+        config = kv_config(full(32), MambaSpec(block_size=32, shapes=((2, 4),),
+                                               dtypes=(torch.float32,), mamba_cache_mode="align",
+                                               **extra))
+        m = KVCacheManagerAdapter(config, 4096, scheduler_block_size=32, hash_block_size=16,
+                                  enable_caching=True, settings=KvcoreSettings())
+        assert m.kv.config.partial_block_hits and m.kv.hash_block_size == 16
+        assert m.coordinator.enable_partial_hash_hits is True
+    # Blocks of one hash unit everywhere: no partial hits, in vLLM as in kvcore.
+    config = kv_config(full(32), MambaSpec(block_size=32, shapes=((2, 4),),
+                                           dtypes=(torch.float32,), mamba_cache_mode="align"))
+    m = KVCacheManagerAdapter(config, 4096, scheduler_block_size=32, hash_block_size=32,
+                              enable_caching=True, settings=KvcoreSettings())
+    assert not m.kv.config.partial_block_hits
+    assert m.coordinator.enable_partial_hash_hits is False
+
+
+@pytest.mark.parametrize(("use_eagle", "unit", "effective"),
+                         [(True, 16, True), (False, 16, False), (True, 32, False)])
+def test_shared_prefix_checkpoints_take_effect_where_vllms_do(use_eagle: bool, unit: int,
+                                                              effective: bool) -> None:
+    """``enable_mamba_shared_prefix_checkpoint``: in effect on an EAGLE model with partial hash
+    hits (the manager's ``mamba_shared_prefix_checkpoint``, which vLLM's scheduler reads to
+    stop prompt chunks at the junction), accepted and without effect otherwise, as in vLLM."""
+    config = kv_config(full(32), MambaSpec(block_size=32, shapes=((2, 4),),
+                                           dtypes=(torch.float32,), mamba_cache_mode="align"))
+    m = KVCacheManagerAdapter(config, 4096, scheduler_block_size=32, hash_block_size=unit,
+                              enable_caching=True, use_eagle=use_eagle,
+                              enable_mamba_shared_prefix_checkpoint=True,
+                              settings=KvcoreSettings())
+    assert m.mamba_shared_prefix_checkpoint is effective
+    assert m.kv.coordinator.managers[1].shared_prefix_checkpoint is effective
 
 
 def test_a_prefix_match_unit_without_partial_hits_hashes_where_vllm_does() -> None:
