@@ -134,6 +134,11 @@ class BlockPool:
         self._maps = PrefixMaps(num_groups)
         self.num_evicted_blocks = 0
         self.num_resets = 0  # successful reset_prefix_cache calls
+        # What can change what a cached block holds besides an eviction: prefix-cache resets and
+        # entries taken off a block that stays (move_block_hashes; cache_partial_block replacing
+        # a block's entries).  A LookupHit is stamped with it (kvcore.manager): a hit handed back
+        # after one of these is checked again, not trusted.
+        self.num_invalidations = 0
         self.num_rejected_hits = 0  # lookups whose block held another prefix (verify mode)
         # See the module docstring: bumped by changes to entries under the watched hashes
         # (None: under any hash), resets and hits taken.
@@ -644,6 +649,7 @@ class BlockPool:
         dropped: list[BlockHash] = []
         if replace and block.block_hash is not None:
             dropped = self._maps.drop_keys(block)
+            self.num_invalidations += 1
         removed = self._maps.add_partial(block, key, num_tokens, group_id)
         if removed is not None:
             removed = dropped + removed
@@ -695,6 +701,8 @@ class BlockPool:
         node = src.prefix_node
         covered = maps.partial_primary.get(src.block_id)
         keys = maps.drop_keys(src)  # primary first, then the extra keys in their order
+        # src keeps being written: a lookup that found it must not be trusted from here on
+        self.num_invalidations += 1
         dst.block_hash = keys[0]
         dst.group_id = g
         dst.prefix_node = node
@@ -748,6 +756,7 @@ class BlockPool:
             block.group_id = -1
             block.prefix_node = None
         self.num_resets += 1
+        self.num_invalidations += 1
         self.cache_version += 1
         if self._observer is not None:
             self._observer.reset()

@@ -88,7 +88,8 @@ class PrefixCacheStats:
 
 def evictions_since_lookup(hits: object, request: object, pool: BlockPool) -> int:
     """How many blocks ``pool`` evicted since ``get_computed_blocks`` found ``hits`` for
-    ``request`` (a reset of its prefix cache counts as one more); 0 if none, or if ``hits`` is
+    ``request`` (a reset of its prefix cache, or entries moved off a block that stays cached
+    for its writer, ``BlockPool.num_invalidations``, count as one more); 0 if none, or if ``hits`` is
     not that lookup's result (another request's, or built by hand).  A hit with evictions since
     its own lookup that no longer holds the request's prefix went stale between lookup and
     allocation: the manager raises :class:`StaleHitError` then, and ``kvcore.testing.checked``
@@ -96,7 +97,7 @@ def evictions_since_lookup(hits: object, request: object, pool: BlockPool) -> in
     lookup = getattr(hits, "lookup", None) if isinstance(hits, LookupHit) else None
     if lookup is None or lookup[0] is not request:
         return 0
-    return pool.num_evicted_blocks - lookup[2] + (pool.num_resets != lookup[3])
+    return pool.num_evicted_blocks - lookup[2] + (pool.num_invalidations != lookup[3])
 
 
 def lookup_boundary(hits: object, request: object) -> int:
@@ -262,7 +263,7 @@ class KVCacheManager:
         # itself changes no state.
         hit = LookupHit(map(tuple, blocks))
         pool = self.pool
-        hit.lookup = (request, num_hit_tokens, pool.num_evicted_blocks, pool.num_resets)
+        hit.lookup = (request, num_hit_tokens, pool.num_evicted_blocks, pool.num_invalidations)
         if boundary:
             hit.shared_prefix_boundary = boundary
         return hit, num_hit_tokens
@@ -919,7 +920,8 @@ class KVCacheManager:
             look = hits.lookup if type(hits) is LookupHit else None
             pool = self.pool
             if (look is None or look[0] is not request or look[1] != num_new_computed_tokens
-                    or look[2] != pool.num_evicted_blocks or look[3] != pool.num_resets):
+                    or look[2] != pool.num_evicted_blocks
+                    or look[3] != pool.num_invalidations):
                 self._check_hits(request, hits, num_new_computed_tokens,
                                  num_external_computed_tokens)
         return hits

@@ -146,8 +146,10 @@ class KVCacheBlocks(tuple):
 class LookupHit(KVCacheBlocks):
     """A prefix hit as ``get_computed_blocks`` returns it, stamped with its lookup: ``lookup`` is
     the request looked up, the hit tokens, and the pool's ``num_evicted_blocks`` and
-    ``num_resets`` then.  Only an eviction or a reset changes what a cached block holds, so the
-    manager need not check again a hit handed back for its request with nothing evicted since,
+    ``num_invalidations`` then.  Only an eviction, a reset or entries moved off a block whose
+    writer goes on (partial-block hits: ``BlockPool.move_block_hashes``, or replaced by
+    ``cache_partial_block``) change what a cached block holds, so the manager need not check
+    again a hit handed back for its request with none of these since,
     and a hit whose blocks were evicted since went stale after the lookup (see
     :func:`kvcore.manager.evictions_since_lookup`).  ``shared_prefix_boundary`` is the lookup's
     shared-prefix boundary (read it with :func:`kvcore.manager.lookup_boundary`; an empty hit is

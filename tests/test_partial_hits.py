@@ -139,6 +139,42 @@ def test_a_running_producer_hands_its_partial_tail_to_a_copy() -> None:
     m.check_invariants()
 
 
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_a_lookup_taken_before_the_producer_moved_its_tail_is_checked_again(
+        fast_path: bool) -> None:
+    """A hit that get_computed_blocks returned, handed back after its producer's state block
+    lost its entry to a copy (and kept being written), is checked again and refused as stale:
+    nothing was evicted, but the block no longer holds the looked-up state (found in review:
+    the returned hit skipped its check while only evictions and resets were counted)."""
+    from kvcore.errors import StaleHitError
+    from kvcore.testing.snapshot import manager_snapshot
+
+    m = _manager(fast_path=fast_path)
+    prompt = list(range(1, 14))
+    p = _producer(m, prompt, 12)
+    state = m.get_blocks("p")[1][1]
+    q = m.make_request("q", [*prompt[:12], 99, 98, 97])
+    blocks, hit = m.get_computed_blocks(q)
+    assert hit == 12 and blocks[1][-1] is state
+    evicted = m.pool.num_evicted_blocks
+    assert m.allocate_slots(p, 1) is not None  # the entry moves to a copy; p writes on in state
+    _, ends = m.take_block_copies()
+    p.num_computed_tokens = 13
+    m.free_withheld(ends)
+    m.new_step()
+    assert m.pool.num_evicted_blocks == evicted and state.block_hash is None
+    before = manager_snapshot(m)
+    with pytest.raises(StaleHitError):
+        m.allocate_slots(q, 3, hit, blocks)
+    assert manager_snapshot(m) == before
+    m.check_invariants()
+    # Looked up again, q finds the copy that holds the state at 12 tokens.
+    blocks, hit = m.get_computed_blocks(q)
+    assert hit == 12 and blocks[1][-1] is not state
+    assert m.allocate_slots(q, 3, hit, blocks) is not None
+    m.check_invariants()
+
+
 def test_a_forged_partial_state_hit_on_a_full_state_block_is_refused() -> None:
     m = _manager()
     prompt = list(range(1, 20))
