@@ -386,7 +386,8 @@ class KVCacheManager:
         if num_computed_after > self.max_model_len:
             self._too_long(request, total_computed, num_new_tokens)
         if full_sequence_must_fit is True and not self._full_sequence_fits(
-                request, hits, num_encoder_tokens, total_computed, watermark_blocks):
+                request, hits, num_encoder_tokens, total_computed, num_local_computed,
+                watermark_blocks):
             return None
         cache_upto = None  # cache up to the request's real tokens (never draft slots)
         if self.enable_caching and delay_cache_blocks is False:
@@ -430,14 +431,15 @@ class KVCacheManager:
         return KVCacheBlocks(new_blocks)
 
     def _full_sequence_fits(self, request: RequestLike, hits: Sequence[Sequence[KVCacheBlock]],
-                            num_encoder_tokens: int, total_computed: int,
+                            num_encoder_tokens: int, total_computed: int, local_computed: int,
                             watermark_blocks: int) -> bool:
         """Whether the pool holds the blocks of the request's whole sequence (per group at most
         its admission cap) plus ``watermark_blocks`` (``full_sequence_must_fit``)."""
         full = min(request.num_tokens, self.max_model_len)
         need = self.coordinator.num_blocks_to_allocate(
             request.request_id, full, hits, num_encoder_tokens, total_computed,
-            self._admission_caps, full, max(request.num_prompt_tokens, request.num_tokens - 1))
+            self._admission_caps, full, max(request.num_prompt_tokens, request.num_tokens - 1),
+            num_local_computed_tokens=local_computed)
         return need + watermark_blocks <= self.pool.num_free_blocks
 
     # retain: object, not bool: the compiled build would raise TypeError on entry for a non-bool

@@ -539,7 +539,8 @@ class CoordinatorView(_View):
         return kv.coordinator.num_blocks_to_allocate(
             request_id, num_tokens, new_computed_blocks, num_encoder_tokens,
             total_computed_tokens, kv.admission_caps if apply_admission_cap else None,
-            num_tokens_main_model, prefill_end, not apply_admission_cap)
+            num_tokens_main_model, prefill_end, not apply_admission_cap,
+            num_local_computed_tokens=num_local_computed_tokens)
 
     @property
     def full_attention_group_id(self) -> int | None:

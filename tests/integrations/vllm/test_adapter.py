@@ -519,3 +519,25 @@ def test_the_views_answer_vllms_names_like_vllms_own_objects() -> None:
     with pytest.raises(TypeError):
         ours.coordinator.single_type_managers[0].req_to_blocks["c"] = []  # type: ignore[index]
     assert len(ours.block_pool.cached_block_hash_to_block) > 0
+
+
+def test_block_counts_with_a_partial_local_hit_and_external_tokens_are_vllms() -> None:
+    """A local hit ending inside a block (partial hash hits) followed by external tokens up to a
+    block boundary: vLLM counts each group's copy of the shared tail by the local hit, and the
+    coordinator view does too (found in review: it counted by local + external, 3 blocks
+    against vLLM's 5 here)."""
+    config = kv_config(full(32), MambaSpec(block_size=32, shapes=((2, 4),),
+                                           dtypes=(torch.float32,), mamba_cache_mode="align"))
+    counts = []
+    for m in managers(config, block_size=32, hash_block_size=16):
+        a = request("a", range(150), block_size=16)
+        blocks, hit, _ = m.get_computed_blocks(a)
+        assert m.allocate_slots(a, 144, hit, blocks) is not None  # a chunk ends at unit 144
+        a.num_computed_tokens = 144
+        m.new_step_starts()
+        b = request("b", [*range(144), *range(1000, 1100)], block_size=16)
+        blocks, hit, _ = m.get_computed_blocks(b)
+        assert hit == 144  # inside the fifth block of 32
+        counts.append(m.coordinator.get_num_blocks_to_allocate(
+            "b", hit + 16 + 40, blocks.blocks, 0, hit + 16, hit, hit + 16 + 40))
+    assert counts[0] == counts[1]
