@@ -623,7 +623,7 @@ class BlockPool:
 
     def cache_partial_block(self, request: KVRequest, block: KVCacheBlock, num_tokens: int,
                             hash_block_size: int, group_id: int, *,
-                            replace_existing_hashes: bool = False) -> BlockHash | None:
+                            replace_existing_hashes: object = False) -> BlockHash | None:
         """Register ``block`` under the request's hash at ``num_tokens`` (a multiple of the hash
         block size inside the block): a *partial* prefix-cache entry, as vLLM registers the
         prompt's last hash boundary when a full-attention block is larger than the hash block.
@@ -639,7 +639,8 @@ class BlockPool:
         replaced) first drops every entry the block carries (a ``BlockRemoved`` each), then
         registers this one as its hash, with a ``BlockStored`` even if it was there before.
         Returns the entry's key (also when it was already there); ``None`` for the null block
-        or with caching off.
+        or with caching off (``replace_existing_hashes`` is typed ``object``: the compiled build
+        would refuse a non-bool with its own ``TypeError`` before the typed error).
         """
         replace = check_flag("replace_existing_hashes", replace_existing_hashes)
         if not self.enable_caching or block.is_null:
