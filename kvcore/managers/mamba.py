@@ -356,23 +356,10 @@ class MambaAlignManager(MambaManager):
         prev = len(blocks)
         if required <= prev and partial is None and not checkpoint:
             return []
-        if allocated:  # the running state sits before the speculative blocks
-            self.last_state_block_idx[request_id] = prev - 1 - spec
-        elif prev > 0:  # a hit or loaded tokens: the last block holds the state
-            self.last_state_block_idx[request_id] = prev - 1
         # The null run stops before the running state's slot, one slot earlier with a
         # checkpoint reserved (_checkpoint_index: the slot before the running state's).
-        keep_from = required - spec - 1 - checkpoint
-        null = self.null_block
-        if prev < keep_from:
-            blocks.extend([null] * (keep_from - prev))
-        if allocated:
-            for i in range(prev - spec, prev):
-                if i >= keep_from:
-                    break
-                block = blocks[i]
-                blocks[i] = null
-                blocks.append(block)
+        self._lay_out_state(request_id, blocks, prev, required - spec - 1 - checkpoint,
+                            allocated)
         new = self.pool.get_new_blocks(max(required - len(blocks), 0) + (partial is not None))
         out = blocks[prev:]
         if partial is not None:
@@ -400,6 +387,28 @@ class MambaAlignManager(MambaManager):
         out.extend(new)
         return out
 
+    def _lay_out_state(self, request_id: str, blocks: list[KVCacheBlock], prev: int,
+                       keep_from: int, allocated: bool) -> None:
+        """Record where the request's state sits before this allocation (``prev``: the table's
+        length), pad the table with nulls up to ``keep_from``, and move to its end the
+        speculative blocks of an earlier allocation that ``keep_from`` has passed (their old
+        positions nulled): the layout both speculative paths share (vLLM's)."""
+        spec = self.num_speculative_blocks
+        if allocated:  # the running state sits before the speculative blocks
+            self.last_state_block_idx[request_id] = prev - 1 - spec
+        elif prev > 0:  # a hit or loaded tokens: the last block holds the state
+            self.last_state_block_idx[request_id] = prev - 1
+        null = self.null_block
+        if prev < keep_from:
+            blocks.extend([null] * (keep_from - prev))
+        if allocated:
+            for i in range(prev - spec, prev):
+                if i >= keep_from:
+                    break
+                block = blocks[i]
+                blocks[i] = null
+                blocks.append(block)
+
     def _allocate_with_speculative(self, request_id: str, blocks: list[KVCacheBlock],
                                    num_tokens: int) -> list[KVCacheBlock]:
         """``allocate_new_blocks`` with ``num_speculative_blocks`` (vLLM's layout): the table
@@ -425,21 +434,9 @@ class MambaAlignManager(MambaManager):
         self.allocated.add(request_id)
         if required <= prev and not has_checkpoint:
             return []
-        if allocated:  # the running state sits before the speculative blocks
-            self.last_state_block_idx[request_id] = prev - 1 - spec
-        elif prev > 0:  # a hit or loaded tokens: the last block holds the state
-            self.last_state_block_idx[request_id] = prev - 1
-        keep_from = required - spec - 1 - has_checkpoint  # the running state's (checkpoint's) slot
-        null = self.null_block
-        if prev < keep_from:
-            blocks.extend([null] * (keep_from - prev))
-        if allocated:
-            for i in range(prev - spec, prev):
-                if i >= keep_from:
-                    break
-                block = blocks[i]
-                blocks[i] = null
-                blocks.append(block)
+        # (keep_from: the running state's slot, or the checkpoint's before it)
+        self._lay_out_state(request_id, blocks, prev, required - spec - 1 - has_checkpoint,
+                            allocated)
         num_new = required - len(blocks)
         if num_new > 0:
             blocks.extend(self.pool.get_new_blocks(num_new))
