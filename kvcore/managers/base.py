@@ -325,8 +325,16 @@ class SingleTypeKVCacheManager:
             raise AssertionError(f"copy-on-write of request {request_id!r}: table position "
                                  f"{index} does not hold the shared block {source.block_id}")
         blocks[index] = copy
+        self.record_block_copy(source, copy, copy)
+
+    def record_block_copy(self, source: KVCacheBlock, copy: KVCacheBlock,
+                          pinned: KVCacheBlock) -> None:
+        """Record the block copy ``source -> copy`` with both endpoints withheld until its step
+        has been processed, taking one more reference on ``pinned`` (the endpoint that no table
+        holds a reference for: the copy on a copy-on-write, the source when a producer hands
+        its entry to the copy and writes on in the source)."""
         self.pending_copies.append((source, copy))
-        self.pool.pin([copy])
+        self.pool.pin([pinned])
         withheld = self.withheld
         for block in (source, copy):
             withheld[block.block_id] = withheld.get(block.block_id, 0) + 1

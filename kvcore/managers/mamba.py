@@ -370,11 +370,7 @@ class MambaAlignManager(MambaManager):
                     raise AssertionError(f"request {request_id!r}: its partial tail block "
                                          f"{source.block_id} left table position {index}")
                 self.pool.move_block_hashes(source, copy)
-                self.pending_copies.append((source, copy))
-                self.pool.pin([source])
-                withheld = self.withheld
-                for block in (source, copy):
-                    withheld[block.block_id] = withheld.get(block.block_id, 0) + 1
+                self.record_block_copy(source, copy, source)
                 tail = self.producer_tails.pop(request_id, None)
                 if tail is not None:
                     self.pending_offloads.append((request_id, self.group_id, copy, tail[1]))
