@@ -28,6 +28,9 @@ COMPILED_MODULES = [
     "kvcore/block_pool.py",
     *sorted(str(p.relative_to(HERE)) for p in (HERE / "kvcore" / "pool").glob("*.py")),
     "kvcore/hashing.py",
+    # the KV-event recorder the pool calls per block stored or removed (the msgspec event types
+    # of kvcore.events.wire stay interpreted)
+    "kvcore/events/recorder.py",
     "kvcore/request.py",
     "kvcore/verify.py",
     "kvcore/manager.py",
@@ -36,6 +39,7 @@ COMPILED_MODULES = [
     # kvcore's manager inside vLLM: the adapter vLLM's scheduler calls and the request view it
     # reads (vLLM's types are opaque to the compiler: vLLM is imported when the adapter is).
     "kvcore/integrations/vllm/manager.py",
+    "kvcore/integrations/vllm/events.py",
     "kvcore/integrations/vllm/request.py",
     "kvcore/integrations/vllm/retry.py",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from kvcore._mypyc import mypyc_attr
 from kvcore.errors import InvalidArgumentError
 from kvcore.events.wire import (
     MEDIUM_GPU,
@@ -31,6 +32,7 @@ GroupStamp = tuple[str | None, int | None]
 """A group's ``(kv_cache_spec_kind, kv_cache_spec_sliding_window)``."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class EventRecorder:
     """Pending KV events of one cache (one medium).
 
@@ -94,15 +96,20 @@ class EventRecorder:
         each stored block's extra keys cover its lookahead window too, and its lookahead tokens
         are listed."""
         start = first * block_size
-        extra: list[tuple[object, ...] | None] = []
+        extra: list[tuple[object, ...] | None]
         lookahead = self.lookahead
         ahead: list[tuple[int, ...]] | None = [] if lookahead else None
         tokens = request.all_token_ids
-        for i in stored:
-            s = (first + i) * block_size
-            e = s + block_size
-            extra.append(self._extra_keys(request, s, e + lookahead))
-            if ahead is not None:
+        if self._has_extra_keys(request):
+            extra = []
+            for i in stored:
+                s = (first + i) * block_size
+                extra.append(self._extra_keys(request, s, s + block_size + lookahead))
+        else:  # (every block's keys are None: not asked block by block)
+            extra = [None] * len(stored)
+        if ahead is not None:
+            for i in stored:
+                e = (first + i + 1) * block_size
                 ahead.append(tuple(tokens[e:e + lookahead]))
         kind, window = self._stamp(group_id)
         self._pending.append(self._stored_event(
@@ -126,6 +133,12 @@ class EventRecorder:
     def cleared(self) -> None:
         """The whole prefix cache was dropped."""
         self._pending.append(self._cleared_event())
+
+    def _has_extra_keys(self, request: KVRequest) -> bool:
+        """Whether any block of ``request`` may have extra keys (a LoRA adapter, multimodal
+        items or a cache salt); a subclass whose ``_extra_keys`` adds keys extends it."""
+        return (request.lora_name is not None or request.cache_salt is not None
+                or bool(request.mm_items))
 
     def _extra_keys(self, request: KVRequest, start: int, end: int) -> tuple[object, ...] | None:
         """The published extra keys of the block whose hash covers tokens ``[start, end)``

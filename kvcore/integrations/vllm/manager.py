@@ -53,7 +53,7 @@ from kvcore.errors import InvalidArgumentError
 from kvcore.eviction import PolicyFactory
 from kvcore.hashing import EngineHashes
 from kvcore.integrations.vllm.config import eagle_groups, kvcore_config, refuse, zeroing_groups
-from kvcore.integrations.vllm.events import VllmEventRecorder, int_hash
+from kvcore.integrations.vllm.events import VllmEventRecorder
 from kvcore.integrations.vllm.request import VllmRequestView
 from kvcore.integrations.vllm.retry import RetryMemo
 from kvcore.integrations.vllm.settings import KvcoreSettings
@@ -134,7 +134,7 @@ class KVCacheManagerAdapter:
         self.metrics_collector = metrics_collector
         # Published hashes: 64-bit ints (vLLM's default) or the bytes.  Read once, as vLLM's
         # environment is fixed once its engine has started.
-        convert = int_hash if envs.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES else None
+        int_hashes = bool(envs.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES)
         # Prefix-cache stats are kept here, in vLLM's own type (as vLLM's manager keeps them).
         self.kv = KVCacheManager(
             config, max_model_len, enable_caching=enable_caching,
@@ -151,7 +151,7 @@ class KVCacheManagerAdapter:
                                             and bool(eagle_ids)),
             eviction_policy=(settings.eviction_policy if eviction_policy is None
                              else eviction_policy),
-            events=VllmEventRecorder(config, num_hash_lookahead_tokens, convert))
+            events=VllmEventRecorder(config, num_hash_lookahead_tokens, int_hashes))
         # vLLM's scheduler also ends prompt chunks at the junction when this is on.
         self.mamba_shared_prefix_checkpoint = self.kv.coordinator.shared_prefix_checkpoint
         if metrics_collector is not None:  # vLLM's residency metrics observe kvcore's pool
@@ -196,7 +196,10 @@ class KVCacheManagerAdapter:
     def _blocks(self, groups: tuple[Sequence[KVCacheBlock], ...]) -> VllmKVCacheBlocks:
         """vLLM's ``KVCacheBlocks`` over per-group lists (kvcore's ``KVCacheBlocks`` is such a
         tuple already), or its shared empty one."""
-        return VllmKVCacheBlocks(groups) if any(groups) else self.empty_kv_cache_blocks
+        for blocks in groups:  # (a loop, not any(): native in the compiled build)
+            if blocks:
+                return VllmKVCacheBlocks(groups)
+        return self.empty_kv_cache_blocks
 
     # -- vLLM's KVCacheManager ----------------------------------------------------------------
     @property

@@ -78,6 +78,10 @@ def test_int_hash_is_vllms_conversion(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1")
     for h in (b"\x00" * 32, bytes(range(32)), b"\xff" * 16, b"\x01\x02"):
         assert int_hash(h) == maybe_convert_block_hash(h)
+    # Every length around the 8 bytes it keeps, with the top bit of each byte set.
+    for n in range(41):
+        h = bytes((0x80 | i * 37) & 0xFF for i in range(n))
+        assert int_hash(h) == maybe_convert_block_hash(h), n
 
 
 def test_free_of_a_request_without_blocks_does_nothing_and_lists_stay_in_order() -> None:
