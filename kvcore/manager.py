@@ -155,7 +155,7 @@ class KVCacheManager:
     # Fixed attributes, as in the compiled build (whose instances have no __dict__): the two
     # builds' objects have the same layout, which kvcore.testing's checked() relies on.
     __slots__ = ("_admission_caps", "_block_sizes", "_empty", "_held_free", "_keeps_boundaries",
-                 "_reads_releases", "_requests", "_withheld",
+                 "_reads_releases", "_requests", "_sole_full_attention", "_withheld",
                  "block_hasher", "config", "coordinator", "enable_caching", "fast_path",
                  "hash_block_size", "log_stats", "max_model_len", "max_num_batched_tokens",
                  "num_groups", "num_hash_lookahead_tokens", "pool", "prefix_cache_stats",
@@ -215,6 +215,7 @@ class KVCacheManager:
         self._keeps_boundaries = (config.prefix_cache_retention_interval is not None
                                   or self.coordinator.shared_prefix_checkpoint)
         self._empty = KVCacheBlocks(() for _ in range(self.num_groups))
+        self._sole_full_attention = self.coordinator.sole_full_attention
         self._admission_caps = tuple(
             g.spec.max_blocks_per_request(max_model_len, max_num_batched_tokens)
             if g.spec.admission_capped else None for g in config.groups)
@@ -419,6 +420,17 @@ class KVCacheManager:
                 return None
             self._requests[rid] = [request, num_slots]
         else:
+            # The decode step of the common layout that takes no block and fills none changes
+            # nothing (see KVCacheCoordinator.sole_full_attention): answered here, without the
+            # coordinator's calls (the same checks allocate_running makes, inlined).
+            m = self._sole_full_attention
+            if (m is not None and not (reserved_blocks or watermark_blocks or num_encoder_tokens)
+                    and num_slots <= len(m.req_to_blocks[rid]) * m.block_size
+                    and (cache_upto is None
+                         or cache_upto // m.block_size <= m.num_cached_block.get(rid, 0))):
+                if num_slots > tracked[1]:
+                    tracked[1] = num_slots
+                return self._empty
             new_blocks = self.coordinator.allocate_running(  # (positional: as allocate_new)
                 request, num_slots, total_computed, num_encoder_tokens, cache_upto,
                 reserved_blocks + watermark_blocks, num_computed_after)

@@ -20,6 +20,7 @@ from kvcore.errors import InvalidGroupError, UnsupportedFeatureError
 from kvcore.hashing import hashes_at
 from kvcore.managers import make_manager
 from kvcore.managers.base import ManagerContext, SingleTypeKVCacheManager, cdiv
+from kvcore.managers.full_attention import FullAttentionManager
 from kvcore.request import RequestLike
 from kvcore.settings import CacheSettings
 from kvcore.specs import KVCacheConfig
@@ -125,6 +126,16 @@ class KVCacheCoordinator:
         self._fine = tuple(m for m in self.managers if m.partial_hits)
         # What an allocation returns when no group got a block (shared: never mutated).
         self.no_blocks: GroupBlocks = tuple([] for _ in self.managers)
+        # A layout of one plain full-attention group (no window, encoder, padding, partial tail
+        # or cache alignment, and kvcore's own class): a decode step whose slots its blocks
+        # already hold and that fills no block changes nothing there, and
+        # KVCacheManager.allocate_slots answers it without calling allocate_running.
+        only = self.managers[0] if len(self.managers) == 1 else None
+        self.sole_full_attention: SingleTypeKVCacheManager | None = (
+            only if only is not None and type(only) is FullAttentionManager
+            and not only.extra_slots and not only.caches_partial_tail
+            and not only.releases_blocks and not only.uses_encoder_tokens
+            and not only.counts_own_growth and self.cache_alignment is None else None)
         # Groups whose lookup keeps their own longer hit rather than the hit all groups agree
         # on (vLLM's retains_longer_hit; KVCacheManager.retain_longer_hits sets them).
         self.retained_hit_groups: frozenset[int] = frozenset()
