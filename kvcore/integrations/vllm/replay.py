@@ -28,7 +28,11 @@ offline bounds ``kvcore:belady`` and ``kvcore:reuse_oracle``, which only this re
 Each engine reports the prefix-cache hit rate (vLLM's ``PrefixCacheStats``), preemptions, and
 the scheduler's CPU time per step (``schedule`` + ``update_from_output``; median over steps,
 then median, min and max over repeats), and, measured in separate runs that time every call
-into ``scheduler.kv_cache_manager``, the KV manager's share of it.  Repeats of all engines are
+into ``scheduler.kv_cache_manager``, the KV manager's share of it: the time those calls take
+per step, read from the wall clock (``perf_counter``, a vDSO read of some 25 ns; the median
+over steps shrugs off a step another process interrupted), not from the thread's CPU clock
+(a system call, ~0.7 µs a read on a VM, whose side effects slowed the compiled calls it timed
+by ~0.3 µs each: BENCHMARKS.md, 2026-11-29, "manager-clock").  Repeats of all engines are
 interleaved in one process.  From the clock: time to first token (arrival to the end of the step
 that samples the first token) and queueing delay (arrival to the first scheduling), p50 / p99
 (and the queueing mean), and the longest wait in scheduler steps (``max_wait_steps``; with a
@@ -146,7 +150,7 @@ class _ManagerTimer:
         return value
 
     def _wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        clock = time.thread_time
+        clock = time.perf_counter  # (see the module docstring: not the thread's CPU clock)
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             if self._depth:

@@ -21,8 +21,8 @@ def _cell(values: dict[str, float] | None) -> str:
 
 
 def print_table(rows: list[dict[str, Any]], with_ratio: bool) -> None:
-    """The rows as two tables (see the module docstring); ``with_ratio``: the KV manager's CPU
-    time over vLLM's (the ``vllm`` row's)."""
+    """The rows as two tables (see the module docstring); ``with_ratio``: the KV manager's time
+    per step over vLLM's (the ``vllm`` row's)."""
     base = next((r for r in rows if r["engine"] == "vllm"), None)
     width = max(24, *(len(r["engine"]) for r in rows))
     print(f"{'engine':<{width}} {'hit rate':>8} {'steps':>6} {'preempt':>7} "
