@@ -6,6 +6,7 @@ fuzz setups."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 import pytest
@@ -15,6 +16,7 @@ from kvcore import KVCacheConfig, KVCacheGroup, KVCacheManager, MambaSpec, Reque
 from kvcore.eviction import REGISTRY, make_policy
 from kvcore.eviction.base import Release
 from kvcore.eviction.learned import (
+    DEEP,
     FRESH,
     HIT,
     LATER_TURN,
@@ -80,7 +82,9 @@ def test_it_is_a_registered_pool_policy() -> None:
 
 @pytest.mark.parametrize("spec, word", [("learned:tau=0", "tau"),
                                         ("learned:half_life=-1", "half_life"),
-                                        ("learned:ghost_factor=100", "ghost_factor")])
+                                        ("learned:ghost_factor=100", "ghost_factor"),
+                                        ("learned:deep_after=1.5", "deep_after"),
+                                        ("learned:deep_after=-1", "deep_after")])
 def test_bad_options_are_refused_naming_them(spec: str, word: str) -> None:
     with pytest.raises(ValueError, match=word):
         make_policy(spec, [KVCacheBlock(1)])
@@ -115,9 +119,61 @@ def test_a_release_sorts_prompt_and_generated_blocks_by_turn_and_output_length()
 def test_categories_are_distinct_and_named() -> None:
     names = [describe_category(c) for c in range(NUM_CATEGORIES)]
     assert len(set(names)) == NUM_CATEGORIES
-    assert sorted({category(g, h, t, n) for g in (False, True) for h in (False, True)
-                   for t in (FRESH, HIT, LATER_TURN) for n in (0, 16, 128)}) == [
-        c for c in range(NUM_CATEGORIES) if c != UNTAGGED]
+    assert sorted({category(g, h, t, n, d) for g in (False, True) for h in (False, True)
+                   for t in (FRESH, HIT, LATER_TURN) for n in (0, 16, 128)
+                   for d in (False, True)}) == [c for c in range(NUM_CATEGORIES) if c != UNTAGGED]
+    assert category(False, True, FRESH, 0, deep=True) == category(False, True, FRESH, 0)
+    assert category(True, False, FRESH, 0, deep=True) == category(True, False, FRESH, 0)
+    assert describe_category(category(False, False, HIT, 200, deep=True)) == (
+        "prompt, not hit, prefix hit, long output, deep")
+
+
+def test_prompt_blocks_far_past_the_hit_prefix_are_deep() -> None:
+    m = manager(num_blocks=300, policy="learned:deep_after=2")
+
+    def cats(req: Request) -> list[int | None]:
+        return [learned(m).category_of(m.pool.blocks[found[0].block_id])
+                for h in req.block_hashes[:req.num_prompt_tokens // BS]
+                for found in [m.pool.get_cached_block(h, [0])] if found]
+
+    # Fresh: nothing hit, so the frontier is the first block; from the third block on, deep.
+    a = serve(m, "a", [*tokens(1, 12), 9])
+    shallow, deep = category(False, False, FRESH, 0), category(False, False, FRESH, 0, True)
+    assert cats(a) == [shallow] * 2 + [deep] * 4
+    # A prefix hit of a's first three blocks, then five new ones: the two after the hit
+    # prefix are shallow, the rest deep.
+    b = serve(m, "b", tokens(1, 6) + tokens(2, 10) + [9])
+    assert cats(b) == ([category(False, True, HIT, 0)] * 3
+                       + [category(False, False, HIT, 0)] * 2
+                       + [category(False, False, HIT, 0, True)] * 3)
+    # deep_after=0: no deep blocks.
+    plain = manager(num_blocks=300, policy="learned:deep_after=0")
+    c = serve(plain, "c", [*tokens(1, 12), 9])
+    assert {learned(plain).category_of(b) for b in plain.pool.blocks
+            if b.block_hash in set(c.block_hashes)} == {shallow}
+
+
+def test_a_deep_block_is_never_worth_more_than_the_shallow_ones_before_it() -> None:
+    """A hit on a deep block needs the shallow blocks before it: a deep category is ranked at
+    most at the value of the shallow one of the same turn and output length, and of equal worth
+    goes first (even where its own count shows more reuse)."""
+    policy = LearnedPolicy([KVCacheBlock(i) for i in range(1, 9)])
+    shallow = category(False, False, FRESH, 0)
+    deep = category(False, False, FRESH, 0, deep=True)
+    assert deep >= DEEP
+    policy._freed[shallow], policy._reused[shallow] = 100.0, 20.0
+    policy._freed[deep], policy._reused[deep] = 100.0, 80.0
+    policy._refresh()
+    assert policy._value[deep] < policy._value[shallow]
+    blocks = policy.pick_victims(8, 1)
+    _cached_free(policy, blocks[4:], deep)  # a request frees its tail first,
+    _cached_free(policy, blocks[:4], shallow)  # in the same step
+    assert policy.pick_victims(4, 1) == blocks[4:]
+    # Where the deep count shows less reuse, that is its value.
+    policy._freed[deep], policy._reused[deep] = 100.0, 5.0
+    policy._refresh()
+    assert policy._value[deep] == pytest.approx(math.log(0.05), abs=1e-4)
+    assert policy.check() == []
 
 
 def _train(m: KVCacheManager, rounds: int) -> None:

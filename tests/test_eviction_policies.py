@@ -1172,7 +1172,7 @@ class PolicyMachine(RuleBasedStateMachine):
         for req in self.running.values():
             self.oracle.check_table(req)
         assert self.m.pool.num_rejected_hits == 0  # real hashes: no hit is another prefix
-        assert self.m.pool.eviction_policy == self.policy
+        assert self.m.pool.eviction_policy == self.policy.partition(":")[0]  # (name, no options)
         assert len(self.m.pool.reserve) <= RESERVE_CAP
 
     def teardown(self) -> None:
@@ -1203,6 +1203,8 @@ TestSLRUMachine = _policy_machine("slru").TestCase
 TestS3FIFOMachine = _policy_machine("s3fifo").TestCase
 TestARCMachine = _policy_machine("arc").TestCase
 TestLearnedMachine = _policy_machine("learned").TestCase
+# (deep categories from the first block past a hit prefix: the machine's prompts are short)
+TestLearnedDeepMachine = _policy_machine("learned:deep_after=1").TestCase
 
 
 # == 4. scheduler replay ========================================================================
