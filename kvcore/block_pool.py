@@ -99,7 +99,7 @@ class BlockPool:
     # Arguments are annotated with types the compiled build does not check on entry (an int
     # parameter would take True as 1): the checks below raise kvcore's typed errors in both builds.
     def __init__(self, num_blocks: SupportsIndex, *, num_groups: SupportsIndex = 1,
-                 settings: CacheSettings | None = None, events: EventRecorder | None = None,
+                 settings: CacheSettings | None = None, events: object = None,
                  observer: PoolObserver | None = None, **options: Any) -> None:
         if type(num_blocks) is not int or num_blocks < 2:
             raise InvalidArgumentError(
@@ -107,8 +107,11 @@ class BlockPool:
         if type(num_groups) is not int or num_groups < 1:
             raise InvalidArgumentError(f"num_groups must be a positive int, got {num_groups!r}")
         settings = CacheSettings._of(settings, options)
-        if events is not None and not isinstance(events, EventRecorder):
-            raise InvalidArgumentError(f"events must be an EventRecorder, got {events!r}")
+        recorder: EventRecorder | None = None
+        if events is not None:
+            if not isinstance(events, EventRecorder):
+                raise InvalidArgumentError(f"events must be an EventRecorder, got {events!r}")
+            recorder = events
         self._observer: PoolObserver | None = check_observer(observer)
         self.num_blocks = num_blocks
         self.num_groups = num_groups
@@ -122,7 +125,7 @@ class BlockPool:
         self.policy: EvictionPolicy = make_policy(settings.eviction_policy, self.blocks[1:])
         # Events go to the recorder as they happen; None when events are off.
         self.events: EventRecorder | None = (
-            (events if events is not None
+            (recorder if recorder is not None
              else EventRecorder(lookahead=settings.num_hash_lookahead_tokens))
             if settings.enable_events
             else None)

@@ -163,7 +163,7 @@ class KVCacheManager:
 
     def __init__(self, config: KVCacheConfig, max_model_len: SupportsIndex, *,
                  max_num_batched_tokens: SupportsIndex | None = None,
-                 settings: CacheSettings | None = None, events: EventRecorder | None = None,
+                 settings: CacheSettings | None = None, events: object = None,
                  **options: Any) -> None:
         if not isinstance(config, KVCacheConfig):
             raise InvalidArgumentError(f"config must be a KVCacheConfig, got {config!r}")

@@ -50,8 +50,10 @@ class EventRecorder:
 
     __slots__ = ("_pending", "_stamps", "lookahead", "medium")
 
-    def __init__(self, stamps: Sequence[GroupStamp] = (), medium: str = MEDIUM_GPU,
-                 lookahead: int = 0) -> None:
+    # medium and lookahead: object, not str and int: the compiled build would raise TypeError on
+    # entry for another type instead of the InvalidArgumentError below.
+    def __init__(self, stamps: Sequence[GroupStamp] = (), medium: object = MEDIUM_GPU,
+                 lookahead: object = 0) -> None:
         if not isinstance(medium, str):
             raise InvalidArgumentError(f"medium must be a str, got {medium!r}")
         if type(lookahead) is not int or lookahead < 0:
@@ -63,8 +65,8 @@ class EventRecorder:
         self._pending: list[Any] = []
 
     @classmethod
-    def for_config(cls, config: KVCacheConfig, medium: str = MEDIUM_GPU,
-                   lookahead: int = 0) -> EventRecorder:
+    def for_config(cls, config: KVCacheConfig, medium: object = MEDIUM_GPU,
+                   lookahead: object = 0) -> EventRecorder:
         """A recorder stamping each group's events with its spec's kind and window
         (``lookahead``: the hash lookahead, see :class:`~kvcore.settings.CacheSettings`)."""
         if not isinstance(config, KVCacheConfig):
