@@ -206,6 +206,13 @@ class BlockHasher:
         return out
 
 
+def has_extra_keys(request: KVRequest) -> bool:
+    """Whether any block of ``request`` may have extra keys (:func:`block_extra_keys`'s sources:
+    a LoRA adapter, multimodal items, a cache salt); without, every block's are ``None``."""
+    return (request.lora_name is not None or request.cache_salt is not None
+            or bool(request.mm_items))
+
+
 def block_extra_keys(request: KVRequest, start: int, end: int) -> ExtraKeys | None:
     """The extra keys of the block covering tokens ``[start, end)``, or ``None``.
 

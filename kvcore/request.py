@@ -16,7 +16,14 @@ from typing import SupportsIndex
 
 from kvcore._mypyc import mypyc_attr
 from kvcore.errors import InvalidArgumentError
-from kvcore.hashing import BlockHasher, EngineHashes, ExtraKeys, block_extra_keys, hash_extra_keys
+from kvcore.hashing import (
+    BlockHasher,
+    EngineHashes,
+    ExtraKeys,
+    block_extra_keys,
+    has_extra_keys,
+    hash_extra_keys,
+)
 from kvcore.types import BlockHash, KVRequest, MultiModalItem
 
 
@@ -258,8 +265,7 @@ class RequestBlockHasher:
             extra: list[ExtraKeys | None] | None = [
                 hash_extra_keys(request, s, s + bs, lookahead) for s in range(start, end, bs)]
             return self.hasher.hash_blocks(parent, tokens[start:end], bs, extra)
-        plain = (request.lora_name is None and not request.mm_items
-                 and request.cache_salt is None)
+        plain = not has_extra_keys(request)
         if n == 1:  # decoding completes one block at a time
             return [self.hasher.hash_block(parent, tokens[start:end],
                                            None if plain else block_extra_keys(request, start, end))]

@@ -21,7 +21,7 @@ from kvcore.events.wire import (
     KVCacheEvent,
     untag_extra_keys,
 )
-from kvcore.hashing import block_extra_keys
+from kvcore.hashing import block_extra_keys, has_extra_keys
 from kvcore.specs import KVCacheConfig
 from kvcore.types import BlockHash
 
@@ -137,10 +137,9 @@ class EventRecorder:
         self._pending.append(self._cleared_event())
 
     def _has_extra_keys(self, request: KVRequest) -> bool:
-        """Whether any block of ``request`` may have extra keys (a LoRA adapter, multimodal
-        items or a cache salt); a subclass whose ``_extra_keys`` adds keys extends it."""
-        return (request.lora_name is not None or request.cache_salt is not None
-                or bool(request.mm_items))
+        """Whether any block of ``request`` may have extra keys (:func:`kvcore.hashing.has_extra_keys`);
+        a subclass whose ``_extra_keys`` adds keys extends it."""
+        return has_extra_keys(request)
 
     def _extra_keys(self, request: KVRequest, start: int, end: int) -> tuple[object, ...] | None:
         """The published extra keys of the block whose hash covers tokens ``[start, end)``
