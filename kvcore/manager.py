@@ -155,7 +155,8 @@ class KVCacheManager:
     # Fixed attributes, as in the compiled build (whose instances have no __dict__): the two
     # builds' objects have the same layout, which kvcore.testing's checked() relies on.
     __slots__ = ("_admission_caps", "_block_sizes", "_empty", "_held_free", "_keeps_boundaries",
-                 "_reads_releases", "_requests", "_sole_full_attention", "_withheld",
+                 "_reads_releases", "_requests", "_sole_full_attention", "_steady_steps",
+                 "_withheld",
                  "block_hasher", "config", "coordinator", "enable_caching", "fast_path",
                  "hash_block_size", "log_stats", "max_model_len", "max_num_batched_tokens",
                  "num_groups", "num_hash_lookahead_tokens", "pool", "prefix_cache_stats",
@@ -216,6 +217,7 @@ class KVCacheManager:
                                   or self.coordinator.shared_prefix_checkpoint)
         self._empty = KVCacheBlocks(() for _ in range(self.num_groups))
         self._sole_full_attention = self.coordinator.sole_full_attention
+        self._steady_steps = self.coordinator.steady_steps
         self._admission_caps = tuple(
             g.spec.max_blocks_per_request(max_model_len, max_num_batched_tokens)
             if g.spec.admission_capped else None for g in config.groups)
@@ -428,6 +430,15 @@ class KVCacheManager:
                     and num_slots <= len(m.req_to_blocks[rid]) * m.block_size
                     and (cache_upto is None
                          or cache_upto // m.block_size <= m.num_cached_block.get(rid, 0))):
+                if num_slots > tracked[1]:
+                    tracked[1] = num_slots
+                return self._empty
+            # Likewise a hybrid model's step (full attention and Mamba "align" groups) that
+            # takes no block and fills none: KVCacheCoordinator.steady_step.
+            if (self._steady_steps
+                    and not (reserved_blocks or watermark_blocks or num_encoder_tokens)
+                    and self.coordinator.steady_step(request, num_slots, num_computed_after,
+                                                     total_computed, cache_upto)):
                 if num_slots > tracked[1]:
                     tracked[1] = num_slots
                 return self._empty

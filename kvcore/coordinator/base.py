@@ -21,6 +21,7 @@ from kvcore.hashing import hashes_at
 from kvcore.managers import make_manager
 from kvcore.managers.base import ManagerContext, SingleTypeKVCacheManager, cdiv
 from kvcore.managers.full_attention import FullAttentionManager
+from kvcore.managers.mamba import MambaAlignManager
 from kvcore.request import RequestLike
 from kvcore.settings import CacheSettings
 from kvcore.specs import KVCacheConfig
@@ -136,6 +137,23 @@ class KVCacheCoordinator:
             and not only.extra_slots and not only.caches_partial_tail
             and not only.releases_blocks and not only.uses_encoder_tokens
             and not only.counts_own_growth and self.cache_alignment is None else None)
+        # A hybrid layout of plain full-attention groups (as above, cache alignment allowed) and
+        # Mamba "align" state groups (kvcore's own classes; no speculative state blocks,
+        # partial-block hits, EAGLE or hit verification): a running request's step that takes
+        # no block and fills none changes nothing there but the state groups' releases and
+        # per-step marks, and KVCacheManager.allocate_slots has steady_step answer it without
+        # calling allocate_running.
+        full = tuple(m for m in self.managers
+                     if type(m) is FullAttentionManager and not m.extra_slots
+                     and not m.caches_partial_tail and not m.releases_blocks
+                     and not m.uses_encoder_tokens and not m.counts_own_growth)
+        state = tuple(m for m in self.managers if type(m) is MambaAlignManager
+                      and not m.num_speculative_blocks and not m.partial_hits)
+        steady = (bool(state) and len(full) + len(state) == len(self.managers)
+                  and not self.use_eagle and not self.partial_hits and not self.verify_hits)
+        self._steady_full: tuple[SingleTypeKVCacheManager, ...] = full if steady else ()
+        self._steady_state: tuple[MambaAlignManager, ...] = state if steady else ()
+        self.steady_steps = steady
         # Groups whose lookup keeps their own longer hit rather than the hit all groups agree
         # on (vLLM's retains_longer_hit; KVCacheManager.retain_longer_hits sets them).
         self.retained_hit_groups: frozenset[int] = frozenset()
@@ -319,6 +337,37 @@ class KVCacheCoordinator:
             return None
         return self._grow_and_cache(request, need, num_slots, num_encoder_tokens, main,
                                     num_tokens_to_cache)
+
+    def steady_step(self, request: RequestLike, num_slots: int, num_main_tokens: int,
+                    num_computed_tokens: int, num_tokens_to_cache: int | None) -> bool:
+        """A running request's step on the ``steady_steps`` layout, answered without
+        :meth:`allocate_running` when it takes no block and fills none: every full-attention
+        group's table already holds ``num_slots`` slots and caches nothing new within
+        ``num_tokens_to_cache`` (aligned down as :meth:`cache_blocks` aligns it), every state
+        group's holds ``num_main_tokens`` and caches nothing new either.  Then the state groups
+        release what the processed tokens left behind and keep their per-step marks, as
+        ``allocate_running`` would with no block needed and none reserved, and this returns
+        ``True``; otherwise it returns ``False`` having changed nothing (the caller takes the
+        general path).  ``tests/test_steady_step.py`` holds it to the general path's answers."""
+        rid = request.request_id
+        n = num_tokens_to_cache
+        align = self.cache_alignment
+        if n is not None and align is not None:
+            n -= n % align
+        for m in self._steady_full:
+            if (num_slots > len(m.req_to_blocks[rid]) * m.block_size
+                    or (n is not None and n // m.block_size > m.num_cached_block.get(rid, 0))):
+                return False
+        state = self._steady_state
+        for s in state:
+            if not s.steady_step_fits(request, num_main_tokens, n):
+                return False
+        processed = num_computed_tokens - request.num_in_flight_tokens
+        if processed < 0:
+            processed = 0
+        for s in state:
+            s.take_steady_step(request, processed, n)
+        return True
 
     def _grow_and_cache(self, request: RequestLike, need: int, num_slots: int,
                         num_encoder_tokens: int, num_main_tokens: int,

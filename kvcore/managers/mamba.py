@@ -290,6 +290,41 @@ class MambaAlignManager(MambaManager):
         return self.count_state_blocks(request_id, num_tokens, new_computed_blocks,
                                        total_computed_tokens, 0, False)
 
+    def steady_step_fits(self, request: RequestLike, num_tokens: int,
+                         num_tokens_to_cache: int | None) -> bool:
+        """Whether a step of running ``request`` to ``num_tokens`` (main-model) tokens, caching
+        within ``num_tokens_to_cache`` (aligned; ``None``: no caching), takes no block here
+        and caches no new state (``KVCacheCoordinator.steady_step``; only without speculative
+        blocks or partial-block hits, where the count is then 0 and no checkpoint is due:
+        a checkpoint's slot lies past the table's end).  Changes nothing."""
+        rid = request.request_id
+        blocks = self.req_to_blocks.get(rid)
+        if blocks is None or -(-num_tokens // self.block_size) > len(blocks):
+            return False
+        n = num_tokens_to_cache
+        if n is not None and self.enable_caching:
+            hashed = len(request.block_hashes) * self.hash_block_size
+            if (n if n < hashed else hashed) // self.block_size > self.num_cached_block.get(rid, 0):
+                return False
+        return True
+
+    def take_steady_step(self, request: RequestLike, num_processed_tokens: int,
+                         num_tokens_to_cache: int | None) -> None:
+        """The effects of a step ``steady_step_fits`` accepted, as the general path has them:
+        the count's staged reservation (none) committed and any old checkpoint dropped, the
+        states before the processed tokens' last one released, and (vLLM 0.32's re-mark,
+        ``mamba_recache_prompt_boundary``) the prompt's boundary state marked cached this step
+        again."""
+        rid = request.request_id
+        self._staged = None
+        self.shortfall = 0
+        if self.checkpoints:
+            self.checkpoints.pop(rid, None)
+        self.remove_skipped_blocks(rid, num_processed_tokens)
+        if (num_tokens_to_cache is not None and self.enable_caching
+                and self.recache_prompt_boundary):
+            self._recache_prompt_boundary(request, num_tokens_to_cache)
+
     def get_num_freeable_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> int:
         blocks = self.req_to_blocks.get(request_id)
         if not blocks:

@@ -345,7 +345,8 @@ class KVCacheManagerAdapter:
             if retry is not None and key is not None:
                 retry.failed(request, key, new_computed_blocks)
             return None
-        if self._zeroing:
+        if self._zeroing and (not running or any(new)):  # (a running request's step: only
+            # its new blocks are recorded, and a decode step mostly takes none)
             self._record_zeroing(rid, running, new, hits, num_external_computed_tokens,
                                  skip_zeroing_group_ids)
         if not running:
