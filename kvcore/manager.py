@@ -492,9 +492,11 @@ class KVCacheManager:
     def _note_release(self, request: RequestLike) -> None:
         """Tell a policy that reads releases which blocks the request is about to give up."""
         num_prompt = request.num_prompt_tokens
-        self.pool.note_release(self.coordinator.get_blocks(request.request_id), Release(
-            num_prompt, max(request.num_tokens - num_prompt, 0), self._block_sizes),
-            trusted=True)
+        num_output = request.num_tokens - num_prompt  # (not max(): a generic call per release)
+        # (The policy directly: BlockPool.note_release with trusted=True only forwards, and
+        # its keyword call is a frame per release in the pure build.)
+        self.pool.policy.on_release(self.coordinator.get_blocks(request.request_id), Release(
+            num_prompt, num_output if num_output > 0 else 0, self._block_sizes))
 
     def pop_blocks_for_free(self, request: RequestLike) -> list[KVCacheBlock]:
         """Deferred free: forget the request and hand back its blocks — every group's, group

@@ -26,6 +26,11 @@ class UnitaryCoordinator(KVCacheCoordinator):
         self._query = HitQuery((), 0, (0,), self.pool, m.spec, m.block_size,
                                drop_last=m.use_eagle)
 
+    def get_blocks(self, request_id: str) -> GroupBlocks:
+        # (One group: no comprehension, a frame per call in the pure build; a manager whose
+        # policy reads releases asks for a finishing request's blocks on every free.)
+        return (self._manager.req_to_blocks.get(request_id) or [],)
+
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int,
                                verifier: HitVerifier | None) -> tuple[GroupBlocks, int, int]:
         m = self._manager

@@ -40,7 +40,10 @@ measured and what it leaves out).  Uncached blocks are reused first, as under ev
 
 Cost: O(1) per freed or hit block; a victim costs one comparison per non-empty category (at most
 :data:`NUM_CATEGORIES`), done once per ``pick_victims`` call and once more per category a victim
-came from.
+came from (none while one category holds every cached free block).  A request's blocks are
+linked into their category in runs (its blocks are mostly of one category), counted once per
+run, and a refresh recomputes only the values of the categories whose counts changed since the
+last one.
 """
 
 from __future__ import annotations
@@ -136,8 +139,8 @@ class LearnedPolicy(SegmentedPolicy):
     """
 
     __slots__ = ("_decay_every", "_evictions", "_freed", "_ghost_cls", "_ghost_cls_old",
-                 "_live", "_pending", "_promote", "_rate", "_refresh_every", "_reused", "_tail",
-                 "_value",
+                 "_heads", "_is_stale", "_live", "_pending", "_promote", "_rate",
+                 "_refresh_every", "_reused", "_stale", "_tail", "_tails", "_value",
                  "deep_after", "half_life", "tau")
     name: ClassVar[str] = "learned"
     reads_releases: ClassVar[bool] = True
@@ -175,6 +178,14 @@ class LearnedPolicy(SegmentedPolicy):
         self._live: list[int] = []
         self._ghost_cls: dict[GhostKey, int] = {}  # evicted hash -> its category (young)
         self._ghost_cls_old: dict[GhostKey, int] = {}
+        # Each segment's sentinels (fixed for the policy's life), read by index on the hot
+        # paths: a property read is a Python call per use in the pure build.
+        self._heads = [segment.head for segment in self._segments]
+        self._tails = [segment.tail for segment in self._segments]
+        # The categories whose counts changed since the last refresh (a flag per category and
+        # their list): a refresh recomputes only their values.
+        self._is_stale = [False] * NUM_CATEGORIES
+        self._stale: list[int] = []
         self._refresh()
 
     # -- what the policy has learned ------------------------------------------------------------
@@ -189,6 +200,10 @@ class LearnedPolicy(SegmentedPolicy):
         return segment - 1 if segment > CLEAN else None
 
     def _refresh(self) -> None:
+        """Recompute every category's value from its counts."""
+        for c in self._stale:
+            self._is_stale[c] = False
+        self._stale = []
         value = [math.log(min(r / f, 1.0) + 1e-6) for r, f in zip(self._reused, self._freed)]
         # A deep block is worth at most the shallow not-hit blocks of its release's category
         # (a hit on it needs theirs), and of equal worth it goes first.  Ranked by its own
@@ -200,15 +215,55 @@ class LearnedPolicy(SegmentedPolicy):
             value[deep] = min(value[deep], value[2 + local]) - 1e-9
         self._value = value
 
+    def _stale_changed(self, c: int) -> None:
+        """Category ``c``'s counts changed: the next refresh recomputes its value."""
+        if not self._is_stale[c]:
+            self._is_stale[c] = True
+            self._stale.append(c)
+
+    def _refresh_stale(self) -> None:
+        """Recompute the values of the categories whose counts changed since the last refresh
+        (and of the deep categories ranked against them): the others' values are still exact,
+        as a value reads the ratio of the counts only, which the decay keeps bit for bit
+        (halving both is exact in binary floating point, and where the floor applies the
+        ratio is kept as the count of reuses over one freed block)."""
+        stale = self._stale
+        if not stale:
+            return
+        is_stale = self._is_stale
+        value = self._value
+        reused = self._reused
+        freed = self._freed
+        # (_refresh's expressions, with min() of two floats written out: min(a, b) is b if
+        # b < a else a; math.log and the comparisons are native when compiled, min() is not)
+        for c in stale:
+            is_stale[c] = False
+            p = reused[c] / freed[c]
+            value[c] = math.log((1.0 if p > 1.0 else p) + 1e-6)
+        for c in stale:  # the deep clamp of _refresh, for the pairs a stale category is in
+            local = c - DEEP if c >= DEEP else c - 2
+            if 0 <= local < 9:
+                deep = DEEP + local
+                p = reused[deep] / freed[deep]
+                own = math.log((1.0 if p > 1.0 else p) + 1e-6)
+                shallow = value[2 + local]
+                value[deep] = (shallow if shallow < own else own) - 1e-9
+        self._stale = []
+
     def _decay(self) -> None:
         """Halve the statistics (the prior's weight, one freed block, stays as a floor)."""
+        freed = self._freed
+        reused = self._reused
         for c in range(NUM_CATEGORIES):
-            f = self._freed[c] * 0.5
-            r = self._reused[c] * 0.5
+            f = freed[c]
+            if f == 1.0:  # at the floor (never freed, or decayed to it): halving and flooring
+                continue  # give back the very same counts
+            f *= 0.5
+            r = reused[c] * 0.5
             if f < 1.0:
                 r, f = r / f, 1.0
-            self._freed[c] = f
-            self._reused[c] = r
+            freed[c] = f
+            reused[c] = r
 
     # -- transitions ----------------------------------------------------------------------------
     def on_release(self, groups: Sequence[Sequence[KVCacheBlock]], release: Release) -> None:
@@ -223,8 +278,8 @@ class LearnedPolicy(SegmentedPolicy):
             # states were evicted before the attention blocks they end and the hit rate fell
             # below LRU's (vLLM's replay of the shipped trace at 8,192 blocks: 21.0% against
             # 30.0%).  There every cached block ranks in one category: LRU order.
-            for blocks in groups:
-                for block in blocks:
+            for each in groups:
+                for block in each:
                     if block.block_hash is not None:
                         pending[block.block_id] = UNTAGGED
             return
@@ -232,7 +287,9 @@ class LearnedPolicy(SegmentedPolicy):
             return
         marks = self._marks
         tail = self._tail
-        blocks = groups[0]
+        group = groups[0]
+        # (A typed list: the compiled build then slices and iterates it natively.)
+        blocks: list[KVCacheBlock] = group if isinstance(group, list) else list(group)
         prompt_tokens = release.num_prompt_tokens
         output_tokens = release.num_output_tokens
         # The turn: a request whose leading blocks were hit, and among them the tail of an
@@ -250,8 +307,12 @@ class LearnedPolicy(SegmentedPolicy):
             elif turn == FRESH:
                 turn = HIT
         bs = release.block_sizes[0]
-        full_blocks = min((prompt_tokens + output_tokens) // bs, len(blocks))
-        prompt_blocks = min(prompt_tokens // bs, full_blocks)
+        full_blocks = (prompt_tokens + output_tokens) // bs
+        if full_blocks > len(blocks):  # (min() is a generic call per release)
+            full_blocks = len(blocks)
+        prompt_blocks = prompt_tokens // bs
+        if prompt_blocks > full_blocks:
+            prompt_blocks = full_blocks
         # Each block's category but its hit mark, read when it is freed (a hit one is
         # promoted).  Uncached blocks are tagged too: freed uncached, they lose the tag.  Prompt
         # blocks from ``deep_after`` past the frontier on are deep.
@@ -270,8 +331,14 @@ class LearnedPolicy(SegmentedPolicy):
             for block in blocks[prompt_blocks:full_blocks]:
                 pending[block.block_id] = GENERATED
         # Where a later turn continues: after the answer, or after the prompt (the last cached
-        # block of each; the null block, id 0, is never cached).
-        self._mark_tail(blocks, full_blocks)
+        # block of each; the null block, id 0, is never cached).  The last full block is
+        # mostly cached: marked here without _mark_tail's call and loop.
+        if full_blocks:
+            last = blocks[full_blocks - 1]
+            if last.block_hash is not None:
+                tail[last.block_id] = 1
+            else:
+                self._mark_tail(blocks, full_blocks - 1)
         if prompt_blocks < full_blocks:
             self._mark_tail(blocks, prompt_blocks)
 
@@ -291,77 +358,114 @@ class LearnedPolicy(SegmentedPolicy):
             super().on_free(uncached, ())
         if not cached:
             return
-        segments = self._segments
+        tails = self._tails
         segment_of = self._segment_of
         pending = self._pending
         marks = self._marks
         now = self._evictions
-        freed = self._freed
-        live = self._live
         promote = self._promote
         ghost = self._ghost_cls
         old = self._ghost_cls_old
         remembered = bool(ghost or old)
+        # The blocks come in runs of one category (a request's blocks, tail first, are mostly
+        # of one): each run is linked as a chain at its category's tail (``FreeBlockQueue``'s
+        # append, inlined: the pool passes blocks whose count just reached 0), and its
+        # category's counts are kept once per run.
+        # (A typed list: the compiled build then iterates it natively; the pool passes lists.)
+        batch: list[KVCacheBlock] = cached if isinstance(cached, list) else list(cached)
         run_c = -1  # the category of the run of blocks being linked,
         run = 0  # its length,
-        run_new = 0  # and how many of them are freed now (not back from the reserve or a pin)
-        last: KVCacheBlock = segments[0].tail  # (replaced before use: run_c starts at -1)
-        for block in cached:
+        away = 0  # and how many of them come back from the reserve or a pin (counted before)
+        last: KVCacheBlock = tails[CLEAN]  # (replaced before use: run_c starts at -1)
+        for block in batch:
             bid = block.block_id
             c = pending[bid]
-            hit = marks[bid]
             if c >= 0:  # tagged by its release (not-hit prompt blocks: promoted if hit)
                 pending[bid] = -1
-                new = 1
-                if hit:
+                if marks[bid]:
                     c = promote[c]
-            elif c == -1:  # freed without a release
-                c = UNTAGGED
-                new = 1
-            else:  # back from the hint reserve or a pin: counted when it was freed
-                pending[bid] = -1
-                c = _AWAY - c
-                new = 0
-            if remembered and not hit:  # (a block that was hit was cached all along)
-                g = block.group_id
-                h = block.block_hash
-                key: GhostKey = h if g == 0 else (g, h)  # type: ignore[assignment]  # cached
-                # (membership tests, not pop(key, default): a miss, the common case, is then
-                # two lookups and no method call, interpreted or compiled)
-                entry = ghost.pop(key) if key in ghost else old.pop(key) if key in old else -1
-                if entry >= 0:  # a larger cache would have hit it: count the reuse,
-                    self._reused[entry] += 1.0
-                    c = promote[c]  # and rank the block as a hit one from now on
-                    marks[bid] = 1
+                elif remembered:  # (a block that was hit was cached all along)
+                    h = block.block_hash
+                    g = block.group_id
+                    key: GhostKey = h if g == 0 else (g, h)  # type: ignore[assignment]  # cached
+                    # (membership tests, not pop(key, default): a miss, the common case, is
+                    # then two lookups and no method call, interpreted or compiled)
+                    if key in ghost or key in old:
+                        c = self._ghost_return(key, c, bid)
+            else:
+                back = 0
+                if c == -1:  # freed without a release
+                    c = UNTAGGED
+                else:  # back from the hint reserve or a pin: counted when it was freed
+                    pending[bid] = -1
+                    c = _AWAY - c
+                    back = 1
+                if remembered and not marks[bid]:
+                    h = block.block_hash
+                    g = block.group_id
+                    key = h if g == 0 else (g, h)  # type: ignore[assignment]  # cached
+                    if key in ghost or key in old:
+                        c = self._ghost_return(key, c, bid)
+                if c != run_c:  # (the run switch below, done here so that ``away`` counts
+                    if run:  # this block in its own run)
+                        self._close_run(run_c, last, run, run - away)
+                    run_c = c
+                    run = away = 0
+                    last = tails[c + 1].prev_free  # type: ignore[assignment]  # linked
+                away += back
             segment_of[bid] = c + 1
             block.free_stamp = now  # (a block field: a list would box the clock per block)
-            # FreeBlockQueue.append, inlined (the pool passes blocks whose count just reached 0);
-            # the segment's count and the category's freed count are kept per run.
             if c != run_c:
                 if run:
-                    tail = segments[run_c + 1].tail
-                    last.next_free = tail
-                    tail.prev_free = last
-                    segments[run_c + 1].linked(run)
-                    freed[run_c] += run_new
-                    if run_c not in live:
-                        self._make_live(run_c)
+                    self._close_run(run_c, last, run, run - away)
                 run_c = c
-                run = run_new = 0
-                last = segments[c + 1].tail.prev_free  # type: ignore[assignment]  # linked
+                run = away = 0
+                last = tails[c + 1].prev_free  # type: ignore[assignment]  # linked
             last.next_free = block
             block.prev_free = last
             last = block
             run += 1
-            run_new += new
-        tail = segments[run_c + 1].tail
+        # The last run's _close_run, inlined (one call less per freed request).
+        tail = tails[run_c + 1]
         last.next_free = tail
         tail.prev_free = last
-        segments[run_c + 1].linked(run)
-        freed[run_c] += run_new
-        if run_c not in live:
+        self._segments[run_c + 1].linked(run)
+        if run > away:
+            self._freed[run_c] += float(run - away)  # (float: a native add when compiled)
+            if not self._is_stale[run_c]:
+                self._is_stale[run_c] = True
+                self._stale.append(run_c)
+        if run_c not in self._live:
             self._make_live(run_c)
-        self._num_free += len(cached)
+        self._num_free += len(batch)
+
+    def _ghost_return(self, key: GhostKey, c: int, bid: int) -> int:
+        """A freed block of category ``c`` whose hash ``key`` the ghost table remembers (a
+        larger cache would have hit it): forget the key, count the reuse in the category it
+        was evicted from, and mark the block hit; returns the category to rank it in (the hit
+        one)."""
+        ghost = self._ghost_cls
+        entry = ghost.pop(key) if key in ghost else self._ghost_cls_old.pop(key)
+        self._reused[entry] += 1.0
+        self._stale_changed(entry)
+        self._marks[bid] = 1
+        return self._promote[c]
+
+    def _close_run(self, c: int, last: KVCacheBlock, run: int, new: int) -> None:
+        """End ``on_free``'s run of ``run`` blocks of category ``c`` (``last`` its last block,
+        ``new`` of them freed now): link it to the segment's tail sentinel, count the blocks in
+        the segment and the new ones as freed in the category, and make it live."""
+        tail = self._tails[c + 1]
+        last.next_free = tail
+        tail.prev_free = last
+        self._segments[c + 1].linked(run)
+        if new:
+            self._freed[c] += float(new)
+            if not self._is_stale[c]:
+                self._is_stale[c] = True
+                self._stale.append(c)
+        if c not in self._live:
+            self._make_live(c)
 
     def _make_live(self, c: int) -> None:
         """Add category ``c`` to the live list, kept in category order (the victim search takes
@@ -385,6 +489,7 @@ class LearnedPolicy(SegmentedPolicy):
                 segment = segment_of[bid]
                 if segment > CLEAN:
                     reused[segment - 1] += 1.0
+                    self._stale_changed(segment - 1)
                     pending[bid] = segment - 1
         super().on_touch(batch)
 
@@ -402,9 +507,11 @@ class LearnedPolicy(SegmentedPolicy):
                     c = self._promote[c]
                 self._freed[c] += 1.0
                 self._reused[c] += 1.0
+                self._stale_changed(c)
             elif c < -1:  # taken from the policy into the reserve: counted as freed then
                 pending[block.block_id] = -1
                 self._reused[_AWAY - c] += 1.0
+                self._stale_changed(_AWAY - c)
         super().on_hit(blocks)
 
     def remove(self, block: KVCacheBlock) -> None:
@@ -416,13 +523,18 @@ class LearnedPolicy(SegmentedPolicy):
         super().remove(block)
 
     def pick_victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
-        clean = self._segments[CLEAN]
-        k = min(n, len(clean))
-        out = clean.pick_victims(k, ref_cnt) if k else []
-        for block in out:
-            self._segment_of[block.block_id] = NOT_FREE
-        if k < n:
-            out.extend(self._victims(n - k, ref_cnt))
+        out: list[KVCacheBlock]
+        if self._heads[CLEAN].next_free is self._tails[CLEAN]:  # no uncached block: the
+            out = self._victims(n, ref_cnt)  # common case under pressure, no list to extend
+        else:
+            clean = self._segments[CLEAN]
+            k = min(n, len(clean))
+            out = clean.pick_victims(k, ref_cnt)
+            segment_of = self._segment_of
+            for block in out:
+                segment_of[block.block_id] = NOT_FREE
+            if k < n:
+                out.extend(self._victims(n - k, ref_cnt))
         self._num_free -= n
         return out
 
@@ -431,8 +543,10 @@ class LearnedPolicy(SegmentedPolicy):
         ``ln p(c) - age(head) * rate`` (values are compared at the call's clock).  Within a
         category values rise from head to tail, so the victims come in runs: the best
         category's blocks are taken while they are worth at most the runner-up's head, and
-        unlinked in one splice (``FreeBlockQueue``'s logic, inlined as in ``slru``)."""
-        segments = self._segments
+        unlinked in one splice (``FreeBlockQueue``'s logic, inlined as in ``slru``).  With one
+        live category there is nothing to compare: its blocks are taken in order."""
+        heads = self._heads
+        tails = self._tails
         segment_of = self._segment_of
         value = self._value
         rate = self._rate
@@ -442,52 +556,77 @@ class LearnedPolicy(SegmentedPolicy):
         live = self._live
         ghost = self._ghost_cls
         remember = self.ghost_capacity > 0
-        out: list[KVCacheBlock] = []
+        out: list[KVCacheBlock] = [heads[CLEAN]] * n  # (filled in order: no appends)
+        k = 0
         need = n
         while need:
-            # The best category (lowest head value) and the runner-up's head value, one pass.
-            best = -1
-            best_key = bar = math.inf
-            for c in live[:]:
-                segment = segments[c + 1]
-                first: KVCacheBlock = segment.head.next_free  # type: ignore[assignment]  # linked
-                if first is segment.tail:
-                    live.remove(c)  # emptied by hits or victims since
-                    continue
-                key = value[c] - (now - first.free_stamp) * rate
-                if key < best_key:
-                    best, best_key, bar = c, key, best_key
-                elif key < bar:
-                    bar = key
-            segment = segments[best + 1]
-            head = segment.head
-            end = segment.tail
+            if len(live) == 1:  # (no runner-up: every block is worth at most infinity)
+                best = live[0]
+                limit = now
+            else:
+                # The best category (lowest head value) and the runner-up's head value, one
+                # pass.
+                best = -1
+                best_key = bar = math.inf
+                for c in live[:]:
+                    first: KVCacheBlock = heads[c + 1].next_free  # type: ignore[assignment]
+                    if first is tails[c + 1]:
+                        live.remove(c)  # emptied by hits or victims since
+                        continue
+                    key = value[c] - (now - first.free_stamp) * rate
+                    if key < best_key:
+                        best, best_key, bar = c, key, best_key
+                    elif key < bar:
+                        bar = key
+                # The run goes on while the next block is worth at most ``bar``: a stamp bound,
+                # as an int (stamps are ints: ``s > x`` is ``s > floor(x)``; without a
+                # runner-up, ``now``, which no stamp exceeds), so the per-block test compares
+                # ints.
+                limit = math.floor(now + (bar - value[best]) / rate) if bar < math.inf else now
+            head = heads[best + 1]
+            end = tails[best + 1]
             node: KVCacheBlock = head.next_free  # type: ignore[assignment]  # linked: its head
-            taken = 0
-            # The run goes on while the next block is worth at most ``bar``: a stamp bound, as an
-            # int (stamps are ints: ``s > x`` is ``s > floor(x)``; without a runner-up, ``now``,
-            # which no stamp exceeds), so the per-block test compares ints.
-            limit = math.floor(now + (bar - value[best]) / rate) if bar < math.inf else now
-            for i in range(need):  # the head at least (a rounding error cannot stall this)
-                if node is end or (i and node.free_stamp > limit):
-                    break
-                nxt: KVCacheBlock = node.next_free  # type: ignore[assignment]  # linked
-                node.prev_free = node.next_free = None
-                node.ref_cnt = ref_cnt
-                bid = node.block_id
-                segment_of[bid] = NOT_FREE
-                marks[bid] = 0
-                tail_marks[bid] = 0
-                if remember:
-                    g = node.group_id
-                    h = node.block_hash
-                    ghost[h if g == 0 else (g, h)] = best  # type: ignore[index]  # hashed
-                out.append(node)
-                taken += 1
-                node = nxt
+            start = k
+            if limit >= now:  # no stamp exceeds the bound: the run ends at ``need`` or the end
+                for _ in range(need):
+                    if node is end:
+                        break
+                    nxt: KVCacheBlock = node.next_free  # type: ignore[assignment]  # linked
+                    node.prev_free = node.next_free = None
+                    node.ref_cnt = ref_cnt
+                    bid = node.block_id
+                    segment_of[bid] = NOT_FREE
+                    marks[bid] = 0
+                    tail_marks[bid] = 0
+                    if remember:
+                        g = node.group_id
+                        h = node.block_hash
+                        ghost[h if g == 0 else (g, h)] = best  # type: ignore[index]  # hashed
+                    out[k] = node
+                    k += 1
+                    node = nxt
+            else:  # the same loop, bounded by the stamps (the head at least: a rounding
+                for i in range(need):  # error cannot stall this)
+                    if node is end or (i and node.free_stamp > limit):
+                        break
+                    nxt = node.next_free  # type: ignore[assignment]  # linked
+                    node.prev_free = node.next_free = None
+                    node.ref_cnt = ref_cnt
+                    bid = node.block_id
+                    segment_of[bid] = NOT_FREE
+                    marks[bid] = 0
+                    tail_marks[bid] = 0
+                    if remember:
+                        g = node.group_id
+                        h = node.block_hash
+                        ghost[h if g == 0 else (g, h)] = best  # type: ignore[index]  # hashed
+                    out[k] = node
+                    k += 1
+                    node = nxt
             head.next_free = node
             node.prev_free = head
-            segment.unlinked(taken)
+            taken = k - start
+            self._segments[best + 1].unlinked(taken)
             need -= taken
             if node is end:
                 live.remove(best)
@@ -496,10 +635,10 @@ class LearnedPolicy(SegmentedPolicy):
             self._ghost_cls = {}
         self._evictions = after = now + n
         if after // self._decay_every != now // self._decay_every:
-            self._decay()
-            self._refresh()
+            self._decay()  # (values read ratios, which the decay keeps: no full refresh)
+            self._refresh_stale()
         elif after // self._refresh_every != now // self._refresh_every:
-            self._refresh()
+            self._refresh_stale()
         return out
 
     def on_evict(self, blocks: Sequence[KVCacheBlock]) -> None:
