@@ -70,7 +70,6 @@ UNTAGGED: Final = 1
 DEEP: Final = 2 + 2 * 3 * 3  # then the deep prompt blocks (not hit), by (turn, output length)
 NUM_CATEGORIES: Final = DEEP + 3 * 3
 
-GhostKey = BlockHash | tuple[int, BlockHash]
 _AWAY: Final = -2  # a pending tag of _AWAY - c: category c, already counted, away from the policy
 
 
@@ -176,8 +175,13 @@ class LearnedPolicy(SegmentedPolicy):
         # Categories that may hold blocks (emptied ones linger until a victim search drops
         # them): a short list, as a set's copy and updates are generic calls when compiled.
         self._live: list[int] = []
-        self._ghost_cls: dict[GhostKey, int] = {}  # evicted hash -> its category (young)
-        self._ghost_cls_old: dict[GhostKey, int] = {}
+        # The ghost table, in two generations: evicted hash -> its category.  Keyed by the hash
+        # alone, not by (group, hash) as the other policies' ghosts: the group is read per
+        # block otherwise, and it matters only on a layout of more than one group, where every
+        # block ranks in one category and a return changes no decision, only that category's
+        # count (a hash evicted in one group and computed again in another counts as returned).
+        self._ghost_cls: dict[BlockHash, int] = {}  # (young)
+        self._ghost_cls_old: dict[BlockHash, int] = {}
         # Each segment's sentinels (fixed for the policy's life), read by index on the hot
         # paths: a property read is a Python call per use in the pure build.
         self._heads = [segment.head for segment in self._segments]
@@ -385,9 +389,7 @@ class LearnedPolicy(SegmentedPolicy):
                 if marks[bid]:
                     c = promote[c]
                 elif remembered:  # (a block that was hit was cached all along)
-                    h = block.block_hash
-                    g = block.group_id
-                    key: GhostKey = h if g == 0 else (g, h)  # type: ignore[assignment]  # cached
+                    key: BlockHash = block.block_hash  # type: ignore[assignment]  # cached
                     # (membership tests, not pop(key, default): a miss, the common case, is
                     # then two lookups and no method call, interpreted or compiled)
                     if key in ghost or key in old:
@@ -401,9 +403,7 @@ class LearnedPolicy(SegmentedPolicy):
                     c = _AWAY - c
                     back = 1
                 if remembered and not marks[bid]:
-                    h = block.block_hash
-                    g = block.group_id
-                    key = h if g == 0 else (g, h)  # type: ignore[assignment]  # cached
+                    key = block.block_hash  # type: ignore[assignment]  # cached
                     if key in ghost or key in old:
                         c = self._ghost_return(key, c, bid)
                 if c != run_c:  # (the run switch below, done here so that ``away`` counts
@@ -439,7 +439,7 @@ class LearnedPolicy(SegmentedPolicy):
             self._make_live(run_c)
         self._num_free += len(batch)
 
-    def _ghost_return(self, key: GhostKey, c: int, bid: int) -> int:
+    def _ghost_return(self, key: BlockHash, c: int, bid: int) -> int:
         """A freed block of category ``c`` whose hash ``key`` the ghost table remembers (a
         larger cache would have hit it): forget the key, count the reuse in the category it
         was evicted from, and mark the block hit; returns the category to rank it in (the hit
@@ -599,9 +599,7 @@ class LearnedPolicy(SegmentedPolicy):
                     marks[bid] = 0
                     tail_marks[bid] = 0
                     if remember:
-                        g = node.group_id
-                        h = node.block_hash
-                        ghost[h if g == 0 else (g, h)] = best  # type: ignore[index]  # hashed
+                        ghost[node.block_hash] = best  # type: ignore[index]  # hashed
                     out[k] = node
                     k += 1
                     node = nxt
@@ -617,9 +615,7 @@ class LearnedPolicy(SegmentedPolicy):
                     marks[bid] = 0
                     tail_marks[bid] = 0
                     if remember:
-                        g = node.group_id
-                        h = node.block_hash
-                        ghost[h if g == 0 else (g, h)] = best  # type: ignore[index]  # hashed
+                        ghost[node.block_hash] = best  # type: ignore[index]  # hashed
                     out[k] = node
                     k += 1
                     node = nxt
