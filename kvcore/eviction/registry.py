@@ -61,9 +61,11 @@ RECOMMENDED = Recommendation("learned", 128)
 """The configuration the README recommends (``--eviction-policy recommended``): ``learned``
 with its defaults and queue hints of depth 128, measured with the scheduler replay (kvcore's and
 vLLM's) on the shipped Mooncake trace and the ``agent``, ``api`` and ``rag`` workloads at 1k-8k
-blocks of 512 tokens (BENCHMARKS.md, 2026-11-28): within 0.2 points of the recommendation before
-it (``slru`` with the same hints) where queue hints decide (1k-2k blocks), ahead from 4k blocks
-(Mooncake +2.8 points at 8k, ``api`` +5.0 at 4k) and on ``rag``.  On a layout of more than one
+blocks of 512 tokens: within 0.2 points of the recommendation before it (``slru`` with the same
+hints) where queue hints decide (1k-2k blocks), ahead from 4k blocks and on ``rag``
+(BENCHMARKS.md, 2026-11-28).  Inside vLLM 0.32's scheduler on the shipped trace it takes stock
+vLLM's token hit rate from 7.66 / 13.43 / 23.11 / 38.45% to 12.05 / 23.79 / 29.67 / 43.30% at
+1k / 2k / 4k / 8k blocks (BENCHMARKS.md, 2026-11-29, "learned-deep").  On a layout of more than one
 KV-cache group (a hybrid Mamba model) ``learned`` ranks in LRU order, so there this is LRU with
 the same hints: 0.3-1.1 points below ``slru`` with them at 2k-8k blocks."""
 
