@@ -205,19 +205,9 @@ class LearnedPolicy(SegmentedPolicy):
 
     def _refresh(self) -> None:
         """Recompute every category's value from its counts."""
-        for c in self._stale:
-            self._is_stale[c] = False
-        self._stale = []
-        value = [math.log(min(r / f, 1.0) + 1e-6) for r, f in zip(self._reused, self._freed)]
-        # A deep block is worth at most the shallow not-hit blocks of its release's category
-        # (a hit on it needs theirs), and of equal worth it goes first.  Ranked by its own
-        # count alone, a deep category that shows more reuse than the shallow one (a new
-        # conversation's long prompt on Mooncake) outlived the blocks it extends: the first
-        # half of the Mooncake trace at 8,192 blocks fell from 21.4% to 16.6%.
-        for local in range(9):
-            deep = DEEP + local
-            value[deep] = min(value[deep], value[2 + local]) - 1e-9
-        self._value = value
+        for c in range(NUM_CATEGORIES):
+            self._stale_changed(c)
+        self._refresh_stale()
 
     def _stale_changed(self, c: int) -> None:
         """Category ``c``'s counts changed: the next refresh recomputes its value."""
@@ -238,13 +228,19 @@ class LearnedPolicy(SegmentedPolicy):
         value = self._value
         reused = self._reused
         freed = self._freed
-        # (_refresh's expressions, with min() of two floats written out: min(a, b) is b if
-        # b < a else a; math.log and the comparisons are native when compiled, min() is not)
+        # value(c) = ln min(p, 1), p the ratio of the counts (min() of two floats written out:
+        # native when compiled, min() is not)
         for c in stale:
             is_stale[c] = False
             p = reused[c] / freed[c]
             value[c] = math.log((1.0 if p > 1.0 else p) + 1e-6)
-        for c in stale:  # the deep clamp of _refresh, for the pairs a stale category is in
+        # A deep block is worth at most the shallow not-hit blocks of its release's category
+        # (a hit on it needs theirs), and of equal worth it goes first.  Ranked by its own
+        # count alone, a deep category that shows more reuse than the shallow one (a new
+        # conversation's long prompt on Mooncake) outlived the blocks it extends: the first
+        # half of the Mooncake trace at 8,192 blocks fell from 21.4% to 16.6%.  Recomputed
+        # for the pairs a stale category is in.
+        for c in stale:
             local = c - DEEP if c >= DEEP else c - 2
             if 0 <= local < 9:
                 deep = DEEP + local
@@ -461,9 +457,7 @@ class LearnedPolicy(SegmentedPolicy):
         self._segments[c + 1].linked(run)
         if new:
             self._freed[c] += float(new)
-            if not self._is_stale[c]:
-                self._is_stale[c] = True
-                self._stale.append(c)
+            self._stale_changed(c)
         if c not in self._live:
             self._make_live(c)
 
@@ -587,38 +581,25 @@ class LearnedPolicy(SegmentedPolicy):
             end = tails[best + 1]
             node: KVCacheBlock = head.next_free  # type: ignore[assignment]  # linked: its head
             start = k
-            if limit >= now:  # no stamp exceeds the bound: the run ends at ``need`` or the end
-                for _ in range(need):
-                    if node is end:
-                        break
-                    nxt: KVCacheBlock = node.next_free  # type: ignore[assignment]  # linked
-                    node.prev_free = node.next_free = None
-                    node.ref_cnt = ref_cnt
-                    bid = node.block_id
-                    segment_of[bid] = NOT_FREE
-                    marks[bid] = 0
-                    tail_marks[bid] = 0
-                    if remember:
-                        ghost[node.block_hash] = best  # type: ignore[index]  # hashed
-                    out[k] = node
-                    k += 1
-                    node = nxt
-            else:  # the same loop, bounded by the stamps (the head at least: a rounding
-                for i in range(need):  # error cannot stall this)
-                    if node is end or (i and node.free_stamp > limit):
-                        break
-                    nxt = node.next_free  # type: ignore[assignment]  # linked
-                    node.prev_free = node.next_free = None
-                    node.ref_cnt = ref_cnt
-                    bid = node.block_id
-                    segment_of[bid] = NOT_FREE
-                    marks[bid] = 0
-                    tail_marks[bid] = 0
-                    if remember:
-                        ghost[node.block_hash] = best  # type: ignore[index]  # hashed
-                    out[k] = node
-                    k += 1
-                    node = nxt
+            # The run ends at ``need``, at the category's end, or at a block freed after the
+            # stamp bound (never the head: a rounding error cannot stall this; with the bound
+            # at ``now`` or above no stamp exceeds it, and the stamps go unread).
+            bounded = limit < now
+            for i in range(need):
+                if node is end or (bounded and i and node.free_stamp > limit):
+                    break
+                nxt: KVCacheBlock = node.next_free  # type: ignore[assignment]  # linked
+                node.prev_free = node.next_free = None
+                node.ref_cnt = ref_cnt
+                bid = node.block_id
+                segment_of[bid] = NOT_FREE
+                marks[bid] = 0
+                tail_marks[bid] = 0
+                if remember:
+                    ghost[node.block_hash] = best  # type: ignore[index]  # hashed
+                out[k] = node
+                k += 1
+                node = nxt
             head.next_free = node
             node.prev_free = head
             taken = k - start
