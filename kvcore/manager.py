@@ -422,23 +422,21 @@ class KVCacheManager:
                 return None
             self._requests[rid] = [request, num_slots]
         else:
-            # The decode step of the common layout that takes no block and fills none changes
-            # nothing (see KVCacheCoordinator.sole_full_attention): answered here, without the
-            # coordinator's calls (the same checks allocate_running makes, inlined).
+            # A step that takes no block and fills none changes nothing but a hybrid model's
+            # state releases: answered without allocate_running.  On the common layout (see
+            # KVCacheCoordinator.sole_full_attention) here, with the checks allocate_running
+            # makes inlined (no coordinator call); on full attention beside Mamba "align"
+            # groups by KVCacheCoordinator.steady_step.
             m = self._sole_full_attention
-            if (m is not None and not (reserved_blocks or watermark_blocks or num_encoder_tokens)
-                    and num_slots <= len(m.req_to_blocks[rid]) * m.block_size
-                    and (cache_upto is None
-                         or cache_upto // m.block_size <= m.num_cached_block.get(rid, 0))):
-                if num_slots > tracked[1]:
-                    tracked[1] = num_slots
-                return self._empty
-            # Likewise a hybrid model's step (full attention and Mamba "align" groups) that
-            # takes no block and fills none: KVCacheCoordinator.steady_step.
-            if (self._steady_steps
-                    and not (reserved_blocks or watermark_blocks or num_encoder_tokens)
-                    and self.coordinator.steady_step(request, num_slots, num_computed_after,
-                                                     total_computed, cache_upto)):
+            if (not (reserved_blocks or watermark_blocks or num_encoder_tokens)
+                    and ((m is not None
+                          and num_slots <= len(m.req_to_blocks[rid]) * m.block_size
+                          and (cache_upto is None
+                               or cache_upto // m.block_size <= m.num_cached_block.get(rid, 0)))
+                         or (self._steady_steps
+                             and self.coordinator.steady_step(request, num_slots,
+                                                              num_computed_after,
+                                                              total_computed, cache_upto)))):
                 if num_slots > tracked[1]:
                     tracked[1] = num_slots
                 return self._empty

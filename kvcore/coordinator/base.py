@@ -49,6 +49,15 @@ def dropping_groups(config: KVCacheConfig, settings: CacheSettings) -> frozenset
     return frozenset(i for i, g in enumerate(config.groups) if g.spec in specs)
 
 
+def _plain_full_attention(manager: SingleTypeKVCacheManager) -> bool:
+    """Whether ``manager`` is kvcore's own full-attention class with no window, encoder,
+    padding slots, partial tail or growth of its own: a step whose slots its table already
+    holds and that fills no block changes nothing there (the coordinator's decode shortcuts)."""
+    return (type(manager) is FullAttentionManager and not manager.extra_slots
+            and not manager.caches_partial_tail and not manager.releases_blocks
+            and not manager.uses_encoder_tokens and not manager.counts_own_growth)
+
+
 class KVCacheCoordinator:
     """Base: everything except how a prefix hit is found.
 
@@ -131,22 +140,16 @@ class KVCacheCoordinator:
         # or cache alignment, and kvcore's own class): a decode step whose slots its blocks
         # already hold and that fills no block changes nothing there, and
         # KVCacheManager.allocate_slots answers it without calling allocate_running.
-        only = self.managers[0] if len(self.managers) == 1 else None
+        full = tuple(m for m in self.managers if _plain_full_attention(m))
         self.sole_full_attention: SingleTypeKVCacheManager | None = (
-            only if only is not None and type(only) is FullAttentionManager
-            and not only.extra_slots and not only.caches_partial_tail
-            and not only.releases_blocks and not only.uses_encoder_tokens
-            and not only.counts_own_growth and self.cache_alignment is None else None)
+            full[0] if len(self.managers) == 1 and full and self.cache_alignment is None
+            else None)
         # A hybrid layout of plain full-attention groups (as above, cache alignment allowed) and
         # Mamba "align" state groups (kvcore's own classes; no speculative state blocks,
         # partial-block hits, EAGLE or hit verification): a running request's step that takes
         # no block and fills none changes nothing there but the state groups' releases and
         # per-step marks, and KVCacheManager.allocate_slots has steady_step answer it without
         # calling allocate_running.
-        full = tuple(m for m in self.managers
-                     if type(m) is FullAttentionManager and not m.extra_slots
-                     and not m.caches_partial_tail and not m.releases_blocks
-                     and not m.uses_encoder_tokens and not m.counts_own_growth)
         state = tuple(m for m in self.managers if type(m) is MambaAlignManager
                       and not m.num_speculative_blocks and not m.partial_hits)
         steady = (bool(state) and len(full) + len(state) == len(self.managers)
