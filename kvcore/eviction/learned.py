@@ -316,12 +316,14 @@ class LearnedPolicy(SegmentedPolicy):
         # Each block's category but its hit mark, read when it is freed (a hit one is
         # promoted).  Uncached blocks are tagged too: freed uncached, they lose the tag.  Prompt
         # blocks from ``deep_after`` past the frontier on are deep.
-        prompt = category(False, False, turn, output_tokens)
+        # (category(False, False, turn, output_tokens[, deep]) written out: a call per release)
+        prompt = 2 + 3 * turn + (0 if output_tokens < SHORT_OUTPUT_TOKENS
+                                 else 1 if output_tokens < LONG_OUTPUT_TOKENS else 2)
         deep_from = frontier + self.deep_after if self.deep_after else prompt_blocks
         if deep_from < prompt_blocks:
             for block in blocks[:deep_from]:
                 pending[block.block_id] = prompt
-            deep = category(False, False, turn, output_tokens, deep=True)
+            deep = prompt - 2 + DEEP
             for block in blocks[deep_from:prompt_blocks]:
                 pending[block.block_id] = deep
         else:
@@ -425,7 +427,7 @@ class LearnedPolicy(SegmentedPolicy):
         tail = tails[run_c + 1]
         last.next_free = tail
         tail.prev_free = last
-        self._segments[run_c + 1].linked(run)
+        self._segments[run_c + 1]._num_free += run
         if run > away:
             self._freed[run_c] += float(run - away)  # (float: a native add when compiled)
             if not self._is_stale[run_c]:
@@ -517,28 +519,14 @@ class LearnedPolicy(SegmentedPolicy):
         super().remove(block)
 
     def pick_victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
-        out: list[KVCacheBlock]
-        if self._heads[CLEAN].next_free is self._tails[CLEAN]:  # no uncached block: the
-            out = self._victims(n, ref_cnt)  # common case under pressure, no list to extend
-        else:
-            clean = self._segments[CLEAN]
-            k = min(n, len(clean))
-            out = clean.pick_victims(k, ref_cnt)
-            segment_of = self._segment_of
-            for block in out:
-                segment_of[block.block_id] = NOT_FREE
-            if k < n:
-                out.extend(self._victims(n - k, ref_cnt))
-        self._num_free -= n
-        return out
-
-    def _victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
-        """The ``n`` cached victims: each the head of the live category of the lowest value
-        ``ln p(c) - age(head) * rate`` (values are compared at the call's clock).  Within a
-        category values rise from head to tail, so the victims come in runs: the best
-        category's blocks are taken while they are worth at most the runner-up's head, and
-        unlinked in one splice (``FreeBlockQueue``'s logic, inlined as in ``slru``).  With one
-        live category there is nothing to compare: its blocks are taken in order."""
+        """The ``n`` victims: uncached blocks first, then cached ones, each the head of the live
+        category of the lowest value ``ln p(c) - age(head) * rate`` (values are compared at the
+        call's clock).  Within a category values rise from head to tail, so the victims come
+        in runs: the best category's blocks are taken while they are worth at most the
+        runner-up's head, and unlinked in one splice (``FreeBlockQueue``'s logic, inlined as
+        in ``slru``).  With one live category there is nothing to compare: its blocks are
+        taken in order.  (One method: a second frame per call costs the pure build about as
+        much as a victim.)"""
         heads = self._heads
         tails = self._tails
         segment_of = self._segment_of
@@ -552,7 +540,16 @@ class LearnedPolicy(SegmentedPolicy):
         remember = self.ghost_capacity > 0
         out: list[KVCacheBlock] = [heads[CLEAN]] * n  # (filled in order: no appends)
         k = 0
-        need = n
+        self._num_free -= n
+        if heads[CLEAN].next_free is not tails[CLEAN]:  # uncached blocks: those first
+            clean = self._segments[CLEAN]
+            k = n if n < len(clean) else len(clean)
+            out[:k] = uncached = clean.pick_victims(k, ref_cnt)
+            for block in uncached:
+                segment_of[block.block_id] = NOT_FREE
+            if k == n:
+                return out
+        cached = need = n - k
         while need:
             if len(live) == 1:  # (no runner-up: every block is worth at most infinity)
                 best = live[0]
@@ -603,14 +600,14 @@ class LearnedPolicy(SegmentedPolicy):
             head.next_free = node
             node.prev_free = head
             taken = k - start
-            self._segments[best + 1].unlinked(taken)
+            self._segments[best + 1]._num_free -= taken
             need -= taken
             if node is end:
                 live.remove(best)
         if remember and len(ghost) >= self.ghost_capacity:
             self._ghost_cls_old = ghost
             self._ghost_cls = {}
-        self._evictions = after = now + n
+        self._evictions = after = now + cached
         if after // self._decay_every != now // self._decay_every:
             self._decay()  # (values read ratios, which the decay keeps: no full refresh)
             self._refresh_stale()
