@@ -47,12 +47,18 @@ class KVCacheBlock:
     ``group_id`` names that group.  ``prefix_node`` is the exact prefix its KV belongs to when the
     pool verifies hits (:mod:`kvcore.verify`).  ``prev_free`` / ``next_free`` are owned by
     :class:`~kvcore.eviction.lru.FreeBlockQueue`; both are ``None`` exactly when the block is not in a queue.
-    ``free_stamp`` is the eviction policy's (``learned`` keeps the clock at which the block was
-    freed there: a native int field, which the compiled build stores without allocating).
+    ``free_stamp``, ``policy_segment``, ``policy_mark``, ``policy_tag`` and ``policy_tail`` are
+    the eviction policy's per-block state (:mod:`kvcore.eviction`: the segment a free block is
+    linked in, -1 otherwise; its access mark; ``learned``'s category tag, the clock at which it
+    was freed and its "tail of a finished request" mark).  They live on the block rather than
+    in lists by block id: native int fields, which the compiled build reads and writes without
+    boxing an int, and the interpreter without an index.  One pool, one policy: a policy sets
+    them for its blocks when it is built.
     """
 
     __slots__ = ("block_hash", "block_id", "free_stamp", "group_id", "is_null", "next_free",
-                 "prefix_node", "prev_free", "ref_cnt")
+                 "policy_mark", "policy_segment", "policy_tag", "policy_tail", "prefix_node",
+                 "prev_free", "ref_cnt")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
@@ -64,6 +70,10 @@ class KVCacheBlock:
         self.next_free: KVCacheBlock | None = None
         self.is_null = False
         self.free_stamp = 0
+        self.policy_segment = -1
+        self.policy_mark = 0
+        self.policy_tag = -1
+        self.policy_tail = 0
 
     @property
     def _block_hash(self) -> bytes | None:

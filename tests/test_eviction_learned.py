@@ -212,7 +212,7 @@ def _cached_free(policy: LearnedPolicy, blocks: list[KVCacheBlock], c: int) -> N
         if b.block_hash is None:
             b.block_hash = bytes([b.block_id])  # type: ignore[assignment]
         b.ref_cnt = 0
-        policy._pending[b.block_id] = c
+        b.policy_tag = c
     policy.on_free((), blocks)
 
 

@@ -29,6 +29,7 @@ from kvcore.errors import (
     BlockStateError,
     DoubleFreeError,
     InvalidArgumentError,
+    InvariantError,
     NoFreeBlocksError,
     NullBlockError,
     UnknownRequestError,
@@ -553,6 +554,20 @@ def test_a_refused_spec_leaves_the_blocks_as_they_were(spec: str) -> None:
         make_policy(spec, blocks)
     assert all(b.prev_free is None and b.next_free is None for b in blocks)
     assert len(make_policy("slru", blocks)) == 7  # the blocks can still build a policy
+
+
+@pytest.mark.parametrize("policy", ("slru", "s3fifo", "arc", "learned"))
+def test_a_segment_count_that_disagrees_with_its_links_is_caught(policy: str) -> None:
+    """The policies that link blocks themselves keep each segment's count, and ``learned``'s
+    victim search trusts it (a category's run is cut at its count, not at its list's end):
+    check_invariants compares every segment's count with its links."""
+    pool = BlockPool(12, eviction_policy=policy)
+    cached_free(pool, 1, 3)
+    check_invariants(pool)
+    segment = next(q for q in pool.policy.queues()[1:] if len(q))
+    segment.linked(1)  # one more than it links
+    with pytest.raises(InvariantError, match=r"\[queue-length\] len\(queue\) is 4 but 3 blocks are linked"):
+        check_invariants(pool)
 
 
 # == 2. hints ===================================================================================

@@ -97,7 +97,7 @@ class ARCPolicy(SegmentedPolicy):
 
     def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
         super().__init__(blocks, 3, 0.0, max_mark=1)
-        self._home = [0] * len(self._segment_of)  # T1 / T2 while cached and homed, else 0
+        self._home = [0] * self._id_space  # T1 / T2 while cached and homed, else 0
         self._sizes = [0, 0, 0]  # homed blocks (free or in use) in T1, T2 (index 0 unused)
         self._b1 = GhostList()
         self._b2 = GhostList()
@@ -129,7 +129,6 @@ class ARCPolicy(SegmentedPolicy):
         if not cached:
             return
         homes = self._home
-        marks = self._marks
         sizes = self._sizes
         b1 = self._b1._members  # the ghost lists' member tables, read directly on this path
         b2 = self._b2._members
@@ -139,12 +138,12 @@ class ARCPolicy(SegmentedPolicy):
             bid = block.block_id
             home = homes[bid]
             if home:
-                to = T2 if home == T2 or marks[bid] else T1
+                to = T2 if home == T2 or block.policy_mark else T1
             else:  # first free since it was cached: did its hash come back from a ghost list?
                 g = block.group_id
                 # ghost_key(), inlined (see there)
                 h: GhostKey = block.block_hash if g == 0 else (g, block.block_hash)  # type: ignore[assignment]  # cached: hashed
-                to = T2 if marks[bid] else T1  # hit while in use: a second access
+                to = T2 if block.policy_mark else T1  # hit while in use: a second access
                 if b1 and h in b1:
                     self.target = min(self.target + max(len(b2) / len(b1), 1.0), self.capacity)
                     del b1[h]
@@ -158,7 +157,7 @@ class ARCPolicy(SegmentedPolicy):
                     sizes[home] -= 1
                 sizes[to] += 1
                 homes[bid] = to
-            marks[bid] = 0
+            block.policy_mark = 0
             (frequent if to == T2 else recent).append(block)
         if recent:
             self._link(T1, recent)
@@ -239,11 +238,12 @@ class ARCPolicy(SegmentedPolicy):
     def check(self) -> list[str]:
         problems = super().check()
         counted = [0, 0, 0]
-        for bid, home in enumerate(self._home):
+        for block in self._blocks:
+            home = self._home[block.block_id]
             counted[home] += 1
-            if home and self._segment_of[bid] not in (-1, home):
-                problems.append(f"block {bid} is homed in T{home} but linked in segment "
-                                f"{self._segment_of[bid]}")
+            if home and block.policy_segment not in (-1, home):
+                problems.append(f"block {block.block_id} is homed in T{home} but linked in "
+                                f"segment {block.policy_segment}")
         for index in (T1, T2):
             if counted[index] != self._sizes[index]:
                 problems.append(f"T{index} counts {self._sizes[index]} blocks, {counted[index]} "

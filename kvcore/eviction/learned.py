@@ -138,9 +138,8 @@ class LearnedPolicy(SegmentedPolicy):
     """
 
     __slots__ = ("_decay_every", "_evictions", "_freed", "_ghost_cls", "_ghost_cls_old",
-                 "_heads", "_is_stale", "_live", "_pending", "_promote", "_rate",
-                 "_refresh_every", "_reused", "_stale", "_tail", "_tails", "_value",
-                 "deep_after", "half_life", "tau")
+                 "_heads", "_is_stale", "_live", "_promote", "_rate", "_refresh_every",
+                 "_reused", "_stale", "_tails", "_value", "deep_after", "half_life", "tau")
     name: ClassVar[str] = "learned"
     reads_releases: ClassVar[bool] = True
 
@@ -156,11 +155,13 @@ class LearnedPolicy(SegmentedPolicy):
         self._promote = [_promoted(c) for c in range(NUM_CATEGORIES)]
         self.half_life = check_share("half_life", half_life, 0.01, 1000.0)
         super().__init__(blocks, 1 + NUM_CATEGORIES, ghost_factor, max_mark=1)
-        size = len(self._marks)
-        # Per block: the category its latest release gave it (until it is freed), -1 for none,
-        # or _AWAY - c while the pool holds it apart (reserve, pin) after it was in category c.
-        self._pending = [-1] * size
-        self._tail = [0] * size  # the last full block of a finished request (1)
+        # Per block, on the block: the category its latest release gave it (policy_tag: until
+        # it is freed; -1 for none, or _AWAY - c while the pool holds it apart, reserve or pin,
+        # after it was in category c) and whether it is the last full block of a finished
+        # request (policy_tail: 1).
+        for block in self._blocks:
+            block.policy_tag = -1
+            block.policy_tail = 0
         # Decayed per-category counts: blocks freed, and of them reused (hit while free, or a
         # ghost return).
         self._freed = [1.0] * NUM_CATEGORIES
@@ -200,7 +201,7 @@ class LearnedPolicy(SegmentedPolicy):
 
     def category_of(self, block: KVCacheBlock) -> int | None:
         """The category a free cached ``block`` is ranked in, or ``None``."""
-        segment = self._segment_of[block.block_id]
+        segment = block.policy_segment
         return segment - 1 if segment > CLEAN else None
 
     def _refresh(self) -> None:
@@ -270,7 +271,6 @@ class LearnedPolicy(SegmentedPolicy):
         """A request is about to free (or hand back) the blocks of ``groups``, one list per
         KV-cache group in table order: tag each with its category, and mark the request's last
         full blocks as a tail a later turn can extend."""
-        pending = self._pending
         if len(groups) > 1:
             # More than one group: a hit needs every group's block at its end (a state
             # group's, a window's), so a block's worth depends on blocks of other groups that
@@ -281,12 +281,10 @@ class LearnedPolicy(SegmentedPolicy):
             for each in groups:
                 for block in each:
                     if block.block_hash is not None:
-                        pending[block.block_id] = UNTAGGED
+                        block.policy_tag = UNTAGGED
             return
         if not groups:
             return
-        marks = self._marks
-        tail = self._tail
         group = groups[0]
         # (A typed list: the compiled build then slices and iterates it natively.)
         blocks: list[KVCacheBlock] = group if isinstance(group, list) else list(group)
@@ -298,11 +296,10 @@ class LearnedPolicy(SegmentedPolicy):
         turn = FRESH
         frontier = 0
         for block in blocks:
-            bid = block.block_id
-            if not marks[bid]:
+            if not block.policy_mark:
                 break
             frontier += 1
-            if tail[bid]:
+            if block.policy_tail:
                 turn = LATER_TURN
             elif turn == FRESH:
                 turn = HIT
@@ -322,23 +319,23 @@ class LearnedPolicy(SegmentedPolicy):
         deep_from = frontier + self.deep_after if self.deep_after else prompt_blocks
         if deep_from < prompt_blocks:
             for block in blocks[:deep_from]:
-                pending[block.block_id] = prompt
+                block.policy_tag = prompt
             deep = prompt - 2 + DEEP
             for block in blocks[deep_from:prompt_blocks]:
-                pending[block.block_id] = deep
+                block.policy_tag = deep
         else:
             for block in blocks[:prompt_blocks]:
-                pending[block.block_id] = prompt
+                block.policy_tag = prompt
         if full_blocks > prompt_blocks:
             for block in blocks[prompt_blocks:full_blocks]:
-                pending[block.block_id] = GENERATED
+                block.policy_tag = GENERATED
         # Where a later turn continues: after the answer, or after the prompt (the last cached
         # block of each; the null block, id 0, is never cached).  The last full block is
         # mostly cached: marked here without _mark_tail's call and loop.
         if full_blocks:
             last = blocks[full_blocks - 1]
             if last.block_hash is not None:
-                tail[last.block_id] = 1
+                last.policy_tail = 1
             else:
                 self._mark_tail(blocks, full_blocks - 1)
         if prompt_blocks < full_blocks:
@@ -349,21 +346,17 @@ class LearnedPolicy(SegmentedPolicy):
         for j in range(end - 1, -1, -1):
             block = blocks[j]
             if block.block_hash is not None:
-                self._tail[block.block_id] = 1
+                block.policy_tail = 1
                 return
 
     def on_free(self, uncached: Sequence[KVCacheBlock], cached: Sequence[KVCacheBlock]) -> None:
         if uncached:
-            pending = self._pending
             for block in uncached:  # no cache value: no category either
-                pending[block.block_id] = -1
+                block.policy_tag = -1
             super().on_free(uncached, ())
         if not cached:
             return
         tails = self._tails
-        segment_of = self._segment_of
-        pending = self._pending
-        marks = self._marks
         now = self._evictions
         promote = self._promote
         ghost = self._ghost_cls
@@ -380,30 +373,29 @@ class LearnedPolicy(SegmentedPolicy):
         away = 0  # and how many of them come back from the reserve or a pin (counted before)
         last: KVCacheBlock = tails[CLEAN]  # (replaced before use: run_c starts at -1)
         for block in batch:
-            bid = block.block_id
-            c = pending[bid]
+            c = block.policy_tag
             if c >= 0:  # tagged by its release (not-hit prompt blocks: promoted if hit)
-                pending[bid] = -1
-                if marks[bid]:
+                block.policy_tag = -1
+                if block.policy_mark:
                     c = promote[c]
                 elif remembered:  # (a block that was hit was cached all along)
                     key: BlockHash = block.block_hash  # type: ignore[assignment]  # cached
                     # (membership tests, not pop(key, default): a miss, the common case, is
                     # then two lookups and no method call, interpreted or compiled)
                     if key in ghost or key in old:
-                        c = self._ghost_return(key, c, bid)
+                        c = self._ghost_return(key, c, block)
             else:
                 back = 0
                 if c == -1:  # freed without a release
                     c = UNTAGGED
                 else:  # back from the hint reserve or a pin: counted when it was freed
-                    pending[bid] = -1
+                    block.policy_tag = -1
                     c = _AWAY - c
                     back = 1
-                if remembered and not marks[bid]:
+                if remembered and not block.policy_mark:
                     key = block.block_hash  # type: ignore[assignment]  # cached
                     if key in ghost or key in old:
-                        c = self._ghost_return(key, c, bid)
+                        c = self._ghost_return(key, c, block)
                 if c != run_c:  # (the run switch below, done here so that ``away`` counts
                     if run:  # this block in its own run)
                         self._close_run(run_c, last, run, run - away)
@@ -411,8 +403,8 @@ class LearnedPolicy(SegmentedPolicy):
                     run = away = 0
                     last = tails[c + 1].prev_free  # type: ignore[assignment]  # linked
                 away += back
-            segment_of[bid] = c + 1
-            block.free_stamp = now  # (a block field: a list would box the clock per block)
+            block.policy_segment = c + 1
+            block.free_stamp = now
             if c != run_c:
                 if run:
                     self._close_run(run_c, last, run, run - away)
@@ -427,7 +419,7 @@ class LearnedPolicy(SegmentedPolicy):
         tail = tails[run_c + 1]
         last.next_free = tail
         tail.prev_free = last
-        self._segments[run_c + 1]._num_free += run
+        self._segments[run_c + 1]._num_free += run  # (FreeBlockQueue.linked, inlined)
         if run > away:
             self._freed[run_c] += float(run - away)  # (float: a native add when compiled)
             if not self._is_stale[run_c]:
@@ -437,7 +429,7 @@ class LearnedPolicy(SegmentedPolicy):
             self._make_live(run_c)
         self._num_free += len(batch)
 
-    def _ghost_return(self, key: BlockHash, c: int, bid: int) -> int:
+    def _ghost_return(self, key: BlockHash, c: int, block: KVCacheBlock) -> int:
         """A freed block of category ``c`` whose hash ``key`` the ghost table remembers (a
         larger cache would have hit it): forget the key, count the reuse in the category it
         was evicted from, and mark the block hit; returns the category to rank it in (the hit
@@ -446,7 +438,7 @@ class LearnedPolicy(SegmentedPolicy):
         entry = ghost.pop(key) if key in ghost else self._ghost_cls_old.pop(key)
         self._reused[entry] += 1.0
         self._stale_changed(entry)
-        self._marks[bid] = 1
+        block.policy_mark = 1
         return self._promote[c]
 
     def _close_run(self, c: int, last: KVCacheBlock, run: int, new: int) -> None:
@@ -476,17 +468,14 @@ class LearnedPolicy(SegmentedPolicy):
         that refreshes recency by touching and freeing, as kvcore's SGLang backend does on a
         lookup; a sliding window's drop) returns to its category, not to the untagged one."""
         batch = blocks if isinstance(blocks, (list, tuple)) else list(blocks)
-        segment_of = self._segment_of
         reused = self._reused
-        pending = self._pending
         for block in batch:
             if block.ref_cnt == 0:
-                bid = block.block_id
-                segment = segment_of[bid]
+                segment = block.policy_segment
                 if segment > CLEAN:
                     reused[segment - 1] += 1.0
                     self._stale_changed(segment - 1)
-                    pending[bid] = segment - 1
+                    block.policy_tag = segment - 1
         super().on_touch(batch)
 
     def on_hit(self, blocks: Sequence[KVCacheBlock]) -> None:
@@ -494,18 +483,17 @@ class LearnedPolicy(SegmentedPolicy):
         reserve since their release count as freed and reused in the category the release gave
         them (else a category whose blocks come back while their request waits would look
         unused)."""
-        pending = self._pending
         for block in blocks:
-            c = pending[block.block_id]
+            c = block.policy_tag
             if c >= 0:  # released into the reserve: never freed into the policy
-                pending[block.block_id] = -1
-                if self._marks[block.block_id]:  # (its mark at release)
+                block.policy_tag = -1
+                if block.policy_mark:  # (its mark at release)
                     c = self._promote[c]
                 self._freed[c] += 1.0
                 self._reused[c] += 1.0
                 self._stale_changed(c)
             elif c < -1:  # taken from the policy into the reserve: counted as freed then
-                pending[block.block_id] = -1
+                block.policy_tag = -1
                 self._reused[_AWAY - c] += 1.0
                 self._stale_changed(_AWAY - c)
         super().on_hit(blocks)
@@ -513,9 +501,9 @@ class LearnedPolicy(SegmentedPolicy):
     def remove(self, block: KVCacheBlock) -> None:
         """The pool takes a free block out (into the hint reserve, or a pin): it keeps its
         category, to be ranked in it again when it comes back."""
-        segment = self._segment_of[block.block_id]
+        segment = block.policy_segment
         if segment > CLEAN:
-            self._pending[block.block_id] = _AWAY - (segment - 1)
+            block.policy_tag = _AWAY - (segment - 1)
         super().remove(block)
 
     def pick_victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
@@ -529,11 +517,8 @@ class LearnedPolicy(SegmentedPolicy):
         much as a victim.)"""
         heads = self._heads
         tails = self._tails
-        segment_of = self._segment_of
         value = self._value
         rate = self._rate
-        marks = self._marks
-        tail_marks = self._tail
         now = self._evictions
         live = self._live
         ghost = self._ghost_cls
@@ -546,7 +531,7 @@ class LearnedPolicy(SegmentedPolicy):
             k = n if n < len(clean) else len(clean)
             out[:k] = uncached = clean.pick_victims(k, ref_cnt)
             for block in uncached:
-                segment_of[block.block_id] = NOT_FREE
+                block.policy_segment = NOT_FREE
             if k == n:
                 return out
         cached = need = n - k
@@ -575,34 +560,33 @@ class LearnedPolicy(SegmentedPolicy):
                 # ints.
                 limit = math.floor(now + (bar - value[best]) / rate) if bar < math.inf else now
             head = heads[best + 1]
-            end = tails[best + 1]
+            segment = self._segments[best + 1]
+            size = segment._num_free  # (len(segment), without the call)
+            take = taken = need if need < size else size
             node: KVCacheBlock = head.next_free  # type: ignore[assignment]  # linked: its head
-            start = k
-            # The run ends at ``need``, at the category's end, or at a block freed after the
-            # stamp bound (never the head: a rounding error cannot stall this; with the bound
-            # at ``now`` or above no stamp exceeds it, and the stamps go unread).
+            # The run ends at ``need``, at the category's end (``size`` blocks), or at a block
+            # freed after the stamp bound (never the head: a rounding error cannot stall this;
+            # with the bound at ``now`` or above no stamp exceeds it, and the stamps go unread).
             bounded = limit < now
-            for i in range(need):
-                if node is end or (bounded and i and node.free_stamp > limit):
+            for i in range(take):
+                if bounded and i and node.free_stamp > limit:
+                    taken = i
                     break
                 nxt: KVCacheBlock = node.next_free  # type: ignore[assignment]  # linked
                 node.prev_free = node.next_free = None
                 node.ref_cnt = ref_cnt
-                bid = node.block_id
-                segment_of[bid] = NOT_FREE
-                marks[bid] = 0
-                tail_marks[bid] = 0
+                node.policy_segment = NOT_FREE
+                node.policy_mark = node.policy_tail = 0
                 if remember:
                     ghost[node.block_hash] = best  # type: ignore[index]  # hashed
-                out[k] = node
-                k += 1
+                out[k + i] = node
                 node = nxt
             head.next_free = node
             node.prev_free = head
-            taken = k - start
-            self._segments[best + 1]._num_free -= taken
+            segment._num_free = size - taken  # (FreeBlockQueue.unlinked, inlined)
+            k += taken
             need -= taken
-            if node is end:
+            if taken == size:
                 live.remove(best)
         if remember and len(ghost) >= self.ghost_capacity:
             self._ghost_cls_old = ghost
@@ -617,20 +601,19 @@ class LearnedPolicy(SegmentedPolicy):
 
     def on_evict(self, blocks: Sequence[KVCacheBlock]) -> None:
         for block in blocks:
-            self._marks[block.block_id] = 0
-            self._tail[block.block_id] = 0
+            block.policy_mark = block.policy_tail = 0
 
     def on_uncache(self, block: KVCacheBlock) -> None:
-        self._tail[block.block_id] = 0
+        block.policy_tail = 0
         super().on_uncache(block)
-        self._pending[block.block_id] = -1
+        block.policy_tag = -1
 
     def reset(self) -> None:
         super().reset()
         self._live = []
-        size = len(self._marks)
-        self._pending = [-1] * size
-        self._tail = [0] * size
+        for block in self._blocks:
+            block.policy_tag = -1
+            block.policy_tail = 0
         self._ghost_cls = {}
         self._ghost_cls_old = {}
 
@@ -641,7 +624,7 @@ class LearnedPolicy(SegmentedPolicy):
                 problems.append(f"category {c} ({describe_category(c)}): {self._reused[c]} "
                                 f"reused of {self._freed[c]} freed")
         for block in self._segments[CLEAN]:
-            if self._tail[block.block_id] or self._pending[block.block_id] != -1:
+            if block.policy_tail or block.policy_tag != -1:
                 problems.append(f"uncached block {block.block_id} is marked a request's tail "
                                 f"or has a category")
         young, old = len(self._ghost_cls), len(self._ghost_cls_old)

@@ -47,7 +47,7 @@ class S3FIFOPolicy(SegmentedPolicy):
         share = check_share("small_share", small_share)  # before any block is linked
         super().__init__(blocks, 3, ghost_factor, max_mark=MAX_FREQ)
         self.small_cap = int(share * self.capacity)
-        self._home = [0] * len(self._segment_of)  # SMALL / MAIN once queued, 0 before
+        self._home = [0] * self._id_space  # SMALL / MAIN once queued, 0 before
 
     def on_free(self, uncached: Sequence[KVCacheBlock], cached: Sequence[KVCacheBlock]) -> None:
         if uncached:
@@ -66,20 +66,19 @@ class S3FIFOPolicy(SegmentedPolicy):
         out: list[KVCacheBlock] = []
         small = self._segments[SMALL]
         main = self._segments[MAIN]
-        freq = self._marks
         while len(out) < n:
             if len(small) and (len(small) > self.small_cap or not len(main)):
                 block: KVCacheBlock = small.first()  # type: ignore[assignment]  # not empty
-                if freq[block.block_id]:
-                    freq[block.block_id] = 0
+                if block.policy_mark:
+                    block.policy_mark = 0
                     self._home[block.block_id] = MAIN
                     self._move(block, MAIN)
                     continue
                 out.extend(small.pick_victims(1, ref_cnt))
                 continue
             block = main.first()  # type: ignore[assignment]  # not empty
-            if freq[block.block_id]:
-                freq[block.block_id] -= 1
+            if block.policy_mark:
+                block.policy_mark -= 1
                 self._move(block, MAIN)
                 continue
             out.extend(main.pick_victims(1, ref_cnt))

@@ -40,8 +40,9 @@ CLEAN: Final = 0  # segment of the uncached free blocks
 
 
 class SegmentedPolicy(EvictionPolicy):
-    """Base of ``slru``, ``s3fifo`` and ``arc``: segments, the segment table, a per-block access mark
-    (raised by hits up to ``max_mark``, cleared on eviction), the ghost table and the generic
+    """Base of ``slru``, ``s3fifo``, ``arc`` and ``learned``: segments, each block's segment and
+    access mark (raised by hits up to ``max_mark``, cleared on eviction; both kept on the block,
+    ``KVCacheBlock.policy_segment`` / ``policy_mark``), the ghost table and the generic
     transitions.
 
     The ghost table keeps evicted hashes in two generations (sets): evictions enter the young
@@ -54,7 +55,7 @@ class SegmentedPolicy(EvictionPolicy):
     its block directly (``FreeBlockQueue.remove``'s logic) and victims leave in batches.
     """
 
-    __slots__ = ("_ghost", "_ghost_old", "_marks", "_max_mark", "_num_free", "_segment_of",
+    __slots__ = ("_blocks", "_ghost", "_ghost_old", "_id_space", "_max_mark", "_num_free",
                  "_segments", "capacity", "ghost_capacity")
 
     def __init__(self, blocks: Sequence[KVCacheBlock], num_segments: int,
@@ -62,9 +63,13 @@ class SegmentedPolicy(EvictionPolicy):
         factor = check_share("ghost_factor", ghost_factor, 0.0, 64.0)
         self.capacity = len(blocks)
         self._segments = [FreeBlockQueue() for _ in range(num_segments)]
-        size = max((b.block_id for b in blocks), default=0) + 1
-        self._segment_of = [NOT_FREE] * size
-        self._marks = [0] * size
+        # Per block, on the block (KVCacheBlock.policy_segment / policy_mark): the segment it
+        # is linked in (NOT_FREE when not free) and its access mark.
+        self._blocks = list(blocks)
+        for block in self._blocks:
+            block.policy_segment = NOT_FREE
+            block.policy_mark = 0
+        self._id_space = max((b.block_id for b in blocks), default=0) + 1
         self._max_mark = max_mark
         self._num_free = 0
         self.ghost_capacity = int(factor * self.capacity)
@@ -92,7 +97,7 @@ class SegmentedPolicy(EvictionPolicy):
 
     def segment_of(self, block: KVCacheBlock) -> int:
         """The segment ``block`` is linked in, or -1 when it is not free."""
-        return self._segment_of[block.block_id]
+        return block.policy_segment
 
     def in_ghost(self, h: BlockHash, group_id: int = 0) -> bool:
         """Whether ``h`` is a remembered evicted hash (see the class docstring)."""
@@ -101,7 +106,7 @@ class SegmentedPolicy(EvictionPolicy):
 
     def mark(self, block: KVCacheBlock) -> int:
         """``block``'s access mark (hits since it was cached, capped)."""
-        return self._marks[block.block_id]
+        return block.policy_mark
 
     def check(self) -> list[str]:
         problems: list[str] = []
@@ -109,17 +114,17 @@ class SegmentedPolicy(EvictionPolicy):
         for index, segment in enumerate(self._segments):
             for block in segment:
                 linked += 1
-                if self._segment_of[block.block_id] != index:
+                if block.policy_segment != index:
                     problems.append(f"block {block.block_id} is linked in segment {index} but "
-                                    f"recorded in {self._segment_of[block.block_id]}")
+                                    f"recorded in {block.policy_segment}")
                 if (index == CLEAN) != (block.block_hash is None):
                     problems.append(f"block {block.block_id} (hash {block.block_hash!r}) is in "
                                     f"segment {index}: uncached blocks belong to segment 0 only")
-        recorded = sum(1 for s in self._segment_of if s != NOT_FREE)
+        recorded = sum(1 for b in self._blocks if b.policy_segment != NOT_FREE)
         if not linked == recorded == self._num_free:
             problems.append(f"{linked} blocks linked, {recorded} recorded free, count "
                             f"{self._num_free}")
-        if any(not 0 <= m <= self._max_mark for m in self._marks):
+        if any(not 0 <= b.policy_mark <= self._max_mark for b in self._blocks):
             problems.append(f"an access mark is outside [0, {self._max_mark}]")
         if len(self._ghost) >= self.ghost_capacity + self.capacity or len(
                 self._ghost_old) >= self.ghost_capacity + self.capacity:
@@ -133,25 +138,21 @@ class SegmentedPolicy(EvictionPolicy):
         """Uncached blocks go to the head of the clean segment; subclasses extend this for the
         cached ones (``super().on_free(uncached, ())`` first)."""
         if uncached:
-            segment_of = self._segment_of
             for block in uncached:
-                segment_of[block.block_id] = CLEAN
+                block.policy_segment = CLEAN
             self._segments[CLEAN].prepend_n(uncached)
             self._num_free += len(uncached)
 
     def on_touch(self, blocks: Iterable[KVCacheBlock]) -> None:
-        segment_of = self._segment_of
         segments = self._segments
-        marks = self._marks
         top = self._max_mark
         resurrected = 0
         for block in blocks:
             ref_cnt = block.ref_cnt
-            bid = block.block_id
             if ref_cnt == 0:
                 if block.is_null:
                     continue
-                segments[segment_of[bid]].unlinked(1)
+                segments[block.policy_segment].unlinked(1)
                 # FreeBlockQueue.remove, inlined: the call cost 4-7% per resurrected block
                 # (BlockPool.touch of free cached blocks, slru / s3fifo / arc, 2026-11-27)
                 prev: KVCacheBlock = block.prev_free  # type: ignore[assignment]  # linked: free
@@ -159,18 +160,18 @@ class SegmentedPolicy(EvictionPolicy):
                 prev.next_free = nxt
                 nxt.prev_free = prev
                 block.prev_free = block.next_free = None
-                segment_of[bid] = NOT_FREE
+                block.policy_segment = NOT_FREE
                 resurrected += 1
-            if marks[bid] < top:
-                marks[bid] += 1
+            if block.policy_mark < top:
+                block.policy_mark += 1
             block.ref_cnt = ref_cnt + 1
         self._num_free -= resurrected
 
     def on_hit(self, blocks: Sequence[KVCacheBlock]) -> None:
-        marks = self._marks
+        top = self._max_mark
         for block in blocks:
-            if marks[block.block_id] < self._max_mark:
-                marks[block.block_id] += 1
+            if block.policy_mark < top:
+                block.policy_mark += 1
 
     def pick_victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
         clean = self._segments[CLEAN]
@@ -183,9 +184,8 @@ class SegmentedPolicy(EvictionPolicy):
         return out
 
     def remove(self, block: KVCacheBlock) -> None:
-        bid = block.block_id
-        self._segments[self._segment_of[bid]].remove(block)
-        self._segment_of[bid] = NOT_FREE
+        self._segments[block.policy_segment].remove(block)
+        block.policy_segment = NOT_FREE
         self._num_free -= 1
 
     def on_evict(self, blocks: Sequence[KVCacheBlock]) -> None:
@@ -194,16 +194,14 @@ class SegmentedPolicy(EvictionPolicy):
     def _release(self, blocks: Sequence[KVCacheBlock], linked: bool = True) -> None:
         """Victims leave the policy (``linked``: they were free, now unlinked) and every hashed
         one is about to be evicted: clear its mark and remember its hash in the ghost table."""
-        segment_of = self._segment_of
-        marks = self._marks
         ghost = self._ghost
         remember = self.ghost_capacity > 0
         for block in blocks:
             if linked:
-                segment_of[block.block_id] = NOT_FREE
+                block.policy_segment = NOT_FREE
             h = block.block_hash
             if h is not None:
-                marks[block.block_id] = 0
+                block.policy_mark = 0
                 if remember:
                     g = block.group_id
                     ghost.add(h if g == 0 else (g, h))  # ghost_key(), inlined: see there
@@ -216,7 +214,7 @@ class SegmentedPolicy(EvictionPolicy):
         self._ghost = set()
 
     def on_uncache(self, block: KVCacheBlock) -> None:
-        if self._segment_of[block.block_id] not in (NOT_FREE, CLEAN):
+        if block.policy_segment not in (NOT_FREE, CLEAN):
             self.remove(block)
             self._link(CLEAN, (block,))
 
@@ -227,22 +225,21 @@ class SegmentedPolicy(EvictionPolicy):
         self._link(CLEAN, moved)
         self._ghost = set()
         self._ghost_old = set()
-        self._marks = [0] * len(self._marks)
+        for block in self._blocks:
+            block.policy_mark = 0
 
     # -- for subclasses ---------------------------------------------------------------------------
     def _link(self, index: int, blocks: Sequence[KVCacheBlock]) -> None:
         """Append ``blocks`` (not in the policy) to segment ``index``."""
-        segment_of = self._segment_of
         for block in blocks:
-            segment_of[block.block_id] = index
+            block.policy_segment = index
         self._segments[index].append_n(blocks)
         self._num_free += len(blocks)
 
     def _move(self, block: KVCacheBlock, index: int) -> None:
         """Move a free ``block`` to the tail of segment ``index``."""
-        bid = block.block_id
-        self._segments[self._segment_of[bid]].remove(block)
-        self._segment_of[bid] = index
+        self._segments[block.policy_segment].remove(block)
+        block.policy_segment = index
         self._segments[index].append(block)
 
     def _recall(self, key: GhostKey) -> bool:

@@ -49,8 +49,6 @@ class SLRUPolicy(SegmentedPolicy):
             super().on_free(uncached, ())
         if not cached:
             return
-        marks = self._marks
-        segment_of = self._segment_of
         ghost = self._ghost
         old = self._ghost_old
         segments = self._segments
@@ -66,17 +64,16 @@ class SLRUPolicy(SegmentedPolicy):
         linked = 0
         protected: list[KVCacheBlock] = []
         for block in cached:
-            bid = block.block_id
             g = block.group_id
             key = block.block_hash if g == 0 else (g, block.block_hash)  # ghost_key(), inlined
-            if marks[bid] or key in ghost or key in old:
-                if not marks[bid]:
+            if block.policy_mark or key in ghost or key in old:
+                if not block.policy_mark:
                     self._recall(key)  # type: ignore[arg-type]  # cached: hashed
-                marks[bid] = 1
-                segment_of[bid] = PROTECTED
+                block.policy_mark = 1
+                block.policy_segment = PROTECTED
                 protected.append(block)
             else:
-                segment_of[bid] = PROBATION
+                block.policy_segment = PROBATION
                 block.prev_free = last
                 last.next_free = block
                 last = block
@@ -91,17 +88,16 @@ class SLRUPolicy(SegmentedPolicy):
             if over > 0:  # demote the least recent: they must be hit again to return
                 demoted = top.popleft_n(over)
                 for block in demoted:
-                    marks[block.block_id] = 0
-                    segment_of[block.block_id] = PROBATION
+                    block.policy_mark = 0
+                    block.policy_segment = PROBATION
                 segments[PROBATION].append_n(demoted)
         self._num_free += len(cached)
 
     def pick_victims(self, n: int, ref_cnt: int) -> list[KVCacheBlock]:
         # Clean, then probation, then protected heads.  Unlinking (``FreeBlockQueue``'s) and the
-        # release (``_release``: segment table, ghost table) are fused into one pass per
+        # release (``_release``: block segments, ghost table) are fused into one pass per
         # segment (the split cost: see ``on_free``); only protected victims carry a mark to clear.
         segments = self._segments
-        segment_of = self._segment_of
         remember = self.ghost_capacity > 0
         ghost = self._ghost
         out: list[KVCacheBlock] = []
@@ -118,7 +114,7 @@ class SLRUPolicy(SegmentedPolicy):
                 nxt: KVCacheBlock = node.next_free  # type: ignore[assignment]  # linked
                 node.prev_free = node.next_free = None
                 node.ref_cnt = ref_cnt
-                segment_of[node.block_id] = NOT_FREE
+                node.policy_segment = NOT_FREE
                 h = node.block_hash
                 if h is not None and remember:
                     g = node.group_id
@@ -129,9 +125,8 @@ class SLRUPolicy(SegmentedPolicy):
             node.prev_free = head
             segment.unlinked(take)
             if index == PROTECTED:
-                marks = self._marks
                 for block in out[-take:]:
-                    marks[block.block_id] = 0
+                    block.policy_mark = 0
             need -= take
             if not need:
                 break
@@ -146,9 +141,9 @@ class SLRUPolicy(SegmentedPolicy):
         if len(protected) > self.protected_cap:
             problems.append(f"protected segment holds {len(protected)} > {self.protected_cap}")
         for block in protected:
-            if not self._marks[block.block_id]:
+            if not block.policy_mark:
                 problems.append(f"block {block.block_id} is protected but was never hit")
         for block in self._segments[CLEAN]:
-            if self._marks[block.block_id]:
+            if block.policy_mark:
                 problems.append(f"uncached block {block.block_id} is marked hit")
         return problems

@@ -19,6 +19,7 @@ def pool_snapshot(pool: BlockPool) -> tuple[object, ...]:
     fields and links (prefix nodes by identity), every map entry in order (duplicates
     included), the hint reserve and declared hints, pending events and counters."""
     blocks = tuple((b.block_id, b.ref_cnt, b.block_hash, b.group_id, b.prefix_node, b.free_stamp,
+                    b.policy_segment, b.policy_mark, b.policy_tag, b.policy_tail,
                     None if b.prev_free is None else b.prev_free.block_id,
                     None if b.next_free is None else b.next_free.block_id) for b in pool.blocks)
     maps = tuple(tuple((h, b.block_id) for h, b in pool.iter_cached(g))
