@@ -547,12 +547,18 @@ def test_a_policy_factory_must_hold_the_blocks_it_was_given() -> None:
 
 
 @pytest.mark.parametrize("spec", ["slru:ghost_factor=65", "slru:unknown=1",
-                                  "slru:protected_share=2", "s3fifo:small_share=1.5"])
+                                  "slru:protected_share=2", "s3fifo:small_share=1.5",
+                                  "learned:tau=0", "learned:deep_after=1.5",
+                                  "learned:ghost_factor=-1"])
 def test_a_refused_spec_leaves_the_blocks_as_they_were(spec: str) -> None:
     blocks = [KVCacheBlock(i) for i in range(1, 8)]
+    for b in blocks:  # per-block policy state some other value than a new policy's
+        b.policy_segment, b.policy_mark, b.policy_tag, b.policy_tail = 5, 1, 3, 1
     with pytest.raises(InvalidArgumentError):
         make_policy(spec, blocks)
     assert all(b.prev_free is None and b.next_free is None for b in blocks)
+    assert all((b.policy_segment, b.policy_mark, b.policy_tag, b.policy_tail) == (5, 1, 3, 1)
+               for b in blocks)
     assert len(make_policy("slru", blocks)) == 7  # the blocks can still build a policy
 
 
@@ -565,8 +571,10 @@ def test_a_segment_count_that_disagrees_with_its_links_is_caught(policy: str) ->
     cached_free(pool, 1, 3)
     check_invariants(pool)
     segment = next(q for q in pool.policy.queues()[1:] if len(q))
+    assert isinstance(segment, FreeBlockQueue)
     segment.linked(1)  # one more than it links
-    with pytest.raises(InvariantError, match=r"\[queue-length\] len\(queue\) is 4 but 3 blocks are linked"):
+    with pytest.raises(InvariantError,
+                       match=r"\[queue-length\] len\(queue\) is 4 but 3 blocks are linked"):
         check_invariants(pool)
 
 
