@@ -415,18 +415,7 @@ class LearnedPolicy(SegmentedPolicy):
             block.prev_free = last
             last = block
             run += 1
-        # The last run's _close_run, inlined (one call less per freed request).
-        tail = tails[run_c + 1]
-        last.next_free = tail
-        tail.prev_free = last
-        self._segments[run_c + 1]._num_free += run  # (FreeBlockQueue.linked, inlined)
-        if run > away:
-            self._freed[run_c] += float(run - away)  # (float: a native add when compiled)
-            if not self._is_stale[run_c]:
-                self._is_stale[run_c] = True
-                self._stale.append(run_c)
-        if run_c not in self._live:
-            self._make_live(run_c)
+        self._close_run(run_c, last, run, run - away)
         self._num_free += len(batch)
 
     def _ghost_return(self, key: BlockHash, c: int, block: KVCacheBlock) -> int:
@@ -448,9 +437,9 @@ class LearnedPolicy(SegmentedPolicy):
         tail = self._tails[c + 1]
         last.next_free = tail
         tail.prev_free = last
-        self._segments[c + 1].linked(run)
+        self._segments[c + 1]._num_free += run  # (FreeBlockQueue.linked, inlined)
         if new:
-            self._freed[c] += float(new)
+            self._freed[c] += float(new)  # (float: a native add when compiled)
             self._stale_changed(c)
         if c not in self._live:
             self._make_live(c)
